@@ -1,0 +1,219 @@
+"""HTTP layer of the trajectory API: routes of PROTOCOL.md over a `RunState`.
+
+Handlers stay thin: parse, call one `RunState` method, answer. Scored data is
+parsed and validated straight from bytes by pydantic (in Rust), and batches are
+answered with pre-serialised group JSON joined together, so neither direction
+builds Python objects for tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import ValidationError
+
+from atroposlib.api.metrics import ApiMetrics
+from atroposlib.api.middleware import RequestGuard
+from atroposlib.api.models import (
+    SCORED_DATA_LIST,
+    EnvIdentifier,
+    RegisterEnv,
+    Registration,
+    ScoredData,
+)
+from atroposlib.api.settings import APISettings
+from atroposlib.api.state import InvalidGroups, QueueFull, RunState, UnknownEnv
+from atroposlib.api.store import open_store
+
+logger = logging.getLogger("atroposlib.api")
+
+JSON = "application/json"
+
+
+class ApiService:
+    """What the routes share: settings, the run state and its metrics (set at start-up)."""
+
+    def __init__(self, settings: APISettings) -> None:
+        self.settings = settings
+        self.state: RunState | None = None
+        self.metrics: ApiMetrics | None = None
+
+    def start(self) -> None:
+        store = open_store(self.settings.state_dir, self.settings.ephemeral)
+        self.state = RunState(
+            store,
+            max_queued_sequences=self.settings.max_queued_sequences,
+            idempotency_ttl_s=self.settings.idempotency_ttl_s,
+        )
+        self.metrics = ApiMetrics(self.state)
+        where = "memory (ephemeral)" if store.kind == "memory" else self.settings.state_dir
+        logger.info("trajectory API store: %s", where)
+
+    def stop(self) -> None:
+        if self.state is not None:
+            self.state.store.close()
+
+    def observe(self, path: str, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.latency.labels(path).observe(seconds)
+
+
+def _validation_answer(exc: ValidationError, prefix: tuple = ("body",)) -> JSONResponse:
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    detail = [{**e, "loc": [*prefix, *e["loc"]]} for e in errors]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+def create_app(settings: APISettings | None = None) -> FastAPI:
+    settings = (settings or APISettings()).resolved()
+    service = ApiService(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            service.stop()
+
+    app = FastAPI(title="AtroposLib API", lifespan=lifespan)
+
+    def state() -> RunState:
+        assert service.state is not None, "the API has not started"
+        return service.state
+
+    def reject(reason: str) -> None:
+        state().counters[f"rejected_{reason}"] += 1
+
+    @app.exception_handler(InvalidGroups)
+    async def _invalid(_: Request, exc: InvalidGroups) -> JSONResponse:
+        reject("invalid")
+        return JSONResponse({"detail": exc.errors}, status_code=422)
+
+    @app.exception_handler(QueueFull)
+    async def _full(_: Request, exc: QueueFull) -> JSONResponse:
+        reject("queue_full")
+        headers = {"Retry-After": str(settings.retry_after_s)}
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers=headers)
+
+    @app.exception_handler(UnknownEnv)
+    async def _unknown_env(_: Request, exc: UnknownEnv) -> JSONResponse:
+        reject("unknown_env")
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(sqlite3.Error)
+    async def _store_error(_: Request, exc: sqlite3.Error) -> JSONResponse:
+        logger.error("store error: %s", exc)
+        reject("store_error")
+        headers = {"Retry-After": str(settings.retry_after_s)}
+        return JSONResponse(
+            {"detail": f"the durable store failed: {exc}"}, status_code=503, headers=headers
+        )
+
+    @app.get("/")
+    async def root() -> dict[str, str]:
+        return {"message": "AtroposLib API"}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        s = state()
+        return {"status": "ok", "store": s.store.kind, "registered": s.registration is not None}
+
+    @app.post("/register")
+    async def register(registration: Registration) -> dict[str, int]:
+        return state().register(registration)
+
+    @app.post("/register-env")
+    async def register_env(request: RegisterEnv) -> dict[str, Any]:
+        return state().register_env(request)
+
+    @app.post("/disconnect-env")
+    async def disconnect_env(env: EnvIdentifier) -> dict[str, str]:
+        return state().disconnect_env(env.env_id)
+
+    @app.post("/scored_data")
+    async def scored_data(request: Request) -> Response:
+        body = await request.body()
+        try:
+            group = ScoredData.model_validate_json(body)
+        except ValidationError as exc:
+            reject("invalid")
+            return _validation_answer(exc)
+        key = request.headers.get("idempotency-key")
+        answer = state().accept([group], as_list=False, idempotency_key=key, raw=body)
+        return Response(answer, media_type=JSON)
+
+    @app.post("/scored_data_list")
+    async def scored_data_list(request: Request) -> Response:
+        try:
+            groups = SCORED_DATA_LIST.validate_json(await request.body())
+        except ValidationError as exc:
+            reject("invalid")
+            return _validation_answer(exc)
+        key = request.headers.get("idempotency-key")
+        return Response(state().accept(groups, as_list=True, idempotency_key=key), media_type=JSON)
+
+    @app.get("/batch")
+    async def batch() -> Response:
+        answer = state().next_batch()
+        if isinstance(answer, bytes):
+            return Response(answer, media_type=JSON)
+        return JSONResponse(answer)
+
+    @app.get("/latest_example")
+    async def latest_example() -> Response:
+        answer = state().latest_example()
+        if isinstance(answer, bytes):
+            return Response(answer, media_type=JSON)
+        return JSONResponse(answer)
+
+    @app.get("/status")
+    async def status() -> dict[str, Any]:
+        return state().status()
+
+    @app.get("/status-env")
+    async def status_env(request: Request, env_id: int | None = None) -> Response:
+        if env_id is None:
+            try:
+                env_id = EnvIdentifier.model_validate_json(await request.body() or b"{}").env_id
+            except ValidationError as exc:
+                return _validation_answer(exc)
+        return JSONResponse(state().status_env(env_id))
+
+    @app.get("/info")
+    async def info() -> dict[str, int]:
+        return state().info()
+
+    @app.get("/wandb_info")
+    async def wandb_info() -> dict[str, str | None]:
+        return state().wandb_info()
+
+    @app.get("/reset_data")
+    async def reset_data() -> PlainTextResponse:
+        state().reset()
+        return PlainTextResponse("Reset successful", status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        assert service.metrics is not None
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    known = frozenset(route.path for route in app.routes if hasattr(route, "methods"))
+    if settings.gzip_responses:
+        from starlette.middleware.gzip import GZipMiddleware
+
+        app.add_middleware(GZipMiddleware, minimum_size=1000)
+    app.add_middleware(
+        RequestGuard,
+        api_key=settings.api_key,
+        max_body_bytes=settings.max_body_bytes,
+        observe=service.observe,
+        known_paths=known,
+    )
+    return app

@@ -1,0 +1,81 @@
+"""Configuration of the trajectory API server (`run-api` flags map 1:1 onto these fields)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+
+from pydantic import BaseModel, Field
+
+
+class APISettings(BaseModel):
+    host: str = Field(
+        "127.0.0.1", description="Address to bind. Non-loopback needs --api-key or --insecure."
+    )
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    reload: bool = Field(False, description="Restart on source changes (development only).")
+    state_dir: str = Field(
+        "./.atropos", description="Directory of the durable store (SQLite, WAL mode)."
+    )
+    ephemeral: bool = Field(
+        False, description="Keep everything in memory; a restart loses the queue."
+    )
+    max_queued_sequences: int = Field(
+        100_000,
+        gt=0,
+        description="Cap on queued plus buffered sequences; posts past it get 503 + Retry-After.",
+    )
+    max_body_mb: float = Field(
+        128.0, gt=0, description="Largest request body accepted (after gunzip); larger gets 413."
+    )
+    api_key: str | None = Field(
+        None,
+        description="Require 'Authorization: Bearer <key>' on every endpoint but / and /health "
+        "(default: $ATROPOS_API_KEY).",
+    )
+    insecure: bool = Field(
+        False, description="Allow binding a non-loopback address without an API key."
+    )
+    idempotency_ttl_s: float = Field(
+        3600.0, gt=0, description="How long an Idempotency-Key answer is remembered."
+    )
+    retry_after_s: int = Field(2, ge=1, description="Retry-After seconds sent with 503 answers.")
+    gzip_responses: bool = Field(
+        False,
+        description="Gzip responses over 1 KB for clients that accept it (saves bandwidth to a "
+        "remote trainer, costs CPU per batch).",
+    )
+    log_level: str = Field("info", description="Logging level (debug, info, warning, error).")
+    log_format: str = Field(
+        "text", description="Log format: text, or json for one object per line."
+    )
+    access_log: bool = Field(False, description="Log every HTTP request (uvicorn access log).")
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 2**20)
+
+    def resolved(self) -> APISettings:
+        """Fill values that come from the environment."""
+        if self.api_key is None and os.environ.get("ATROPOS_API_KEY"):
+            return self.model_copy(update={"api_key": os.environ["ATROPOS_API_KEY"]})
+        return self
+
+    def exposure_problem(self) -> str | None:
+        """Why this configuration must not start, or None."""
+        if self.api_key or self.insecure or is_loopback(self.host):
+            return None
+        return (
+            f"refusing to bind {self.host} without an API key: anyone who can reach it could "
+            "read batches or wipe the run. Pass --api-key KEY (or set ATROPOS_API_KEY), or "
+            "--insecure to accept the risk."
+        )
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,486 @@
+"""The run's state: one object with clear methods, backed by a `GroupStore`.
+
+Design decisions:
+- Group bodies live in the store; memory holds only `GroupRow`s (id, env, size,
+  order), so the queue can hold 10,000 groups and a batch is planned without
+  touching their JSON.
+- Every mutation is planned first, written to the store, and only then applied
+  to memory. A failed write leaves memory as it was, so nothing is half-accepted.
+- `/batch` assembles one batch per call and each served batch advances the step.
+  (Atropos assembled every ready batch at once, moving the step ahead of the
+  trainer and hiding those groups from the queue size environments throttle on.)
+- All methods are synchronous and run on the event loop thread, which makes
+  each request's check-then-write atomic without locks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from atroposlib.api.models import (
+    EMPTY_EXAMPLE,
+    RegisterEnv,
+    Registration,
+    ScoredData,
+    group_errors,
+)
+from atroposlib.api.packing import find_subset_summing_to, plan_batch
+from atroposlib.api.store import GroupRow, GroupStore, WriteSet
+
+logger = logging.getLogger("atroposlib.api")
+
+MIN_ENV_WEIGHT = 0.01
+IDEMPOTENCY_PRUNE_EVERY = 1000
+
+
+class InvalidGroups(Exception):
+    """The posted data breaks a rule; `errors` are in FastAPI's 422 format."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(f"{len(errors)} validation error(s)")
+        self.errors = errors
+
+
+class QueueFull(Exception):
+    """Accepting the post would exceed --max-queued-sequences."""
+
+
+class UnknownEnv(Exception):
+    pass
+
+
+@dataclass
+class EnvRecord:
+    registered_id: int
+    desired_name: str
+    real_name: str
+    max_context_len: int
+    weight: float
+    group_size: int
+    min_batch_allocation: float | None
+    connected: bool = True
+    last_update: float = 0.0
+
+
+class RunState:
+    def __init__(
+        self,
+        store: GroupStore,
+        max_queued_sequences: int = 1_000_000,
+        idempotency_ttl_s: float = 3600.0,
+    ) -> None:
+        self.store = store
+        self.max_queued_sequences = max_queued_sequences
+        self.idempotency_ttl_s = idempotency_ttl_s
+        self.counters: Counter[str] = Counter()
+        self.env_counters: Counter[tuple[str, str]] = Counter()
+        self._clear_memory()
+        self._load()
+
+    # ------------------------------------------------------------------ setup
+    def _clear_memory(self) -> None:
+        self.registration: Registration | None = None
+        self.started = False
+        self.step = 0
+        self.envs: list[EnvRecord] = []
+        self.queue: list[GroupRow] = []
+        self.buffers: dict[int, list[GroupRow]] = {}
+        self.queued_sequences = 0
+        self.buffered_sequences = 0
+        self.size_counts: Counter[int] = Counter()
+        self.env_sizes: dict[int | None, Counter[int]] = {}
+        self.latest: bytes | None = None
+        self.idempotency: dict[str, tuple[bytes, float]] = {}
+        self.next_id = 1
+        self.version = 0
+        self.blocked_reason: str | None = None
+        self._no_batch_version = -1
+        self._writes_since_prune = 0
+
+    def _load(self) -> None:
+        loaded = self.store.load(self.idempotency_ttl_s)
+        kv = loaded.kv
+        if kv.get("registration"):
+            self.registration = Registration.model_validate(kv["registration"])
+        self.started = bool(kv.get("started", False))
+        self.step = int(kv.get("step", 0))
+        self.envs = [EnvRecord(**env) for env in kv.get("envs", [])]
+        for row in loaded.rows:
+            if row.buffered:
+                self.buffers.setdefault(row.env_id, []).append(row)
+                self.buffered_sequences += row.size
+            else:
+                self._enqueue(row)
+            self.next_id = max(self.next_id, row.id + 1)
+        self.next_id = max(self.next_id, int(kv.get("next_id", 1)))
+        self.idempotency = loaded.idempotency
+        self.latest = loaded.latest
+        if loaded.rows or self.registration:
+            logger.info(
+                "restored state: step %d, %d queued groups, %d buffered groups, %d envs",
+                self.step,
+                len(self.queue),
+                sum(len(b) for b in self.buffers.values()),
+                len(self.envs),
+            )
+
+    def _enqueue(self, row: GroupRow) -> None:
+        self.queue.append(row)
+        self.queued_sequences += row.size
+        self.size_counts[row.size] += 1
+        self.env_sizes.setdefault(row.env_id, Counter())[row.size] += 1
+
+    def _persist(self, **kv: Any) -> None:
+        self.store.write(WriteSet(kv=kv))
+
+    def _envs_json(self) -> list[dict[str, Any]]:
+        return [asdict(env) for env in self.envs]
+
+    # ----------------------------------------------------------- registration
+    def register(self, registration: Registration) -> dict[str, int]:
+        if self.registration is None:
+            self.registration = registration
+            self.step = registration.starting_step
+            self._persist(registration=registration.model_dump(), step=self.step)
+        else:
+            self.registration = self.registration.model_copy(
+                update={
+                    "batch_size": registration.batch_size,
+                    "max_token_len": registration.max_token_len,
+                    "num_steps": registration.num_steps,
+                }
+            )
+            self._persist(registration=self.registration.model_dump())
+            self.version += 1
+        logger.info(
+            "trainer registered: batch_size %d, max_token_len %d, num_steps %d",
+            registration.batch_size,
+            registration.max_token_len,
+            registration.num_steps,
+        )
+        return {"uuid": uuid.uuid4().int}
+
+    def register_env(self, request: RegisterEnv) -> dict[str, Any]:
+        if not self.started or self.registration is None:
+            return {"status": "wait for trainer to start"}
+        same_name = sum(1 for env in self.envs if env.desired_name == request.desired_name)
+        env = EnvRecord(
+            registered_id=len(self.envs),
+            desired_name=request.desired_name,
+            real_name=f"{request.desired_name}_{same_name}",
+            max_context_len=request.max_token_length,
+            weight=request.weight,
+            group_size=request.group_size,
+            min_batch_allocation=request.min_batch_allocation,
+            last_update=time.time(),
+        )
+        self.envs.append(env)
+        self._persist(envs=self._envs_json())
+        self.version += 1
+        logger.info("env registered: id %d, name %s", env.registered_id, env.real_name)
+        reg = self.registration
+        return {
+            "status": "success",
+            "env_id": env.registered_id,
+            "wandb_name": env.real_name,
+            "checkpoint_dir": reg.checkpoint_dir,
+            "starting_step": self.step,
+            "checkpoint_interval": reg.save_checkpoint_interval,
+            "num_steps": reg.num_steps,
+        }
+
+    def disconnect_env(self, env_id: int) -> dict[str, str]:
+        if not 0 <= env_id < len(self.envs):
+            return {"status": "failure", "error": f"unknown env_id {env_id}"}
+        self.envs[env_id].connected = False
+        self._persist(envs=self._envs_json())
+        self.version += 1
+        return {"status": "success"}
+
+    # ---------------------------------------------------------------- posting
+    def accept(
+        self,
+        groups: list[ScoredData],
+        as_list: bool,
+        idempotency_key: str | None = None,
+        raw: bytes | None = None,
+    ) -> bytes:
+        """Validate, store and queue (or buffer) posted groups; returns the JSON answer.
+
+        `raw` is the posted JSON of a single group, reused as its stored body.
+        """
+        if idempotency_key is not None:
+            previous = self.idempotency.get(idempotency_key)
+            if previous is not None and time.time() - previous[1] < self.idempotency_ttl_s:
+                self.counters["idempotent_replays"] += 1
+                return previous[0]
+        max_len = self.registration.max_token_len if self.registration else -1
+        errors: list[dict[str, Any]] = []
+        for index, group in enumerate(groups):
+            loc = ("body", index) if as_list else ("body",)
+            errors.extend(group_errors(group, loc, max_len))
+            if group.env_id is not None and not 0 <= group.env_id < len(self.envs):
+                errors.append(
+                    {
+                        "type": "value_error",
+                        "loc": [*loc, "env_id"],
+                        "msg": f"unknown env_id {group.env_id}; register with /register-env",
+                    }
+                )
+        if errors:
+            raise InvalidGroups(errors)
+        incoming = sum(len(group.tokens) for group in groups)
+        held = self.queued_sequences + self.buffered_sequences
+        if held + incoming > self.max_queued_sequences:
+            raise QueueFull(
+                f"queue holds {held} sequences; accepting {incoming} more would pass "
+                f"--max-queued-sequences {self.max_queued_sequences}"
+            )
+
+        change, newly_queued, answers = self._plan_accept(groups, raw)
+        if as_list:
+            answer: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
+            buffered = [a for a in answers if a["status"] == "buffered"]
+            if buffered:
+                answer["buffered"] = len(buffered)
+                answer["last_buffer_size"] = buffered[-1]["buffer_size"]
+        else:
+            answer = answers[0]
+        response = json.dumps(answer).encode()
+        if idempotency_key is not None:
+            change.idempotency = (idempotency_key, response)
+        self.store.write(change)
+        self._apply_accept(change, newly_queued)
+        if idempotency_key is not None:
+            self.idempotency[idempotency_key] = (response, time.time())
+            self._maybe_prune_idempotency()
+        return response
+
+    def _plan_accept(
+        self, groups: list[ScoredData], raw: bytes | None
+    ) -> tuple[WriteSet, list[GroupRow], list[dict[str, Any]]]:
+        change = WriteSet(kv={})
+        buffers = {env: list(rows) for env, rows in self.buffers.items()}
+        pending: dict[int, int] = {}  # id -> index in change.inserts
+        newly_queued: list[GroupRow] = []
+        answers: list[dict[str, Any]] = []
+        next_id = self.next_id
+        for group in groups:
+            gid, next_id = next_id, next_id + 1
+            size, env = len(group.tokens), group.env_id
+            body = group.stored_json(raw if len(groups) == 1 else None)
+            expected = self.envs[env].group_size if env is not None else size
+            if size == expected:
+                row = GroupRow(id=gid, env_id=env, size=size, order=gid, buffered=False)
+                change.inserts.append((row, body))
+                newly_queued.append(row)
+                answers.append({"status": "received"})
+                continue
+            row = GroupRow(id=gid, env_id=env, size=size, order=gid, buffered=True)
+            pending[gid] = len(change.inserts)
+            change.inserts.append((row, body))
+            buffer = buffers.setdefault(env, [])
+            buffer.append(row)
+            picked = find_subset_summing_to([r.size for r in buffer], expected)
+            if picked:
+                for position in picked:
+                    member = buffer[position]
+                    promoted = GroupRow(member.id, env, member.size, order=gid, buffered=False)
+                    if member.id in pending:
+                        change.inserts[pending[member.id]] = (
+                            promoted,
+                            change.inserts[pending[member.id]][1],
+                        )
+                    else:
+                        change.promotions.append((member.id, gid))
+                    newly_queued.append(promoted)
+                chosen = set(picked)
+                buffers[env] = [r for i, r in enumerate(buffer) if i not in chosen]
+            answers.append({"status": "buffered", "buffer_size": sum(r.size for r in buffers[env])})
+        change.kv["next_id"] = next_id
+        newly_queued.sort(key=lambda r: (r.order, r.id))
+        return change, newly_queued, answers
+
+    def _apply_accept(self, change: WriteSet, newly_queued: list[GroupRow]) -> None:
+        self.next_id = change.kv["next_id"]
+        queued_ids = {row.id for row in newly_queued}
+        for row, _ in change.inserts:
+            if row.buffered:
+                self.buffers.setdefault(row.env_id, []).append(row)
+                self.buffered_sequences += row.size
+        if change.promotions or any(r.buffered for r, _ in change.inserts):
+            for env, rows in list(self.buffers.items()):
+                kept = [r for r in rows if r.id not in queued_ids]
+                self.buffered_sequences -= sum(r.size for r in rows) - sum(r.size for r in kept)
+                self.buffers[env] = kept
+        for row in newly_queued:
+            self._enqueue(row)
+            self.counters["groups_queued"] += 1
+            self.env_counters[("groups", str(row.env_id))] += 1
+            self.env_counters[("sequences", str(row.env_id))] += row.size
+        self.counters["groups_received"] += len(change.inserts)
+        self.counters["sequences_received"] += sum(r.size for r, _ in change.inserts)
+        if newly_queued:
+            bodies = {row.id: body for row, body in change.inserts}
+            last = newly_queued[-1]
+            self.latest = bodies.get(last.id) or self.store.bodies([last.id])[0]
+            self.version += 1
+
+    def _maybe_prune_idempotency(self) -> None:
+        self._writes_since_prune += 1
+        if self._writes_since_prune < IDEMPOTENCY_PRUNE_EVERY:
+            return
+        self._writes_since_prune = 0
+        cutoff = time.time() - self.idempotency_ttl_s
+        self.idempotency = {k: v for k, v in self.idempotency.items() if v[1] >= cutoff}
+        self.store.prune_idempotency(cutoff)
+
+    # ---------------------------------------------------------------- batches
+    def min_sequences_by_env(self) -> dict[int, int]:
+        batch_size = self.registration.batch_size if self.registration else 0
+        return {
+            env.registered_id: int(batch_size * env.min_batch_allocation)
+            for env in self.envs
+            if env.connected and env.min_batch_allocation is not None
+        }
+
+    def _plan(self) -> list[int] | None:
+        batch_size = self.registration.batch_size
+        if self.queued_sequences < batch_size or self._no_batch_version == self.version:
+            if self.queued_sequences < batch_size:
+                self.blocked_reason = None
+            return None
+        positions = plan_batch(
+            [r.size for r in self.queue],
+            [r.env_id for r in self.queue],
+            batch_size,
+            self.min_sequences_by_env(),
+        )
+        if positions is None:
+            self._no_batch_version = self.version
+            reason = (
+                f"{self.queued_sequences} sequences queued in groups of sizes "
+                f"{dict(sorted(self.size_counts.items()))}, but no set of whole groups "
+                f"sums to batch_size {batch_size}"
+            )
+            if reason != self.blocked_reason:
+                logger.warning("no batch can be formed: %s", reason)
+            self.blocked_reason = reason
+        else:
+            self.blocked_reason = None
+        return positions
+
+    def next_batch(self) -> bytes | dict[str, Any]:
+        if self.registration is None:
+            return {
+                "status": "error",
+                "message": "no trainer has registered; POST /register first",
+                "batch": [],
+            }
+        if not self.started:
+            self.started = True
+            self._persist(started=True)
+        positions = self._plan()
+        if positions is None:
+            return {"batch": None}
+        rows = [self.queue[p] for p in positions]
+        ids = [r.id for r in rows]
+        payload = b'{"batch":[' + b",".join(self.store.bodies(ids)) + b"]}"
+        self.store.remove(ids, {"step": self.step + 1})
+        chosen = set(positions)
+        self.queue = [r for i, r in enumerate(self.queue) if i not in chosen]
+        for row in rows:
+            self.queued_sequences -= row.size
+            self.size_counts[row.size] -= 1
+            self.env_sizes[row.env_id][row.size] -= 1
+        self.size_counts += Counter()  # drop zero counts
+        self.step += 1
+        self.version += 1
+        self.counters["batches_served"] += 1
+        self.counters["sequences_served"] += sum(r.size for r in rows)
+        return payload
+
+    # ----------------------------------------------------------------- status
+    def status(self) -> dict[str, Any]:
+        if self.registration is None:
+            return {"current_step": 0, "queue_size": 0}
+        self._plan_if_stale()
+        return {
+            "current_step": self.step,
+            "queue_size": len(self.queue),
+            "queued_sequences": self.queued_sequences,
+            "buffered_groups": sum(len(rows) for rows in self.buffers.values()),
+            "batch_blocked": self.blocked_reason is not None,
+            "blocked_reason": self.blocked_reason,
+        }
+
+    def _plan_if_stale(self) -> None:
+        """Refresh `blocked_reason` without serving anything."""
+        if self.registration is not None and self._no_batch_version != self.version:
+            if self._plan() is not None:
+                self.blocked_reason = None
+
+    def status_env(self, env_id: int) -> dict[str, Any]:
+        if not 0 <= env_id < len(self.envs):
+            raise UnknownEnv(f"unknown env_id {env_id}; register with /register-env")
+        env = self.envs[env_id]
+        total = sum(e.max_context_len * max(0.0, e.weight) for e in self.envs if e.connected)
+        weight = env.max_context_len * env.weight / total if total > 0 else 0.0
+        min_sequences = self.min_sequences_by_env()
+        allocated = sum(
+            e.min_batch_allocation
+            for e in self.envs
+            if e.connected and e.min_batch_allocation is not None
+        )
+        max_group_size = max([1, *(s for s, c in self.size_counts.items() if c > 0)])
+        own_sizes = self.env_sizes.get(env_id, Counter())
+        largest_own = max([0, *(s for s, c in own_sizes.items() if c > 0)])
+        if largest_own > env.group_size:
+            env.group_size = largest_own
+            self._persist(envs=self._envs_json())
+        own_sequences = sum(s * c for s, c in own_sizes.items())
+        from_others = 0
+        for other, sizes in self.env_sizes.items():
+            if other == env_id:
+                continue
+            sequences = sum(s * c for s, c in sizes.items())
+            if sequences:
+                packed = math.ceil(sequences / max_group_size) * max_group_size
+                from_others += max(0, packed - min_sequences.get(other, 0))
+        return {
+            "current_step": self.step,
+            "queue_size": (own_sequences + from_others) // env.group_size,
+            "unallocated_fraction": 1.0 - min(1.0, allocated),
+            "self_queue_size": own_sequences // env.group_size,
+            "max_group_size": max_group_size,
+            "env_weight": max(MIN_ENV_WEIGHT, weight),
+        }
+
+    def info(self) -> dict[str, int]:
+        if self.registration is None:
+            return {"batch_size": -1, "max_token_len": -1}
+        return {
+            "batch_size": self.registration.batch_size,
+            "max_token_len": self.registration.max_token_len,
+        }
+
+    def wandb_info(self) -> dict[str, str | None]:
+        if self.registration is None:
+            return {"group": None, "project": None}
+        return {"group": self.registration.wandb_group, "project": self.registration.wandb_project}
+
+    def latest_example(self) -> bytes | dict[str, list]:
+        return self.latest if self.latest is not None else EMPTY_EXAMPLE
+
+    def reset(self) -> None:
+        self.store.reset()
+        self._clear_memory()
+        self.version += 1
+        logger.info("run state reset")

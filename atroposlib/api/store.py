@@ -1,0 +1,289 @@
+"""Where accepted groups and run state live: a tiny seam with two implementations.
+
+`SQLiteStore` (the default) makes the API durable: every accepted group, the
+per-env buffers, the registration, the env table, the step counter and the
+idempotency answers are committed before the client hears 200, and a batch's
+groups are deleted in the same transaction that advances the step. SQLite runs
+in WAL mode with synchronous=NORMAL, which survives `kill -9` of the server (the
+WAL is in the OS page cache) at a few tens of microseconds per commit. Group
+bodies are appended to segment files (`segments.py`) and SQLite holds where
+they are, which avoids writing every 100 KB body twice.
+
+`MemoryStore` keeps the same data in dicts for `--ephemeral` runs and tests.
+
+The store never decides anything: `RunState` plans a change in memory, hands the
+store a `WriteSet`, and only applies the plan to its own structures once the
+store has committed it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atroposlib.api.segments import Location, SegmentLog
+
+logger = logging.getLogger("atroposlib.api")
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """What the scheduler needs to know about a stored group (its body stays in the store)."""
+
+    id: int
+    env_id: int | None
+    size: int
+    order: int
+    buffered: bool
+
+
+@dataclass
+class WriteSet:
+    """One atomic change: new groups, buffered groups moving to the queue, state keys."""
+
+    inserts: list[tuple[GroupRow, bytes]] = field(default_factory=list)
+    promotions: list[tuple[int, int]] = field(default_factory=list)  # (id, new order)
+    kv: dict[str, Any] = field(default_factory=dict)
+    idempotency: tuple[str, bytes] | None = None
+
+
+@dataclass
+class LoadedState:
+    kv: dict[str, Any]
+    rows: list[GroupRow]
+    idempotency: dict[str, tuple[bytes, float]]
+    latest: bytes | None
+
+
+class GroupStore(ABC):
+    """Persistence seam of the trajectory API."""
+
+    kind: str
+
+    @abstractmethod
+    def load(self, idempotency_ttl_s: float) -> LoadedState:
+        """Everything needed to rebuild the in-memory state at start-up."""
+
+    @abstractmethod
+    def write(self, change: WriteSet) -> None:
+        """Apply `change` atomically."""
+
+    @abstractmethod
+    def bodies(self, ids: list[int]) -> list[bytes]:
+        """Stored JSON of the given groups, in the order of `ids`."""
+
+    @abstractmethod
+    def remove(self, ids: list[int], kv: dict[str, Any]) -> None:
+        """Delete served groups and update state keys in one transaction."""
+
+    @abstractmethod
+    def prune_idempotency(self, older_than: float) -> None:
+        """Forget idempotency answers created before `older_than` (epoch seconds)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget everything."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release files and locks."""
+
+
+class MemoryStore(GroupStore):
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self._bodies: dict[int, bytes] = {}
+        self._kv: dict[str, Any] = {}
+
+    def load(self, idempotency_ttl_s: float) -> LoadedState:
+        return LoadedState(kv=dict(self._kv), rows=[], idempotency={}, latest=None)
+
+    def write(self, change: WriteSet) -> None:
+        for row, body in change.inserts:
+            self._bodies[row.id] = body
+        self._kv.update(change.kv)
+
+    def bodies(self, ids: list[int]) -> list[bytes]:
+        return [self._bodies[i] for i in ids]
+
+    def remove(self, ids: list[int], kv: dict[str, Any]) -> None:
+        for i in ids:
+            del self._bodies[i]
+        self._kv.update(kv)
+
+    def prune_idempotency(self, older_than: float) -> None:
+        pass
+
+    def reset(self) -> None:
+        self._bodies.clear()
+        self._kv.clear()
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS groups (
+    id INTEGER PRIMARY KEY,
+    env_id INTEGER,
+    size INTEGER NOT NULL,
+    qorder INTEGER NOT NULL,
+    buffered INTEGER NOT NULL,
+    segment INTEGER NOT NULL,
+    offset INTEGER NOT NULL,
+    length INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS idempotency (
+    key TEXT PRIMARY KEY,
+    response BLOB NOT NULL,
+    created REAL NOT NULL
+);
+"""
+
+
+class StateDirLocked(RuntimeError):
+    pass
+
+
+class SQLiteStore(GroupStore):
+    kind = "sqlite"
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.dir / "run-api.lock", "w")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            self._lock_file.close()
+            raise StateDirLocked(
+                f"another run-api process is using the state directory {self.dir}; "
+                "stop it or pass a different --state-dir"
+            ) from exc
+        self.path = self.dir / "trajectories.sqlite3"
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA page_size=16384")
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)
+        self.segments = SegmentLog(self.dir / "segments")
+        self._where: dict[int, Location] = {}
+
+    def _transaction(self):
+        return _Transaction(self._db)
+
+    def load(self, idempotency_ttl_s: float) -> LoadedState:
+        kv = {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM kv")}
+        found = self._db.execute(
+            "SELECT id, env_id, size, qorder, buffered, segment, offset, length "
+            "FROM groups ORDER BY qorder, id"
+        ).fetchall()
+        broken = self.segments.adopt([(seg, off, n) for *_, seg, off, n in found])
+        if broken:
+            lost = [found[i][0] for i in sorted(broken)]
+            logger.error("%d stored groups have no readable body and are dropped", len(lost))
+            with self._transaction() as db:
+                db.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in lost])
+        rows = []
+        for index, (i, e, s, o, b, seg, off, n) in enumerate(found):
+            if index not in broken:
+                rows.append(GroupRow(id=i, env_id=e, size=s, order=o, buffered=bool(b)))
+                self._where[i] = (seg, off, n)
+        self.prune_idempotency(time.time() - idempotency_ttl_s)
+        idem = {
+            k: (bytes(r), c)
+            for k, r, c in self._db.execute("SELECT key, response, created FROM idempotency")
+        }
+        queued = [row for row in rows if not row.buffered]
+        latest = self.bodies([queued[-1].id])[0] if queued else None
+        return LoadedState(kv=kv, rows=rows, idempotency=idem, latest=latest)
+
+    def write(self, change: WriteSet) -> None:
+        placed = [(row, self.segments.append(body)) for row, body in change.inserts]
+        try:
+            self._commit(change, placed)
+        except BaseException:
+            for _, at in placed:
+                self.segments.release(at)
+            raise
+        for row, at in placed:
+            self._where[row.id] = at
+
+    def _commit(self, change: WriteSet, placed: list[tuple[GroupRow, Location]]) -> None:
+        with self._transaction() as db:
+            if placed:
+                db.executemany(
+                    "INSERT INTO groups (id, env_id, size, qorder, buffered, segment, offset, "
+                    "length) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(r.id, r.env_id, r.size, r.order, int(r.buffered), *at) for r, at in placed],
+                )
+            if change.promotions:
+                db.executemany(
+                    "UPDATE groups SET buffered = 0, qorder = ? WHERE id = ?",
+                    [(order, gid) for gid, order in change.promotions],
+                )
+            self._put_kv(db, change.kv)
+            if change.idempotency is not None:
+                key, response = change.idempotency
+                db.execute(
+                    "INSERT OR REPLACE INTO idempotency (key, response, created) VALUES (?, ?, ?)",
+                    (key, response, time.time()),
+                )
+
+    def bodies(self, ids: list[int]) -> list[bytes]:
+        return [self.segments.read(self._where[i]) for i in ids]
+
+    def remove(self, ids: list[int], kv: dict[str, Any]) -> None:
+        with self._transaction() as db:
+            db.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in ids])
+            self._put_kv(db, kv)
+        for i in ids:
+            self.segments.release(self._where.pop(i))
+
+    def prune_idempotency(self, older_than: float) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM idempotency WHERE created < ?", (older_than,))
+
+    def reset(self) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM groups")
+            db.execute("DELETE FROM kv")
+            db.execute("DELETE FROM idempotency")
+        self._where.clear()
+        self.segments.clear()
+
+    def close(self) -> None:
+        self._db.close()
+        self.segments.close()
+        self._lock_file.close()
+
+    @staticmethod
+    def _put_kv(db: sqlite3.Connection, kv: dict[str, Any]) -> None:
+        if kv:
+            db.executemany(
+                "INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)",
+                [(k, json.dumps(v)) for k, v in kv.items()],
+            )
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def open_store(state_dir: str | os.PathLike[str] | None, ephemeral: bool) -> GroupStore:
+    return MemoryStore() if ephemeral or state_dir is None else SQLiteStore(state_dir)

@@ -1,0 +1,58 @@
+"""Command-line flags generated from a pydantic model: one configuration mechanism.
+
+Each field becomes `--field-name` (or `--prefix.field_name`) with its description
+and default in `--help`; booleans take an optional true/false value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _is_bool(annotation: Any) -> bool:
+    if annotation is bool:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return bool in typing.get_args(annotation)
+    return False
+
+
+def add_model_flags(
+    parser: argparse.ArgumentParser, model: type[BaseModel], dash_names: bool = True
+) -> None:
+    """Add one flag per field; values stay as strings for pydantic to validate."""
+    for name, field in model.model_fields.items():
+        flag = "--" + (name.replace("_", "-") if dash_names else name)
+        help_text = f"{field.description or ''} (default: {field.default!r})"
+        if _is_bool(field.annotation):
+            parser.add_argument(
+                flag,
+                dest=name,
+                nargs="?",
+                const=True,
+                type=parse_bool,
+                default=argparse.SUPPRESS,
+                metavar="BOOL",
+                help=help_text,
+            )
+        else:
+            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=help_text)
+
+
+def model_from_args(model: type[BaseModel], args: argparse.Namespace) -> BaseModel:
+    given = {name: value for name, value in vars(args).items() if name in model.model_fields}
+    return model.model_validate(given)

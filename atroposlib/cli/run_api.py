@@ -1,0 +1,56 @@
+"""`run-api`: start the trajectory API (same flags as Atropos, plus ours)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import uvicorn
+
+from atroposlib.api import SETTINGS_ENV
+from atroposlib.api.settings import APISettings
+from atroposlib.cli.flags import add_model_flags, model_from_args
+from atroposlib.utils.logging import configure_logging
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run-api",
+        description="Trajectory API: environments post scored groups, trainers pull batches.",
+    )
+    add_model_flags(parser, APISettings)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = model_from_args(APISettings, args).resolved()
+    except ValueError as exc:
+        print(f"run-api: invalid option: {exc}", file=sys.stderr)
+        return 2
+    problem = settings.exposure_problem()
+    if problem:
+        print(f"run-api: {problem}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    common = dict(
+        host=settings.host,
+        port=settings.port,
+        access_log=settings.access_log,
+        log_config=None,
+        timeout_graceful_shutdown=5,
+    )
+    if settings.reload:
+        os.environ[SETTINGS_ENV] = settings.model_dump_json()
+        uvicorn.run("atroposlib.api:app", reload=True, **common)
+    else:
+        from atroposlib.api.server import create_app
+
+        uvicorn.run(create_app(settings), **common)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Shared fixtures: real `run-api` processes on free 127.0.0.1 ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ApiProcess:
+    """A `run-api` subprocess that tests can kill -9 and restart on the same state."""
+
+    def __init__(self, state_dir: Path, *extra: str, port: int | None = None) -> None:
+        self.state_dir = state_dir
+        self.extra = list(extra)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log_path = state_dir.parent / f"run-api-{self.port}.log"
+
+    def start(self, timeout: float = 20.0) -> ApiProcess:
+        cmd = [
+            sys.executable,
+            "-m",
+            "atroposlib.cli.run_api",
+            "--port",
+            str(self.port),
+            "--state-dir",
+            str(self.state_dir),
+            *self.extra,
+        ]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"run-api exited early:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise TimeoutError(f"run-api did not become healthy:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def api_factory(tmp_path: Path) -> Iterator:
+    started: list[ApiProcess] = []
+
+    def make(*extra: str, state_dir: Path | None = None, start: bool = True) -> ApiProcess:
+        api = ApiProcess(state_dir or tmp_path / f"state{len(started)}", *extra)
+        started.append(api)
+        return api.start() if start else api
+
+    yield make
+    for api in started:
+        api.stop()
+
+
+@pytest.fixture
+def api(api_factory) -> ApiProcess:
+    return api_factory()
+
+
+@pytest.fixture
+def client(api: ApiProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api.url, timeout=30) as c:
+        yield c
+
+
+os.environ.setdefault("ATROPOS_API_KEY", "")
