@@ -98,4 +98,4 @@ def client(api: ApiProcess) -> Iterator[httpx.Client]:
         yield c
 
 
-os.environ.setdefault("ATROPOS_API_KEY", "")
+os.environ.pop("ATROPOS_API_KEY", None)  # a developer's key must not leak into tests

@@ -42,16 +42,21 @@ def iter_packs(
 def take_packs(
     packs: Iterator[list[int]], sizes: Sequence[int], batch_size: int
 ) -> list[int] | None:
-    """Positions of the first packs that add up to exactly batch_size, in pack order."""
+    """Positions, in pack order, of the first groups that add up to exactly batch_size.
+
+    Groups are taken one at a time, so a batch may end inside a pack when the pack
+    size does not divide batch_size (as in Atropos); overshooting means no batch.
+    """
     chosen: list[int] = []
     total = 0
     for pack in packs:
-        chosen.extend(pack)
-        total += sum(sizes[p] for p in pack)
-        if total == batch_size:
-            return chosen
-        if total > batch_size:
-            return None
+        for position in pack:
+            chosen.append(position)
+            total += sizes[position]
+            if total == batch_size:
+                return chosen
+            if total > batch_size:
+                return None
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -45,8 +46,10 @@ class APISettings(BaseModel):
         description="Gzip responses over 1 KB for clients that accept it (saves bandwidth to a "
         "remote trainer, costs CPU per batch).",
     )
-    log_level: str = Field("info", description="Logging level (debug, info, warning, error).")
-    log_format: str = Field(
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Logging level (debug, info, warning, error)."
+    )
+    log_format: Literal["text", "json"] = Field(
         "text", description="Log format: text, or json for one object per line."
     )
     access_log: bool = Field(False, description="Log every HTTP request (uvicorn access log).")

@@ -11,7 +11,7 @@ import types
 import typing
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 
 def parse_bool(text: str) -> bool:
@@ -53,6 +53,20 @@ def add_model_flags(
             parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=help_text)
 
 
-def model_from_args(model: type[BaseModel], args: argparse.Namespace) -> BaseModel:
+class FlagError(ValueError):
+    """A flag value that the model rejects; the message names the flag."""
+
+
+def model_from_args(
+    model: type[BaseModel], args: argparse.Namespace, dash_names: bool = True
+) -> BaseModel:
     given = {name: value for name, value in vars(args).items() if name in model.model_fields}
-    return model.model_validate(given)
+    try:
+        return model.model_validate(given)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False):
+            name = str(error["loc"][0]) if error["loc"] else ""
+            flag = "--" + (name.replace("_", "-") if dash_names else name)
+            problems.append(f"{flag} {given.get(name)!r}: {error['msg']}")
+        raise FlagError("; ".join(problems)) from None

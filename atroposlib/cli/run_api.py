@@ -10,7 +10,7 @@ import uvicorn
 
 from atroposlib.api import SETTINGS_ENV
 from atroposlib.api.settings import APISettings
-from atroposlib.cli.flags import add_model_flags, model_from_args
+from atroposlib.cli.flags import FlagError, add_model_flags, model_from_args
 from atroposlib.utils.logging import configure_logging
 
 
@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = model_from_args(APISettings, args).resolved()
-    except ValueError as exc:
-        print(f"run-api: invalid option: {exc}", file=sys.stderr)
+    except FlagError as exc:
+        print(f"run-api: {exc}", file=sys.stderr)
         return 2
     problem = settings.exposure_problem()
     if problem:

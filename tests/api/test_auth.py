@@ -1,0 +1,94 @@
+"""Bearer-token auth and the refusal to expose an unauthenticated server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import httpx
+
+from atroposlib.api.settings import APISettings, is_loopback
+from tests.api.helpers import REGISTRATION, make_group
+from tests.conftest import ApiProcess, free_port
+
+KEY = "s3cret-key"
+
+
+def test_key_guards_every_endpoint_but_root_and_health(api_factory):
+    api = api_factory("--api-key", KEY)
+    with httpx.Client(base_url=api.url) as anonymous:
+        assert anonymous.get("/").status_code == 200
+        assert anonymous.get("/health").status_code == 200
+        for method, path in [
+            ("GET", "/status"),
+            ("GET", "/batch"),
+            ("GET", "/reset_data"),
+            ("POST", "/scored_data"),
+            ("GET", "/metrics"),
+            ("POST", "/register"),
+        ]:
+            response = anonymous.request(method, path)
+            assert response.status_code == 401, path
+            assert "Bearer" in response.json()["detail"]
+            assert response.headers["www-authenticate"] == "Bearer"
+        wrong = anonymous.get("/status", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+    with httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {KEY}"}) as trainer:
+        assert trainer.post("/register", json=REGISTRATION).status_code == 200
+        assert trainer.post("/scored_data", json=make_group(4)).status_code == 200
+        assert trainer.get("/status").status_code == 200
+
+
+def test_reset_without_key_cannot_wipe_the_run(api_factory):
+    api = api_factory("--api-key", KEY)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    httpx.post(f"{api.url}/register", json=REGISTRATION, headers=auth)
+    httpx.post(f"{api.url}/scored_data", json=make_group(4), headers=auth)
+    assert httpx.get(f"{api.url}/reset_data").status_code == 401
+    assert httpx.get(f"{api.url}/info", headers=auth).json()["batch_size"] == 8
+
+
+def test_key_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATROPOS_API_KEY", KEY)
+    api = ApiProcess(tmp_path / "state").start()
+    try:
+        assert httpx.get(f"{api.url}/status").status_code == 401
+        assert (
+            httpx.get(f"{api.url}/status", headers={"Authorization": f"Bearer {KEY}"}).status_code
+            == 200
+        )
+    finally:
+        api.stop()
+
+
+def test_public_bind_without_key_refuses_to_start(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "ATROPOS_API_KEY"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "atroposlib.cli.run_api",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(free_port()),
+            "--state-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert result.returncode == 2
+    assert "--api-key" in result.stderr and "--insecure" in result.stderr
+
+
+def test_exposure_rules():
+    assert APISettings(host="0.0.0.0").exposure_problem() is not None
+    assert APISettings(host="0.0.0.0", api_key="k").exposure_problem() is None
+    assert APISettings(host="0.0.0.0", insecure=True).exposure_problem() is None
+    assert APISettings(host="127.0.0.1").exposure_problem() is None
+    assert is_loopback("localhost") and is_loopback("::1") and is_loopback("127.0.0.2")
+    assert not is_loopback("10.0.0.1") and not is_loopback("example.org")

@@ -1,0 +1,293 @@
+"""Every endpoint and answer shape of PROTOCOL.md, against a real run-api process."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from tests.api.helpers import make_group, register, register_env, start_trainer, tags_of
+
+
+def test_root_and_health(client):
+    assert client.get("/").json() == {"message": "AtroposLib API"}
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["store"] == "sqlite"
+
+
+def test_answers_before_registration(client):
+    assert client.get("/status").json() == {"current_step": 0, "queue_size": 0}
+    assert client.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
+    assert client.get("/wandb_info").json() == {"group": None, "project": None}
+    answer = client.get("/batch").json()
+    assert answer["status"] == "error" and answer["batch"] == [] and answer["message"]
+    example = client.get("/latest_example").json()
+    assert set(example) == {
+        "tokens",
+        "masks",
+        "scores",
+        "advantages",
+        "ref_logprobs",
+        "generation_params",
+        "inference_logprobs",
+        "messages",
+        "images",
+    }
+    assert all(value == [] for value in example.values())
+    body = {"max_token_length": 64, "desired_name": "e", "weight": 1.0, "group_size": 4}
+    assert client.post("/register-env", json=body).json() == {"status": "wait for trainer to start"}
+
+
+def test_register_and_env_handshake(client):
+    first = register(client, starting_step=5)
+    assert isinstance(first["uuid"], int)
+    assert client.get("/info").json() == {"batch_size": 8, "max_token_len": 64}
+    assert client.get("/wandb_info").json() == {"group": "g", "project": "p"}
+    waiting = {"max_token_length": 64, "desired_name": "math", "weight": 1.0, "group_size": 4}
+    assert (
+        client.post("/register-env", json=waiting).json()["status"] == "wait for trainer to start"
+    )
+    assert client.get("/batch").json() == {"batch": None}  # marks the trainer as started
+    env0 = register_env(client, desired_name="math")
+    env1 = register_env(client, desired_name="math")
+    env2 = register_env(client, desired_name="code")
+    assert env0 == {
+        "status": "success",
+        "env_id": 0,
+        "wandb_name": "math_0",
+        "checkpoint_dir": "/tmp/ckpt",
+        "starting_step": 5,
+        "checkpoint_interval": 10,
+        "num_steps": 100,
+    }
+    assert (env1["env_id"], env1["wandb_name"]) == (1, "math_1")
+    assert (env2["env_id"], env2["wandb_name"]) == (2, "code_0")
+    assert client.post("/disconnect-env", json={"env_id": 1}).json() == {"status": "success"}
+    failure = client.post("/disconnect-env", json={"env_id": 9}).json()
+    assert failure["status"] == "failure" and "9" in failure["error"]
+
+
+def test_batches_are_exact_oldest_first_and_fields_are_kept(client):
+    start_trainer(client)
+    register_env(client, group_size=4)
+    group = make_group(4, tag=0, env_id=0)
+    group.update(
+        advantages=[[0.5] * 4] * 4,
+        generation_params={"temperature": 1.0},
+        messages=[[{"role": "user", "content": "hi", "reward": None}]] * 4,
+        overrides=[{"set_advantage_to_zero": True}] * 4,
+        group_overrides={"group_size": 4},
+        distill_token_ids=[[[1, 2]] * 4] * 4,
+    )
+    assert client.post("/scored_data", json=group).json() == {"status": "received"}
+    for tag in range(1, 6):
+        client.post("/scored_data", json=make_group(4, tag=tag, env_id=0))
+    assert client.get("/status").json()["queue_size"] == 6
+    first = client.get("/batch").json()["batch"]
+    assert tags_of(first) == [0, 1]
+    assert sum(len(g["tokens"]) for g in first) == 8
+    for key, value in group.items():
+        assert first[0][key] == value, key
+    assert first[1]["advantages"] is None and first[1]["inference_logprobs"] is None
+    assert tags_of(client.get("/batch").json()["batch"]) == [2, 3]
+    assert tags_of(client.get("/batch").json()["batch"]) == [4, 5]
+    assert client.get("/batch").json() == {"batch": None}
+    assert client.get("/status").json()["current_step"] == 3
+
+
+def test_scored_data_list_answer_shape(client):
+    start_trainer(client)
+    register_env(client, group_size=4)
+    groups = [make_group(4, tag=1, env_id=0), make_group(4, tag=2, env_id=0)]
+    assert client.post("/scored_data_list", json=groups).json() == {
+        "status": "received",
+        "groups_processed": 2,
+    }
+    mixed = [
+        make_group(2, tag=3, env_id=0),
+        make_group(4, tag=4, env_id=0),
+        make_group(1, tag=5, env_id=0),
+    ]
+    assert client.post("/scored_data_list", json=mixed).json() == {
+        "status": "received",
+        "groups_processed": 3,
+        "buffered": 2,
+        "last_buffer_size": 3,
+    }
+
+
+def test_off_size_groups_are_buffered_until_they_fill_a_group(client):
+    start_trainer(client)
+    register_env(client, group_size=4)
+    assert client.post("/scored_data", json=make_group(2, tag=1, env_id=0)).json() == {
+        "status": "buffered",
+        "buffer_size": 2,
+    }
+    client.post("/scored_data", json=make_group(4, tag=2, env_id=0))
+    assert client.post("/scored_data", json=make_group(2, tag=3, env_id=0)).json() == {
+        "status": "buffered",
+        "buffer_size": 0,
+    }
+    assert client.get("/status").json()["queue_size"] == 3
+    batch = client.get("/batch").json()["batch"]
+    # the buffered pair was queued (in its original order) after the group of 4
+    assert tags_of(batch) == [2, 1, 3]
+
+
+def test_mixed_group_sizes_pack_into_exact_batches(client):
+    start_trainer(client, batch_size=8)
+    for tag, size in enumerate([4, 8, 4, 2, 2, 2, 2]):
+        client.post("/scored_data", json=make_group(size, tag=tag))
+    batches = []
+    while (batch := client.get("/batch").json()["batch"]) is not None:
+        assert sum(len(g["tokens"]) for g in batch) == 8
+        batches.append(tags_of(batch))
+    assert batches == [[1], [0, 2], [3, 4, 5, 6]]
+
+
+def test_min_batch_allocation_reserves_part_of_each_batch(client):
+    start_trainer(client, batch_size=8)
+    register_env(client, group_size=4, desired_name="big")
+    register_env(client, group_size=4, desired_name="small", min_batch_allocation=0.5)
+    for tag in range(4):
+        client.post("/scored_data", json=make_group(4, tag=tag, env_id=0))
+    client.post("/scored_data", json=make_group(4, tag=10, env_id=1))
+    first = client.get("/batch").json()["batch"]
+    assert sorted(g["env_id"] for g in first) == [0, 1]
+    assert tags_of(first) == [0, 10]
+    status = client.get("/status-env", params={"env_id": 0}).json()
+    assert status["unallocated_fraction"] == 0.5
+
+
+def test_status_env_fields(client):
+    start_trainer(client, batch_size=8)
+    register_env(client, group_size=4, max_token_length=100, weight=1.0)
+    register_env(client, group_size=2, max_token_length=100, weight=3.0, min_batch_allocation=0.25)
+    for tag in range(3):
+        client.post("/scored_data", json=make_group(4, tag=tag, env_id=0))
+    client.post("/scored_data", json=make_group(2, tag=9, env_id=1))
+    by_body = client.request("GET", "/status-env", json={"env_id": 0}).json()
+    by_query = client.get("/status-env", params={"env_id": 0}).json()
+    assert by_body == by_query
+    # own 12 sequences; env 1: ceil(2/4)*4 - floor(8*0.25) = 2 -> (12 + 2) // 4
+    assert by_body == {
+        "current_step": 0,
+        "queue_size": 3,
+        "unallocated_fraction": 0.75,
+        "self_queue_size": 3,
+        "max_group_size": 4,
+        "env_weight": 0.25,
+    }
+    other = client.get("/status-env", params={"env_id": 1}).json()
+    # env 1 has 2 own sequences; env 0 contributes ceil(12/4)*4 = 12 -> (2 + 12) // 2
+    assert other["queue_size"] == 7 and other["self_queue_size"] == 1
+    assert other["env_weight"] == 0.75
+    assert client.get("/status-env", params={"env_id": 5}).status_code == 404
+    client.post("/disconnect-env", json={"env_id": 1})
+    assert client.get("/status-env", params={"env_id": 0}).json()["env_weight"] == 1.0
+
+
+def test_posts_before_register_count_after_registration(client):
+    for tag in range(4):
+        assert client.post("/scored_data", json=make_group(2, tag=tag)).status_code == 200
+    assert client.get("/status").json() == {"current_step": 0, "queue_size": 0}
+    start_trainer(client, batch_size=8)
+    assert client.get("/status").json()["queue_size"] == 0  # the first /batch took them
+    assert client.get("/status").json()["current_step"] == 1
+
+
+def test_second_register_updates_settings_and_keeps_queue(client):
+    register(client, batch_size=8)
+    for tag in range(3):
+        client.post("/scored_data", json=make_group(4, tag=tag))
+    register(client, batch_size=12, max_token_len=128, num_steps=7)
+    assert client.get("/info").json() == {"batch_size": 12, "max_token_len": 128}
+    assert tags_of(client.get("/batch").json()["batch"]) == [0, 1, 2]
+
+
+def test_reset_data_clears_everything(client):
+    start_trainer(client)
+    register_env(client)
+    client.post("/scored_data", json=make_group(4, tag=1, env_id=0))
+    response = client.get("/reset_data")
+    assert response.status_code == 200 and response.text == "Reset successful"
+    assert client.get("/status").json() == {"current_step": 0, "queue_size": 0}
+    assert client.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
+    assert client.get("/batch").json()["status"] == "error"
+    assert client.get("/status-env", params={"env_id": 0}).status_code == 404
+
+
+def test_latest_example_is_the_newest_queued_group(client):
+    register(client)
+    client.post("/scored_data", json=make_group(2, tag=1))
+    client.post("/scored_data", json=make_group(2, tag=2, env_id=None))
+    latest = client.get("/latest_example").json()
+    assert latest["tokens"][0][0] == 2 and latest["env_id"] is None
+
+
+def test_non_finite_logprobs_come_back_unchanged(client):
+    start_trainer(client, batch_size=2)
+    body = (
+        '{"tokens": [[1, 2], [3, 4]], "masks": [[-100, 2], [-100, 4]], "scores": [1.0, 0.0],'
+        ' "inference_logprobs": [[NaN, -Infinity], [-0.5, Infinity]]}'
+    )
+    response = client.post(
+        "/scored_data", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200, response.text
+    text = client.get("/batch").text
+    assert "[NaN, -Infinity]" in text.replace(",-", ", -") or "[NaN,-Infinity]" in text
+    batch = json.loads(text)["batch"]  # Python's json reads the constants back
+    values = batch[0]["inference_logprobs"]
+    assert (
+        values[0][1] == float("-inf")
+        and values[1][1] == float("inf")
+        and values[0][0] != values[0][0]
+    )
+
+
+def test_gzip_bodies(client):
+    start_trainer(client, batch_size=4)
+    payload = gzip.compress(json.dumps(make_group(4, tag=7)).encode())
+    headers = {"content-encoding": "gzip", "content-type": "application/json"}
+    assert client.post("/scored_data", content=payload, headers=headers).json() == {
+        "status": "received"
+    }
+    assert tags_of(client.get("/batch").json()["batch"]) == [7]
+    bad = client.post("/scored_data", content=b"not gzip at all", headers=headers)
+    assert bad.status_code == 400 and "gzip" in bad.text.lower()
+    truncated = client.post("/scored_data", content=payload[:-10], headers=headers)
+    assert truncated.status_code == 400
+
+
+def test_unformable_batch_is_reported_not_silent(client, api):
+    start_trainer(client, batch_size=12)
+    for tag in range(2):
+        client.post("/scored_data", json=make_group(8, tag=tag))
+    assert client.get("/batch").json() == {"batch": None}
+    status = client.get("/status").json()
+    assert status["batch_blocked"] is True and "batch_size 12" in status["blocked_reason"]
+    assert "atropos_batch_blocked 1.0" in client.get("/metrics").text
+    assert "no batch can be formed" in api.log()
+    client.post("/scored_data", json=make_group(4, tag=5))  # 8 + 4 = 12 now exists
+    assert tags_of(client.get("/batch").json()["batch"]) == [0, 5]
+    assert client.get("/status").json()["batch_blocked"] is False
+
+
+def test_metrics_exposition(client):
+    start_trainer(client, batch_size=4)
+    register_env(client, group_size=4)
+    for tag in range(3):
+        client.post("/scored_data", json=make_group(4, tag=tag, env_id=0))
+    client.get("/batch")
+    text = client.get("/metrics").text
+    for line in (
+        "atropos_queued_groups 2.0",
+        "atropos_queued_sequences 8.0",
+        "atropos_groups_received_total 3.0",
+        "atropos_batches_served_total 1.0",
+        "atropos_sequences_served_total 4.0",
+        'atropos_env_queued_total{env_id="0",kind="groups"} 3.0',
+        'atropos_env_queue_sequences{env_id="0"} 8.0',
+    ):
+        assert line in text, line
+    assert 'atropos_request_duration_seconds_count{path="/scored_data"} 3.0' in text

@@ -1,0 +1,208 @@
+"""Bad input gets a 4xx naming the problem; nothing makes the server answer 500."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.api.helpers import make_group, register_env, start_trainer
+from tests.conftest import ApiProcess
+
+
+@pytest.fixture(scope="module")
+def shared_api(tmp_path_factory) -> Iterator[ApiProcess]:
+    api = ApiProcess(tmp_path_factory.mktemp("validation") / "state", "--max-body-mb", "0.25")
+    api.start()
+    yield api
+    api.stop()
+
+
+@pytest.fixture
+def client(shared_api) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=shared_api.url, timeout=30) as c:
+        c.get("/reset_data")
+        start_trainer(c, batch_size=4, max_token_len=16)
+        register_env(c, group_size=2)
+        yield c
+
+
+def locs(response: httpx.Response) -> list[list]:
+    assert response.status_code == 422, response.text
+    return [error["loc"] for error in response.json()["detail"]]
+
+
+def post(client: httpx.Client, group: dict, path: str = "/scored_data") -> httpx.Response:
+    return client.post(path, json=group)
+
+
+def test_malformed_json(client):
+    headers = {"content-type": "application/json"}
+    assert client.post("/scored_data", content=b"{tokens: [", headers=headers).status_code == 422
+    assert client.post("/register", content=b"[1,", headers=headers).status_code == 422
+    assert client.post("/scored_data", content=b"", headers=headers).status_code == 422
+
+
+def test_wrong_types_name_the_field(client):
+    group = make_group(2)
+    group["tokens"][0][1] = "seven"
+    assert ["body", "tokens", 0, 1] in locs(post(client, group))
+    group = make_group(2)
+    group["scores"] = "high"
+    assert ["body", "scores"] in locs(post(client, group))
+    group = make_group(2)
+    group["tokens"][1][0] = 1.5
+    assert ["body", "tokens", 1, 0] in locs(post(client, group))
+    assert ["body", "tokens"] in locs(post(client, {"masks": [[1]], "scores": [1.0]}))
+
+
+def test_shapes_must_agree(client):
+    group = make_group(2)
+    group["masks"][1] = group["masks"][1][:-1]
+    assert locs(post(client, group)) == [["body", "masks", 1]]
+    group = make_group(2)
+    group["masks"] = group["masks"][:1]
+    assert ["body", "masks"] in locs(post(client, group))
+    group = make_group(2)
+    group["scores"] = [1.0]
+    assert locs(post(client, group)) == [["body", "scores"]]
+    group = make_group(2)
+    group["advantages"] = [[0.0] * 4]
+    assert locs(post(client, group)) == [["body", "advantages"]]
+    group = make_group(2)
+    group["inference_logprobs"] = [[0.0] * 4] * 3
+    assert locs(post(client, group)) == [["body", "inference_logprobs"]]
+    assert ["body", "tokens"] in locs(post(client, {"tokens": [], "masks": [], "scores": []}))
+
+
+def test_scores_must_be_finite(client):
+    body = '{"tokens": [[1], [2]], "masks": [[1], [2]], "scores": [NaN, 1.0]}'
+    response = client.post(
+        "/scored_data", content=body, headers={"content-type": "application/json"}
+    )
+    assert locs(response) == [["body", "scores", 0]]
+    body = body.replace("NaN", "-Infinity")
+    response = client.post(
+        "/scored_data", content=body, headers={"content-type": "application/json"}
+    )
+    assert locs(response) == [["body", "scores", 0]]
+
+
+def test_messages_need_role_and_content(client):
+    group = make_group(2)
+    group["messages"] = [[{"role": "user", "content": "x"}], [{"content": "no role"}]]
+    assert locs(post(client, group)) == [["body", "messages", 1, 0]]
+
+
+def test_unknown_env_and_over_long_sequences(client):
+    assert locs(post(client, make_group(2, env_id=7))) == [["body", "env_id"]]
+    assert ["body", "env_id"] in locs(post(client, make_group(2, env_id=-1)))
+    response = post(client, make_group(2, length=17))
+    assert locs(response) == [["body", "tokens", 0], ["body", "tokens", 1]]
+    assert "max_token_len 16" in response.text
+    assert post(client, make_group(2, length=16)).status_code == 200
+
+
+def test_a_bad_group_in_a_list_rejects_the_whole_list(client):
+    bad = make_group(2)
+    bad["scores"] = [1.0]
+    response = post(client, [make_group(2, tag=1), bad], path="/scored_data_list")
+    assert locs(response) == [["body", 1, "scores"]]
+    assert client.get("/status").json()["queue_size"] == 0
+    assert locs(post(client, {"not": "a list"}, path="/scored_data_list")) == [["body"]]
+
+
+def test_registration_validation(client):
+    assert ["body", "batch_size"] in locs(client.post("/register", json={"batch_size": 0}))
+    bad_env = {
+        "max_token_length": 1,
+        "desired_name": "x",
+        "weight": 1,
+        "group_size": 2,
+        "min_batch_allocation": 1.5,
+    }
+    assert ["body", "min_batch_allocation"] in locs(client.post("/register-env", json=bad_env))
+    assert ["body", "env_id"] in locs(client.post("/disconnect-env", json={"env_id": "x"}))
+
+
+def test_status_env_errors(client):
+    assert client.get("/status-env", params={"env_id": 3}).status_code == 404
+    assert client.get("/status-env").status_code == 422
+    assert client.get("/status-env", params={"env_id": "zero"}).status_code == 422
+    response = client.request(
+        "GET", "/status-env", content=b"{oops", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+
+
+def test_oversize_bodies_get_413(client):
+    big = make_group(2, length=16)
+    big["generation_params"] = {"padding": "x" * 400_000}
+    assert post(client, big).status_code == 413
+    bomb = gzip.compress(b"[" + b"0," * 2_000_000 + b"0]")
+    assert len(bomb) < 0.25 * 2**20
+    headers = {"content-encoding": "gzip", "content-type": "application/json"}
+    response = client.post("/scored_data_list", content=bomb, headers=headers)
+    assert response.status_code == 413 and "max-body-mb" in response.text
+    assert post(client, make_group(2)).status_code == 200  # still serving
+
+
+ENDPOINTS = [
+    ("POST", "/register"),
+    ("POST", "/register-env"),
+    ("POST", "/disconnect-env"),
+    ("POST", "/scored_data"),
+    ("POST", "/scored_data_list"),
+    ("GET", "/status-env"),
+    ("GET", "/batch"),
+    ("GET", "/status"),
+    ("GET", "/info"),
+    ("GET", "/latest_example"),
+]
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+field_names = st.sampled_from(
+    [
+        "tokens",
+        "masks",
+        "scores",
+        "env_id",
+        "messages",
+        "advantages",
+        "batch_size",
+        "group_size",
+        "max_token_length",
+        "desired_name",
+        "weight",
+        "min_batch_allocation",
+        "inference_logprobs",
+    ]
+)
+payloads = st.one_of(
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.dictionaries(field_names, json_values, max_size=6).map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=64),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(endpoint=st.sampled_from(ENDPOINTS), payload=payloads)
+def test_no_input_makes_the_server_fail(client, endpoint, payload):
+    method, path = endpoint
+    response = client.request(
+        method, path, content=payload, headers={"content-type": "application/json"}
+    )
+    assert response.status_code < 500, (path, payload, response.text)
