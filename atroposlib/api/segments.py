@@ -70,9 +70,13 @@ class SegmentLog:
             self._rotate()
         offset = self._size
         view = memoryview(body)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError:
+            self._size = os.fstat(self._fd).st_size  # keep offsets true after a partial write
+            raise
         self._size += len(body)
         self.live[self.active] = self.live.get(self.active, 0) + 1
         return (self.active, offset, len(body))

@@ -108,7 +108,8 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
     @app.exception_handler(sqlite3.Error)
-    async def _store_error(_: Request, exc: sqlite3.Error) -> JSONResponse:
+    @app.exception_handler(OSError)
+    async def _store_error(_: Request, exc: Exception) -> JSONResponse:
         logger.error("store error: %s", exc)
         reject("store_error")
         headers = {"Retry-After": str(settings.retry_after_s)}

@@ -5,6 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 
+import httpx
+from fastapi.testclient import TestClient
+
+from atroposlib.api.settings import APISettings
 from tests.api.helpers import make_group, register, register_env, start_trainer, tags_of
 
 
@@ -291,3 +295,24 @@ def test_metrics_exposition(client):
     ):
         assert line in text, line
     assert 'atropos_request_duration_seconds_count{path="/scored_data"} 3.0' in text
+
+
+def test_gzip_responses_on_request(api_factory):
+    api = api_factory("--gzip-responses")
+    with httpx.Client(base_url=api.url, headers={"Accept-Encoding": "gzip"}) as client:
+        start_trainer(client, batch_size=4, max_token_len=1024)
+        assert client.post("/scored_data", json=make_group(4, tag=3, length=600)).status_code == 200
+        response = client.get("/batch")
+        assert response.headers["content-encoding"] == "gzip"
+        assert tags_of(response.json()["batch"]) == [3]
+
+
+def test_module_level_app_reads_settings_from_environment(monkeypatch, tmp_path):
+    import atroposlib.api as api_module
+
+    settings = APISettings(state_dir=str(tmp_path / "s"), ephemeral=True)
+    monkeypatch.setenv(api_module.SETTINGS_ENV, settings.model_dump_json())
+    monkeypatch.setattr(api_module, "_app", None)
+    with TestClient(api_module.app) as client:
+        assert client.get("/").json() == {"message": "AtroposLib API"}
+        assert client.get("/health").json()["store"] == "memory"

@@ -1,0 +1,111 @@
+"""The store seam and the run state on top of it, in-process."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from atroposlib.api import segments
+from atroposlib.api.models import Registration, ScoredData
+from atroposlib.api.state import RunState
+from atroposlib.api.store import GroupRow, MemoryStore, SQLiteStore, StateDirLocked, WriteSet
+from tests.api.helpers import REGISTRATION, make_group
+
+
+def rows(*specs: tuple[int, int]) -> WriteSet:
+    return WriteSet(
+        inserts=[
+            (GroupRow(id=i, env_id=None, size=s, order=i, buffered=False), f'{{"id":{i}}}'.encode())
+            for i, s in specs
+        ]
+    )
+
+
+def test_sqlite_store_round_trip_and_segment_cleanup(tmp_path, monkeypatch):
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 16)  # a new segment every other group
+    store = SQLiteStore(tmp_path)
+    store.write(rows((1, 2), (2, 2), (3, 4), (4, 2)))
+    store.write(WriteSet(kv={"step": 3, "envs": [{"a": 1}]}))
+    assert store.bodies([3, 1]) == [b'{"id":3}', b'{"id":1}']
+    seg_dir = tmp_path / "segments"
+    assert len(list(seg_dir.iterdir())) >= 2
+    store.remove([1, 2], {"step": 4})
+    store.close()
+
+    reopened = SQLiteStore(tmp_path)
+    loaded = reopened.load(idempotency_ttl_s=60)
+    assert [r.id for r in loaded.rows] == [3, 4]
+    assert loaded.kv == {"step": 4, "envs": [{"a": 1}]}
+    assert loaded.latest == b'{"id":4}'
+    assert reopened.bodies([4]) == [b'{"id":4}']
+    reopened.remove([3, 4], {})
+    reopened.write(rows((5, 1)))
+    assert [p.name for p in seg_dir.iterdir()] == [f"seg-{reopened.segments.active:08d}.log"]
+    reopened.close()
+
+
+def test_a_torn_body_is_dropped_with_an_error(tmp_path, caplog):
+    store = SQLiteStore(tmp_path)
+    store.write(rows((1, 2), (2, 2)))
+    segment = next((tmp_path / "segments").iterdir())
+    store.close()
+    segment.write_bytes(segment.read_bytes()[:-3])  # the second body loses its tail
+    with caplog.at_level(logging.ERROR):
+        loaded = SQLiteStore(tmp_path).load(idempotency_ttl_s=60)
+    assert [r.id for r in loaded.rows] == [1]
+    assert "no readable body" in caplog.text
+
+
+def test_one_server_per_state_dir(tmp_path):
+    first = SQLiteStore(tmp_path)
+    with pytest.raises(StateDirLocked, match="--state-dir"):
+        SQLiteStore(tmp_path)
+    first.close()
+    SQLiteStore(tmp_path).close()
+
+
+class FlakyStore(MemoryStore):
+    """A store whose next write or read fails, like a full disk."""
+
+    fail_write = False
+    fail_read = False
+
+    def write(self, change: WriteSet) -> None:
+        if self.fail_write and change.inserts:
+            raise OSError(28, "No space left on device")
+        super().write(change)
+
+    def bodies(self, ids: list[int]) -> list[bytes]:
+        if self.fail_read:
+            raise OSError(5, "Input/output error")
+        return super().bodies(ids)
+
+
+def test_a_failed_write_accepts_nothing(tmp_path):
+    store = FlakyStore()
+    state = RunState(store)
+    state.register(Registration(**REGISTRATION))
+    state.accept([ScoredData(**make_group(4, tag=1))], as_list=False)
+    store.fail_write = True
+    with pytest.raises(OSError):
+        state.accept([ScoredData(**make_group(4, tag=2))], as_list=False, idempotency_key="k")
+    assert [r.size for r in state.queue] == [4] and state.queued_sequences == 4
+    assert "k" not in state.idempotency
+    store.fail_write = False
+    state.accept([ScoredData(**make_group(4, tag=3))], as_list=False, idempotency_key="k")
+    assert len(state.queue) == 2
+
+
+def test_a_failed_read_serves_and_loses_nothing():
+    store = FlakyStore()
+    state = RunState(store)
+    state.register(Registration(**{**REGISTRATION, "batch_size": 4}))
+    state.accept([ScoredData(**make_group(4, tag=1))], as_list=False)
+    store.fail_read = True
+    with pytest.raises(OSError):
+        state.next_batch()
+    assert len(state.queue) == 1 and state.step == 0
+    store.fail_read = False
+    assert b'"tokens":[[1,' in state.next_batch().replace(b" ", b"")
+    assert state.step == 1 and state.queue == []
