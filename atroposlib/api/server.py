@@ -138,41 +138,45 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
     async def disconnect_env(env: EnvIdentifier) -> dict[str, str]:
         return state().disconnect_env(env.env_id)
 
-    @app.post("/scored_data")
-    async def scored_data(request: Request) -> Response:
+    async def accept(request: Request, as_list: bool) -> Response:
         body = await request.body()
         try:
-            group = ScoredData.model_validate_json(body)
+            if as_list:
+                groups = SCORED_DATA_LIST.validate_json(body)
+            else:
+                groups = [ScoredData.model_validate_json(body)]
         except ValidationError as exc:
             reject("invalid")
             return _validation_answer(exc)
-        key = request.headers.get("idempotency-key")
-        answer = state().accept([group], as_list=False, idempotency_key=key, raw=body)
+        answer = state().accept(
+            groups,
+            as_list=as_list,
+            idempotency_key=request.headers.get("idempotency-key"),
+            raw=None if as_list else body,
+        )
         return Response(answer, media_type=JSON)
+
+    @app.post("/scored_data")
+    async def scored_data(request: Request) -> Response:
+        return await accept(request, as_list=False)
 
     @app.post("/scored_data_list")
     async def scored_data_list(request: Request) -> Response:
-        try:
-            groups = SCORED_DATA_LIST.validate_json(await request.body())
-        except ValidationError as exc:
-            reject("invalid")
-            return _validation_answer(exc)
-        key = request.headers.get("idempotency-key")
-        return Response(state().accept(groups, as_list=True, idempotency_key=key), media_type=JSON)
+        return await accept(request, as_list=True)
+
+    def json_answer(answer: bytes | dict[str, Any]) -> Response:
+        """Pre-serialised group JSON goes out as is; small dicts through JSONResponse."""
+        if isinstance(answer, bytes):
+            return Response(answer, media_type=JSON)
+        return JSONResponse(answer)
 
     @app.get("/batch")
     async def batch() -> Response:
-        answer = state().next_batch()
-        if isinstance(answer, bytes):
-            return Response(answer, media_type=JSON)
-        return JSONResponse(answer)
+        return json_answer(state().next_batch())
 
     @app.get("/latest_example")
     async def latest_example() -> Response:
-        answer = state().latest_example()
-        if isinstance(answer, bytes):
-            return Response(answer, media_type=JSON)
-        return JSONResponse(answer)
+        return json_answer(state().latest_example())
 
     @app.get("/status")
     async def status() -> dict[str, Any]:
