@@ -20,6 +20,8 @@ import asyncio
 import gzip
 import os
 import random
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -116,8 +118,15 @@ async def post_all(client_count: int, bodies: list[bytes], host: str, port: int,
 
 
 async def trainer(
-    host: str, port: int, key: str | None, stop_when, latencies: list[float], seen: list[int]
+    host: str,
+    port: int,
+    key: str | None,
+    stop_when,
+    latencies: list[float],
+    seen: list[int],
+    poll_s: float,
 ):
+    """Pull batches until `stop_when(sequences)`; sleep `poll_s` after an empty answer."""
     http = RawHttp(host, port, key)
     sequences = 0
     first = last = None
@@ -127,7 +136,7 @@ async def trainer(
         elapsed = time.perf_counter() - start
         batch = orjson.loads(body)["batch"]
         if not batch:
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(poll_s)
             continue
         latencies.append(elapsed)
         first = first or start
@@ -165,7 +174,7 @@ async def throughput_phase(args, host, port, bodies) -> dict:
     seen: list[int] = []
     start = time.perf_counter()
     train_task = asyncio.create_task(
-        trainer(host, port, args.api_key, lambda n: n >= target, batch_latency, seen)
+        trainer(host, port, args.api_key, lambda n: n >= target, batch_latency, seen, args.poll_s)
     )
     post_latency, accepted = await post_all(args.concurrency, bodies, host, port, args.api_key)
     post_seconds = time.perf_counter() - start
@@ -211,6 +220,10 @@ async def backlog_phase(args, host, port, bodies, queued: int) -> dict:
 
 
 def start_server(args) -> subprocess.Popen:
+    if not args.port:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            args.port = sock.getsockname()[1]
     port = args.port
     state_dir = tempfile.mkdtemp(prefix="atropos-bench-")
     cmd = [
@@ -227,6 +240,7 @@ def start_server(args) -> subprocess.Popen:
     if args.ephemeral:
         cmd.append("--ephemeral")
     proc = subprocess.Popen(cmd, env={**os.environ, "ATROPOS_API_KEY": args.api_key or ""})
+    proc.state_dir = state_dir
     for _ in range(200):
         try:
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
@@ -240,7 +254,9 @@ def start_server(args) -> subprocess.Popen:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="API to measure (default: start a durable run-api here)")
-    parser.add_argument("--port", type=int, default=8765, help="port for the self-started server")
+    parser.add_argument(
+        "--port", type=int, default=0, help="port for the self-started server (0: a free one)"
+    )
     parser.add_argument("--ephemeral", action="store_true", help="self-started server in memory")
     parser.add_argument("--api-key", default=os.environ.get("ATROPOS_API_KEY"))
     parser.add_argument("--concurrency", "-c", type=int, default=8)
@@ -248,6 +264,9 @@ def main() -> None:
         "--groups", type=int, default=3000, help="groups posted in the throughput phase"
     )
     parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument(
+        "--poll-s", type=float, default=0.01, help="trainer's sleep after an empty /batch"
+    )
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
@@ -289,6 +308,7 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(10)
+            shutil.rmtree(server.state_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
