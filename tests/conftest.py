@@ -99,3 +99,12 @@ def client(api: ApiProcess) -> Iterator[httpx.Client]:
 
 
 os.environ.pop("ATROPOS_API_KEY", None)  # a developer's key must not leak into tests
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path():
+    """The tiny model kit's default model, built once per machine (cached)."""
+    pytest.importorskip("torch")
+    from atroposlib.utils.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model()

@@ -1,0 +1,32 @@
+"""`atropos-make-tiny-model DIR`: build the tiny test model and tokenizer into DIR."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from atroposlib.cli.flags import FlagError, add_model_flags, model_from_args
+from atroposlib.utils.tiny_model import TinyModelSpec, build_tiny_model
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="atropos-make-tiny-model",
+        description="Build a tiny Llama model + byte-level BPE tokenizer (ChatML) from scratch, "
+        "offline, for tests and CPU runs.",
+    )
+    parser.add_argument("out_dir", help="directory to write the model and tokenizer into")
+    add_model_flags(parser, TinyModelSpec)
+    args = parser.parse_args(argv)
+    try:
+        spec = model_from_args(TinyModelSpec, args)
+    except FlagError as exc:
+        print(f"atropos-make-tiny-model: {exc}", file=sys.stderr)
+        return 2
+    path = build_tiny_model(args.out_dir, spec)
+    print(f"tiny model written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
