@@ -108,3 +108,56 @@ def tiny_model_path():
     from atroposlib.utils.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()
+
+
+class InferenceProcess:
+    """An `atropos-inference-server` subprocess serving a local model."""
+
+    def __init__(self, model_path, log_dir: Path, name: str = "tiny", *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = name
+        self.log_path = log_dir / f"inference-{self.port}.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "atroposlib.cli.inference_server",
+            "--model",
+            str(model_path),
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            name,
+            "--num-threads",
+            "1",
+            *extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"inference server exited:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"inference server not healthy:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def inference_server(tiny_model_path, tmp_path_factory) -> Iterator[InferenceProcess]:
+    server = InferenceProcess(tiny_model_path, tmp_path_factory.mktemp("inference"))
+    yield server
+    server.stop()

@@ -1,0 +1,77 @@
+"""`atropos-inference-server`: an OpenAI-compatible server for a local HF model on CPU.
+
+Its core flags are vLLM's api_server flags, so the engine launcher can start
+either one with the same arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import uvicorn
+from pydantic import BaseModel, Field
+
+from atroposlib.cli.flags import FlagError, add_model_flags, model_from_args
+from atroposlib.utils.logging import configure_logging
+
+
+class InferenceServerSettings(BaseModel):
+    model: str = Field(..., description="Path (or hub id) of the model and tokenizer to serve.")
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port.")
+    served_model_name: str | None = Field(
+        None, description="Name clients use in 'model' (default: the --model value)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, description="Longest prompt + completion (default: the model's limit)."
+    )
+    dtype: str = Field("float32", description="Weights dtype: float32, bfloat16, float16, auto.")
+    max_batch_rows: int = Field(64, ge=1, description="Most sampled sequences per batch round.")
+    num_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads (default: torch's choice)."
+    )
+    log_level: str = Field("info", description="Logging level.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="atropos-inference-server",
+        description="OpenAI-compatible inference server (transformers, CPU-friendly).",
+    )
+    add_model_flags(parser, InferenceServerSettings)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = model_from_args(InferenceServerSettings, args)
+    except FlagError as exc:
+        print(f"atropos-inference-server: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    import torch
+
+    from atroposlib.inference.engine import GenerationEngine
+    from atroposlib.inference.server import create_inference_app
+
+    if settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
+    try:
+        engine = GenerationEngine.load(settings.model, settings.dtype, settings.max_model_len)
+    except (OSError, ValueError) as exc:
+        print(
+            f"atropos-inference-server: cannot load model {settings.model!r}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    app = create_inference_app(
+        engine, settings.served_model_name or settings.model, settings.max_batch_rows
+    )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Batched sampling with a Hugging Face causal LM: the core of the CPU inference server.
+
+Design decisions:
+- Static batching per round: every request waiting when a round starts joins
+  it (each of its `n` samples is one row); rows are left-padded, share one KV
+  cache, and stop independently. Simple, and on a CPU the batched forward pass
+  is what buys throughput.
+- Logprobs are those of the raw model distribution (log_softmax of the logits,
+  before temperature or top-p), as vLLM reports them by default, so a trainer
+  re-scoring the completion with a forward pass gets the same numbers.
+- Each request with a `seed` samples from its own generator, so its output does
+  not depend on what else shares the batch.
+- The EOS token is part of the returned token ids and logprobs (the trainer
+  must learn to stop) but not of the text.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    top_logprobs: int = 0
+    ignore_eos: bool = False
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    text: str
+    finish_reason: str
+
+
+@dataclass
+class GenerationJob:
+    prompt_ids: list[int]
+    params: SamplingParams
+    samples: list[Sample] = field(default_factory=list)
+
+
+class GenerationEngine:
+    def __init__(self, model, tokenizer, max_model_len: int) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        eos = model.generation_config.eos_token_id
+        eos_ids = eos if isinstance(eos, list) else [eos]
+        if tokenizer.eos_token_id is not None:
+            eos_ids.append(tokenizer.eos_token_id)
+        self.eos_ids = {i for i in eos_ids if i is not None}
+        self._lock = threading.Lock()
+        self._shared_generator = torch.Generator().manual_seed(0)
+
+    @classmethod
+    def load(cls, path: str, dtype: str = "float32", max_model_len: int | None = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch_dtype = {
+            "float32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "float16": torch.float16,
+            "auto": torch.float32,
+        }[dtype]
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        model.eval()
+        limit = max_model_len or getattr(model.config, "max_position_embeddings", 2048)
+        return cls(model, tokenizer, limit)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    @torch.inference_mode()
+    def run(self, jobs: list[GenerationJob]) -> None:
+        """Generate every sample of every job; fills `job.samples`."""
+        with self._lock:
+            self._run(jobs)
+
+    def _run(self, jobs: list[GenerationJob]) -> None:
+        rows = [(job, k) for job in jobs for k in range(job.params.n)]
+        generators = {
+            id(job): torch.Generator().manual_seed(job.params.seed)
+            if job.params.seed is not None
+            else self._shared_generator
+            for job in jobs
+        }
+        width = max(len(job.prompt_ids) for job, _ in rows)
+        count = len(rows)
+        input_ids = torch.full((count, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((count, width), dtype=torch.long)
+        for i, (job, _) in enumerate(rows):
+            input_ids[i, width - len(job.prompt_ids) :] = torch.tensor(job.prompt_ids)
+            attention[i, width - len(job.prompt_ids) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        output = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True
+        )
+        cache = output.past_key_values
+        logits = output.logits[:, -1, :].float()
+        tokens: list[list[int]] = [[] for _ in rows]
+        logprobs: list[list[float]] = [[] for _ in rows]
+        tops: list[list[list[tuple[int, float]]]] = [[] for _ in rows]
+        finish: list[str | None] = [None] * count
+        texts = [""] * count
+        longest = max(job.params.max_tokens for job, _ in rows)
+        for _ in range(longest):
+            raw = torch.log_softmax(logits, dim=-1)
+            chosen = self._choose(logits, rows, finish, generators)
+            for i, (job, _) in enumerate(rows):
+                if finish[i] is not None:
+                    continue
+                token = chosen[i]
+                tokens[i].append(token)
+                logprobs[i].append(raw[i, token].item())
+                if job.params.top_logprobs:
+                    values, ids = raw[i].topk(job.params.top_logprobs)
+                    tops[i].append(list(zip(ids.tolist(), values.tolist(), strict=True)))
+                finish[i], texts[i] = self._check_stop(job.params, tokens[i])
+            if all(reason is not None for reason in finish):
+                break
+            step_ids = torch.tensor([[t[-1] if t else self.pad_id] for t in tokens])
+            attention = torch.cat([attention, torch.ones((count, 1), dtype=torch.long)], dim=1)
+            positions = positions[:, -1:] + 1
+            output = self.model(
+                input_ids=step_ids,
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = output.past_key_values
+            logits = output.logits[:, -1, :].float()
+        for i, (job, _) in enumerate(rows):
+            job.samples.append(
+                Sample(tokens[i], logprobs[i], tops[i], texts[i], finish[i] or "length")
+            )
+
+    def _choose(self, logits, rows, finish, generators) -> list[int]:
+        chosen = [0] * len(rows)
+        for i, (job, _) in enumerate(rows):
+            if finish[i] is not None:
+                continue
+            params = job.params
+            if params.temperature <= 0:
+                chosen[i] = int(logits[i].argmax())
+                continue
+            probs = torch.softmax(logits[i] / params.temperature, dim=-1)
+            if params.top_p < 1.0:
+                ordered, order = probs.sort(descending=True)
+                keep = ordered.cumsum(0) - ordered < params.top_p
+                probs = torch.zeros_like(probs).scatter(0, order[keep], ordered[keep])
+            chosen[i] = int(torch.multinomial(probs, 1, generator=generators[id(job)]))
+        return chosen
+
+    def _check_stop(self, params: SamplingParams, tokens: list[int]) -> tuple[str | None, str]:
+        text = self.decode(tokens)
+        if tokens[-1] in self.eos_ids and not params.ignore_eos:
+            return "stop", text
+        for stop in params.stop:
+            at = text.find(stop)
+            if at >= 0:
+                return "stop", text[:at]
+        if len(tokens) >= params.max_tokens:
+            return "length", text
+        return None, text
