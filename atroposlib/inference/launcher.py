@@ -1,0 +1,220 @@
+"""Start, health-check, restart and stop an inference engine subprocess.
+
+Used by the trainer (restart from each checkpoint) and the launcher. The engine
+is vLLM's OpenAI server or our `atropos-inference-server`; both take the same
+core flags, so one command builder serves both.
+
+Orphans are prevented three ways: the engine runs in its own process group
+(stop signals the whole group, and only that group), the child asks the kernel
+to SIGTERM it when its parent dies (Linux `PR_SET_PDEATHSIG`, covering a parent
+killed with SIGKILL), and `EngineProcess` is a context manager, so Ctrl-C in
+the parent stops it on the way out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+logger = logging.getLogger("atroposlib.inference")
+
+
+class EngineError(RuntimeError):
+    """The engine failed to start or died; the message quotes its last log lines."""
+
+
+class EngineConfig(BaseModel):
+    engine: Literal["auto", "vllm", "transformers"] = Field(
+        "auto",
+        description="vllm, transformers (our CPU server), or auto: vllm when CUDA and "
+        "vllm are available to the engine's python, else transformers.",
+    )
+    served_model_name: str = Field("default", description="Name clients send as 'model'.")
+    host: str = Field("127.0.0.1", description="Address the engine binds.")
+    port: int = Field(9001, ge=1, le=65535, description="Port the engine listens on.")
+    python: str = Field(sys.executable, description="Python executable that runs the engine.")
+    max_model_len: int | None = Field(None, description="Longest prompt + completion.")
+    dtype: str | None = Field(None, description="Weights dtype passed to the engine.")
+    gpu_memory_utilization: float | None = Field(None, description="vLLM's GPU memory share.")
+    extra_args: list[str] = Field(default_factory=list, description="More engine flags.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    health_timeout_s: float = Field(600.0, description="How long to wait for /health.")
+    stop_grace_s: float = Field(10.0, description="SIGTERM to SIGKILL delay when stopping.")
+    log_path: str | None = Field(None, description="Engine log file (default: a temp file).")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def resolve_engine(config: EngineConfig) -> Literal["vllm", "transformers"]:
+    if config.engine != "auto":
+        return config.engine
+    probe = "import torch, vllm; raise SystemExit(0 if torch.cuda.is_available() else 1)"
+    try:
+        found = subprocess.run([config.python, "-c", probe], capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return "transformers"
+    return "vllm" if found.returncode == 0 else "transformers"
+
+
+def engine_command(config: EngineConfig, engine: str, model_path: str) -> list[str]:
+    module = (
+        "vllm.entrypoints.openai.api_server"
+        if engine == "vllm"
+        else "atroposlib.cli.inference_server"
+    )
+    command = [
+        config.python,
+        "-m",
+        module,
+        "--model",
+        str(model_path),
+        "--host",
+        config.host,
+        "--port",
+        str(config.port),
+        "--served-model-name",
+        config.served_model_name,
+    ]
+    if config.max_model_len:
+        command += ["--max-model-len", str(config.max_model_len)]
+    if config.dtype:
+        command += ["--dtype", config.dtype]
+    if config.gpu_memory_utilization is not None and engine == "vllm":
+        command += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    return command + list(config.extra_args)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the parent dies (Linux only; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class EngineProcess:
+    """One engine subprocess; `start`, `restart(new_checkpoint)`, `stop`."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.engine = resolve_engine(config)
+        self.proc: subprocess.Popen | None = None
+        self.model_path: str | None = None
+        self.restarts = 0
+        self.log_path = Path(config.log_path) if config.log_path else None
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    def start(self, model_path: str | os.PathLike[str]) -> None:
+        if self.alive():
+            raise EngineError("engine already running; use restart()")
+        self.model_path = str(model_path)
+        if self.log_path is None:
+            import tempfile
+
+            fd, name = tempfile.mkstemp(prefix="atropos-engine-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        command = engine_command(self.config, self.engine, self.model_path)
+        logger.info("starting %s engine: %s", self.engine, " ".join(command))
+        env = {**os.environ, **self.config.env}
+        if self.engine == "vllm":
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        self.wait_healthy()
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.config.health_timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                code = self.proc.returncode if self.proc else None
+                raise EngineError(
+                    f"{self.engine} engine exited with code {code} before it was "
+                    f"healthy; last log lines:\n{self.log_tail()}"
+                )
+            if self.healthy():
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise EngineError(
+            f"{self.engine} engine not healthy after "
+            f"{self.config.health_timeout_s:.0f}s; last log lines:\n{self.log_tail()}"
+        )
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check(self) -> None:
+        """Raise `EngineError` with the log tail if the engine has died."""
+        if self.proc is not None and not self.alive():
+            raise EngineError(
+                f"{self.engine} engine died with code {self.proc.returncode}; "
+                f"last log lines:\n{self.log_tail()}"
+            )
+
+    def restart(self, model_path: str | os.PathLike[str] | None = None) -> None:
+        """Stop and start again, from `model_path` (a new checkpoint) or the same weights."""
+        self.stop()
+        self.restarts += 1
+        self.start(model_path or self.model_path)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(self.config.stop_grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.proc.wait(10)
+        self._signal_group(signal.SIGKILL)  # stragglers of our own group only
+        self.proc = None
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        with open(self.log_path, errors="replace") as log:
+            return "".join(deque(log, maxlen=lines))
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

@@ -1,0 +1,140 @@
+"""Engine launcher: real engine subprocesses started, restarted, killed and stopped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import pytest
+
+from atroposlib.inference.launcher import EngineConfig, EngineError, EngineProcess, engine_command
+from tests.conftest import free_port
+
+torch = pytest.importorskip("torch")
+
+PROMPT = [{"role": "user", "content": "What is 3 + 4 mod 10?"}]
+
+
+def config(tmp_path, **overrides) -> EngineConfig:
+    values = dict(
+        engine="transformers",
+        served_model_name="policy",
+        port=free_port(),
+        extra_args=["--num-threads", "1"],
+        health_timeout_s=120,
+        stop_grace_s=5,
+        log_path=str(tmp_path / "engine.log"),
+    )
+    return EngineConfig(**{**values, **overrides})
+
+
+def greedy(url: str) -> tuple[str, list[float]]:
+    body = {
+        "model": "policy",
+        "messages": PROMPT,
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": True,
+        "ignore_eos": True,
+    }
+    choice = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+    return choice["message"]["content"], [t["logprob"] for t in choice["logprobs"]["content"]]
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie counts as gone
+        return stat.read().split()[2] == "Z"
+
+
+def perturbed_checkpoint(source, target):
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(source, target)
+    model = AutoModelForCausalLM.from_pretrained(target)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    model.save_pretrained(target)
+    return target
+
+
+def test_command_lines_match_vllm_flags(tmp_path):
+    cfg = config(tmp_path, max_model_len=512, dtype="float32", gpu_memory_utilization=0.5)
+    vllm = engine_command(cfg, "vllm", "/ckpt/step-2")
+    assert vllm[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert "--gpu-memory-utilization" in vllm and vllm[vllm.index("--model") + 1] == "/ckpt/step-2"
+    ours = engine_command(cfg, "transformers", "/ckpt/step-2")
+    assert ours[2] == "atroposlib.cli.inference_server" and "--gpu-memory-utilization" not in ours
+    for flag in ("--served-model-name", "--max-model-len", "--dtype", "--port", "--host"):
+        assert flag in vllm and flag in ours
+
+
+def test_start_restart_from_new_weights_and_stop(tiny_model_path, tmp_path):
+    with EngineProcess(config(tmp_path)) as engine:
+        engine.start(tiny_model_path)
+        before = greedy(engine.url)
+        first_pid = engine.proc.pid
+        engine.restart(perturbed_checkpoint(tiny_model_path, tmp_path / "step-2"))
+        assert engine.restarts == 1 and engine.proc.pid != first_pid and gone(first_pid)
+        after = greedy(engine.url)
+        assert after[1] != before[1], "the engine still serves the old weights"
+        pid = engine.proc.pid
+    assert gone(pid)
+
+
+def test_kill_9_of_the_engine_is_detected(tiny_model_path, tmp_path):
+    engine = EngineProcess(config(tmp_path))
+    engine.start(tiny_model_path)
+    try:
+        os.kill(engine.proc.pid, signal.SIGKILL)
+        time.sleep(0.5)
+        assert not engine.alive()
+        with pytest.raises(EngineError, match="died"):
+            engine.check()
+        engine.restart()
+        assert engine.healthy()
+    finally:
+        engine.stop()
+
+
+def test_a_failing_engine_quotes_its_log(tmp_path):
+    engine = EngineProcess(config(tmp_path))
+    with pytest.raises(EngineError) as failure:
+        engine.start(tmp_path / "no-such-model")
+    assert "cannot load model" in str(failure.value)
+    assert not engine.alive()
+
+
+def test_no_orphan_when_the_parent_is_killed(tiny_model_path, tmp_path):
+    pid_file = tmp_path / "engine.pid"
+    settings = config(tmp_path).model_dump_json()
+    script = textwrap.dedent(f"""
+        import time
+        from atroposlib.inference.launcher import EngineConfig, EngineProcess
+        engine = EngineProcess(EngineConfig.model_validate_json({settings!r}))
+        engine.start({str(tiny_model_path)!r})
+        open({str(pid_file)!r}, "w").write(str(engine.proc.pid))
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    engine_pid = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while not gone(engine_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert gone(engine_pid), "the engine outlived its parent"
