@@ -113,8 +113,10 @@ def tiny_model_path():
 class InferenceProcess:
     """An `atropos-inference-server` subprocess serving a local model."""
 
-    def __init__(self, model_path, log_dir: Path, name: str = "tiny", *extra: str) -> None:
-        self.port = free_port()
+    def __init__(
+        self, model_path, log_dir: Path, name: str = "tiny", *extra: str, port: int | None = None
+    ) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = name
         self.log_path = log_dir / f"inference-{self.port}.log"
