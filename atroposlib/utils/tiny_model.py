@@ -6,7 +6,7 @@ kit builds one from scratch in seconds:
 
 - a byte-level BPE tokenizer (the `tokenizers` library) with ChatML special
   tokens and chat template, wrapped as a `PreTrainedTokenizerFast`;
-- a Llama-architecture causal LM of ~0.2M parameters (head_dim 32, which vLLM's
+- a Llama-architecture causal LM of ~0.25M parameters (head_dim 32, which vLLM's
   CPU attention supports; not Qwen2, whose model_type makes transformers swap
   in a different tokenizer class);
 - a short training run on generated ChatML arithmetic conversations, so that
@@ -46,7 +46,7 @@ class TinyModelSpec(BaseModel):
 
     seed: int = Field(0, description="Seed for the corpus, the initial weights and training.")
     vocab_size: int = Field(512, ge=300, description="BPE vocabulary size (incl. 256 bytes).")
-    hidden_size: int = Field(64, description="Model width (head_dim is fixed at 32).")
+    hidden_size: int = Field(96, description="Model width (head_dim is fixed at 32).")
     num_layers: int = Field(2, ge=1, description="Decoder layers.")
     intermediate_size: int = Field(256, description="MLP width.")
     max_position_embeddings: int = Field(512, description="Longest sequence the model accepts.")

