@@ -13,7 +13,11 @@ latency, and the vLLM/atropos ratio.
 
 Only one engine runs at a time so that neither steals CPU from the other. The
 atropos server gets `--num-threads N` (default 2); vLLM's CPU backend binds its
-OpenMP threads to all cores by default, which is the same on a 2-core machine.
+OpenMP threads itself: by default (VLLM_CPU_OMP_THREADS_BIND=auto) it reserves
+one core for its API/scheduler process and binds the engine to the others, which
+on a 2-core machine leaves it ONE compute thread. VLLM_* variables already in the
+environment are passed through, e.g. VLLM_CPU_OMP_THREADS_BIND=0-1
+VLLM_CPU_NUM_OF_RESERVED_CPU=0 to give the engine both cores.
 vLLM runs from its own virtual environment (see scripts/install_vllm_cpu.sh),
 given by --vllm-python; the default is .venv-vllm/bin/python when it exists.
 
@@ -192,6 +196,7 @@ async def run_level(
         "seconds": elapsed,
         "tok_s": sum(tokens) / elapsed,
         "p50_s": statistics.median(latencies),
+        "max_s": max(latencies),
     }
 
 
@@ -213,7 +218,8 @@ async def bench_engine(engine: Engine, args, prompts, log_dir: Path) -> None:
             print(
                 f"[{engine.name}] C={concurrency:<3d} {result['requests']} requests, "
                 f"{result['tokens']} tokens in {result['seconds']:.2f} s: "
-                f"{result['tok_s']:.1f} tok/s, p50 latency {result['p50_s']:.2f} s{note}",
+                f"{result['tok_s']:.1f} tok/s, latency p50 {result['p50_s']:.2f} s "
+                f"max {result['max_s']:.2f} s{note}",
                 flush=True,
             )
     finally:
