@@ -17,7 +17,8 @@ OpenMP threads itself: by default (VLLM_CPU_OMP_THREADS_BIND=auto) it reserves
 one core for its API/scheduler process and binds the engine to the others, which
 on a 2-core machine leaves it ONE compute thread. VLLM_* variables already in the
 environment are passed through, e.g. VLLM_CPU_OMP_THREADS_BIND=0-1
-VLLM_CPU_NUM_OF_RESERVED_CPU=0 to give the engine both cores.
+VLLM_CPU_NUM_OF_RESERVED_CPU=0 to give the engine both cores (on the tiny model
+that made no clear difference). Runs are short, so on a shared machine repeat them.
 vLLM runs from its own virtual environment (see scripts/install_vllm_cpu.sh),
 given by --vllm-python; the default is .venv-vllm/bin/python when it exists.
 
@@ -326,6 +327,7 @@ def _raise_on_sigterm(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     prompts = make_prompts(args.prompts, args.seed)
     engines = build_engines(args)
     print(f"model: {args.model}")
