@@ -36,7 +36,6 @@ import random
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,95 +44,24 @@ from pathlib import Path
 
 import httpx
 
+from atroposlib.inference.launcher import EngineConfig, EngineError, EngineProcess
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 SERVED_NAME = "bench-model"
 
 
 @dataclass
-class Engine:
+class Bench:
     name: str
-    cmd: list[str]
-    env: dict[str, str]
-    startup_timeout: float
-    proc: subprocess.Popen | None = None
-    log_path: Path | None = None
-    port: int = 0
+    engine: EngineProcess
     results: dict[int, dict] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def log_tail(engine: Engine, lines: int = 30) -> str:
-    if engine.log_path is None or not engine.log_path.exists():
-        return ""
-    return "\n".join(engine.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def start(engine: Engine, log_dir: Path) -> None:
-    engine.port = free_port()
-    engine.log_path = log_dir / f"{engine.name}.log"
-    cmd = [*engine.cmd, "--port", str(engine.port)]
-    with open(engine.log_path, "wb") as log:
-        # A session of its own, so that stop() can signal the whole process group
-        # (vLLM runs its engine core in a child process).
-        engine.proc = subprocess.Popen(
-            cmd,
-            env=engine.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-
-def stop(engine: Engine) -> None:
-    proc, engine.proc = engine.proc, None
-    if proc is None or proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    # Members of the group that outlive the leader (e.g. an orphaned engine core).
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-async def wait_healthy(engine: Engine) -> float:
-    began = time.perf_counter()
-    deadline = began + engine.startup_timeout
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        while time.perf_counter() < deadline:
-            if engine.proc is not None and engine.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{engine.name} exited with code {engine.proc.returncode}:\n{log_tail(engine)}"
-                )
-            try:
-                if (await client.get(f"{engine.url}/health")).status_code == 200:
-                    return time.perf_counter() - began
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.5)
-    raise RuntimeError(
-        f"{engine.name} not healthy after {engine.startup_timeout:.0f} s:\n{log_tail(engine)}"
-    )
 
 
 def make_prompts(count: int, seed: int) -> list[list[dict[str, str]]]:
@@ -201,80 +129,68 @@ async def run_level(
     }
 
 
-async def bench_engine(engine: Engine, args, prompts, log_dir: Path) -> None:
-    print(f"[{engine.name}] starting: {' '.join(engine.cmd)}", flush=True)
-    start(engine, log_dir)
-    try:
-        startup = await wait_healthy(engine)
-        print(f"[{engine.name}] healthy after {startup:.1f} s (log: {engine.log_path})", flush=True)
-        await run_level(engine.url, 1, [request_body(prompts[0], args.max_tokens)], args.timeout)
-        for concurrency in args.concurrency:
-            count = max(2 * concurrency, args.min_requests)
-            bodies = [
-                request_body(prompts[i % len(prompts)], args.max_tokens) for i in range(count)
-            ]
-            result = await run_level(engine.url, concurrency, bodies, args.timeout)
-            engine.results[concurrency] = result
-            note = f", {result['short']} requests short of max_tokens" if result["short"] else ""
-            print(
-                f"[{engine.name}] C={concurrency:<3d} {result['requests']} requests, "
-                f"{result['tokens']} tokens in {result['seconds']:.2f} s: "
-                f"{result['tok_s']:.1f} tok/s, latency p50 {result['p50_s']:.2f} s "
-                f"max {result['max_s']:.2f} s{note}",
-                flush=True,
-            )
-    finally:
-        stop(engine)
+async def measure(bench: Bench, args, prompts) -> None:
+    url = bench.engine.url
+    await run_level(url, 1, [request_body(prompts[0], args.max_tokens)], args.timeout)  # warm-up
+    for concurrency in args.concurrency:
+        count = max(2 * concurrency, args.min_requests)
+        bodies = [request_body(prompts[i % len(prompts)], args.max_tokens) for i in range(count)]
+        result = await run_level(url, concurrency, bodies, args.timeout)
+        bench.results[concurrency] = result
+        note = f", {result['short']} requests short of max_tokens" if result["short"] else ""
+        print(
+            f"[{bench.name}] C={concurrency:<3d} {result['requests']} requests, "
+            f"{result['tokens']} tokens in {result['seconds']:.2f} s: "
+            f"{result['tok_s']:.1f} tok/s, latency p50 {result['p50_s']:.2f} s "
+            f"max {result['max_s']:.2f} s{note}",
+            flush=True,
+        )
 
 
-def build_engines(args) -> list[Engine]:
-    common = [
-        "--model",
-        args.model,
-        "--served-model-name",
-        SERVED_NAME,
-        "--max-model-len",
-        str(args.max_model_len),
-        "--dtype",
-        "float32",
-    ]
-    engines = [
-        Engine(
+def build_benches(args, log_dir: Path) -> list[Bench]:
+    """Both engines through the project's launcher, with the same core flags."""
+    common = dict(
+        served_model_name=SERVED_NAME,
+        max_model_len=args.max_model_len,
+        dtype="float32",
+        health_timeout_s=args.startup_timeout,
+    )
+    benches = [
+        Bench(
             "atropos",
-            [
-                sys.executable,
-                "-m",
-                "atroposlib.cli.inference_server",
-                *common,
-                "--num-threads",
-                str(args.num_threads),
-            ],
-            dict(os.environ),
-            args.startup_timeout,
+            EngineProcess(
+                EngineConfig(
+                    engine="transformers",
+                    port=free_port(),
+                    extra_args=["--num-threads", str(args.num_threads)],
+                    log_path=str(log_dir / "atropos.log"),
+                    **common,
+                )
+            ),
         )
     ]
     if args.vllm_python:
-        env = dict(os.environ)
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        engines.append(
-            Engine(
+        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        benches.append(
+            Bench(
                 "vllm",
-                [
-                    args.vllm_python,
-                    "-m",
-                    "vllm.entrypoints.openai.api_server",
-                    *common,
-                    "--enforce-eager",
-                ],
-                env,
-                args.startup_timeout,
+                EngineProcess(
+                    EngineConfig(
+                        engine="vllm",
+                        python=args.vllm_python,
+                        port=free_port(),
+                        extra_args=["--enforce-eager"],
+                        env=env,
+                        log_path=str(log_dir / "vllm.log"),
+                        **common,
+                    )
+                ),
             )
         )
-    return engines
+    return benches
 
 
-def print_table(engines: list[Engine], levels: list[int]) -> None:
+def print_table(engines: list[Bench], levels: list[int]) -> None:
     names = [e.name for e in engines]
     header = f"{'C':>4} {'requests':>8} " + " ".join(f"{n + ' tok/s':>14}" for n in names)
     if len(engines) == 2:
@@ -329,25 +245,31 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     prompts = make_prompts(args.prompts, args.seed)
-    engines = build_engines(args)
     print(f"model: {args.model}")
     print(
         f"max_tokens={args.max_tokens} (ignore_eos), temperature=1.0, "
         f"concurrency={args.concurrency}, cpus={os.cpu_count()}"
     )
     with tempfile.TemporaryDirectory(prefix="inference-bench-") as tmp:
+        engines = build_benches(args, Path(tmp))
         try:
-            for engine in engines:
-                asyncio.run(bench_engine(engine, args, prompts, Path(tmp)))
+            for bench in engines:
+                started = time.perf_counter()
+                bench.engine.start(args.model)
+                print(f"[{bench.name}] healthy after {time.perf_counter() - started:.1f} s")
+                try:
+                    asyncio.run(measure(bench, args, prompts))
+                finally:
+                    bench.engine.stop()
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
-        except RuntimeError as exc:
+        except (EngineError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         finally:
-            for engine in engines:
-                stop(engine)
+            for bench in engines:
+                bench.engine.stop()
     print_table(engines, args.concurrency)
     return 0
 
