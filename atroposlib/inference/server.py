@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from atroposlib.inference.engine import GenerationEngine, GenerationJob, SamplingParams
 from atroposlib.inference.scheduler import BatchScheduler
+from atroposlib.utils.openai_shapes import chat_choice, completion_body, text_choice
 
 
 class OpenAIError(Exception):
@@ -239,22 +239,8 @@ def create_inference_app(
                         }
                     )
                 logprobs = {"content": content}
-            choices.append(
-                {
-                    "index": index,
-                    "message": {"role": "assistant", "content": sample.text},
-                    "logprobs": logprobs,
-                    "finish_reason": sample.finish_reason,
-                }
-            )
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": served_model_name,
-            "choices": choices,
-            "usage": usage(len(prompt_ids), [job]),
-        }
+            choices.append(chat_choice(index, sample.text, sample.finish_reason, logprobs))
+        return completion_body("chat", served_model_name, choices, usage(len(prompt_ids), [job]))
 
     def completion_prompts(prompt: Any) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -308,21 +294,10 @@ def create_inference_app(
                         "text_offset": offsets,
                     }
                 choices.append(
-                    {
-                        "index": len(choices),
-                        "text": sample.text,
-                        "logprobs": logprobs,
-                        "finish_reason": sample.finish_reason,
-                    }
+                    text_choice(len(choices), sample.text, sample.finish_reason, logprobs)
                 )
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": served_model_name,
-            "choices": choices,
-            "usage": usage(sum(len(p) for p in prompts), jobs),
-        }
+        prompt_tokens = sum(len(p) for p in prompts)
+        return completion_body("text", served_model_name, choices, usage(prompt_tokens, jobs))
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> dict[str, Any]:

@@ -19,8 +19,6 @@ whose every assistant turn is trained on.
 
 from __future__ import annotations
 
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +26,7 @@ from openai.types.chat import ChatCompletion
 from openai.types.completion import Completion
 
 from atroposlib.envs.server_handling.server_baseline import APIServer
+from atroposlib.utils.openai_shapes import chat_choice, completion_body, text_choice
 
 
 @dataclass
@@ -59,37 +58,16 @@ class ManagedServer:
             messages, tokenize=False, add_generation_prompt=True
         )
         samples = await self._sample(prompt, kwargs, kind="chat")
-        return ChatCompletion.model_validate(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": kwargs.get("model", self.server.config.model_name),
-                "choices": [
-                    {
-                        "index": i,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": _openai_finish(reason),
-                    }
-                    for i, (text, reason) in enumerate(samples)
-                ],
-            }
-        )
+        choices = [chat_choice(i, text, _openai_finish(r)) for i, (text, r) in enumerate(samples)]
+        return ChatCompletion.model_validate(completion_body("chat", self._model(kwargs), choices))
 
     async def completion(self, prompt: str, **kwargs: Any) -> Completion:
         samples = await self._sample(prompt, kwargs, kind="completion")
-        return Completion.model_validate(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": kwargs.get("model", self.server.config.model_name),
-                "choices": [
-                    {"index": i, "text": text, "finish_reason": _openai_finish(reason)}
-                    for i, (text, reason) in enumerate(samples)
-                ],
-            }
-        )
+        choices = [text_choice(i, text, _openai_finish(r)) for i, (text, r) in enumerate(samples)]
+        return Completion.model_validate(completion_body("text", self._model(kwargs), choices))
+
+    def _model(self, kwargs: dict[str, Any]) -> str:
+        return kwargs.get("model", self.server.config.model_name)
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

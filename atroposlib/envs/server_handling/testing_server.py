@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from openai.types.chat import ChatCompletion
 from openai.types.completion import Completion
 
 from atroposlib.envs.server_handling.server_baseline import APIServer
+from atroposlib.utils.openai_shapes import chat_choice, completion_body, text_choice
 
 CANNED_TEXT = "This is a canned test completion."
 CANNED_TOKENS = [1, 2, 3, 4]
@@ -21,38 +21,14 @@ class TestingServer(APIServer):
         return True
 
     async def _chat_completion_wrapper(self, **kwargs: Any) -> ChatCompletion:
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": CANNED_TEXT},
-                "finish_reason": "stop",
-            }
-            for i in range(kwargs.get("n", 1) or 1)
-        ]
-        return ChatCompletion.model_validate(
-            {
-                "id": "chatcmpl-test",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": kwargs.get("model", "testing"),
-                "choices": choices,
-            }
-        )
+        choices = [chat_choice(i, CANNED_TEXT, "stop") for i in range(kwargs.get("n", 1) or 1)]
+        model = kwargs.get("model", "testing")
+        return ChatCompletion.model_validate(completion_body("chat", model, choices))
 
     async def _completion_wrapper(self, **kwargs: Any) -> Completion:
-        choices = [
-            {"index": i, "text": CANNED_TEXT, "finish_reason": "stop"}
-            for i in range(kwargs.get("n", 1) or 1)
-        ]
-        return Completion.model_validate(
-            {
-                "id": "cmpl-test",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": kwargs.get("model", "testing"),
-                "choices": choices,
-            }
-        )
+        choices = [text_choice(i, CANNED_TEXT, "stop") for i in range(kwargs.get("n", 1) or 1)]
+        model = kwargs.get("model", "testing")
+        return Completion.model_validate(completion_body("text", model, choices))
 
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
         n = kwargs.get("n", 1) or 1
