@@ -32,16 +32,28 @@ def _is_bool(annotation: Any) -> bool:
 
 
 def add_model_flags(
-    parser: argparse.ArgumentParser, model: type[BaseModel], dash_names: bool = True
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel],
+    dash_names: bool = True,
+    prefix: str = "",
+    defaults: BaseModel | None = None,
 ) -> None:
-    """Add one flag per field; values stay as strings for pydantic to validate."""
+    """Add one flag per field; values stay as strings for pydantic to validate.
+
+    `prefix` ("env.") namespaces the flags and their dest; `defaults` (an
+    instance) supplies the defaults shown in --help instead of the class's.
+    """
     for name, field in model.model_fields.items():
-        flag = "--" + (name.replace("_", "-") if dash_names else name)
-        help_text = f"{field.description or ''} (default: {field.default!r})"
+        flag = "--" + prefix + (name.replace("_", "-") if dash_names else name)
+        default = getattr(defaults, name) if defaults is not None else field.default
+        if hasattr(default, "value"):  # enums
+            default = default.value
+        help_text = f"{field.description or ''} (default: {default!r})"
+        dest = prefix + name
         if _is_bool(field.annotation):
             parser.add_argument(
                 flag,
-                dest=name,
+                dest=dest,
                 nargs="?",
                 const=True,
                 type=parse_bool,
@@ -50,7 +62,12 @@ def add_model_flags(
                 help=help_text,
             )
         else:
-            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, help=help_text)
+            parser.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=help_text)
+
+
+def given_flags(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    """The values given on the command line for flags under `prefix`."""
+    return {k[len(prefix) :]: v for k, v in vars(args).items() if k.startswith(prefix)}
 
 
 class FlagError(ValueError):

@@ -1,0 +1,150 @@
+"""The environment's client of the trajectory API, with a local spool.
+
+Every scored group gets an `Idempotency-Key` when it is produced and is written
+to the spool directory (one file per group, named in production order) before
+the first delivery attempt; the file is deleted only after the API answered.
+So an API outage or restart, or a crash of the environment itself, loses
+nothing: delivery resumes in order when the API answers again, and a group
+that was delivered but not yet deleted is recognised by its key and not queued
+twice. Bodies of 1 KB or more are gzip-compressed; `ATROPOS_API_KEY` is sent as
+a bearer token when set. Connection errors, 5xx and 503 are retried with
+exponential back-off; other 4xx answers are final (logged and counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import os
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger("atroposlib.envs")
+
+GZIP_MIN_BYTES = 1024
+
+
+class TrajectoryClient:
+    def __init__(
+        self,
+        base_url: str,
+        spool_dir: str | os.PathLike[str],
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_backoff_s: float = 10.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        api_key = api_key if api_key is not None else os.environ.get("ATROPOS_API_KEY")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s)
+        self.spool = Path(spool_dir)
+        self.spool.mkdir(parents=True, exist_ok=True)
+        self.max_backoff_s = max_backoff_s
+        self.counters: Counter[str] = Counter()
+        existing = sorted(self.spool.glob("*.json"))
+        self._next = int(existing[-1].stem) + 1 if existing else 0
+        self._wake = asyncio.Event()
+        self._flusher: asyncio.Task | None = None
+        if existing:
+            logger.info("%d undelivered groups in %s will be sent first", len(existing), self.spool)
+
+    # -- plain calls, retried until the API answers -------------------------
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        delay = 0.5
+        while True:
+            try:
+                response = await self.http.request(method, path, **kwargs)
+                if response.status_code < 500:
+                    return response
+                logger.warning("%s %s answered %d; retrying", method, path, response.status_code)
+            except httpx.TransportError as exc:
+                logger.warning("%s %s failed (%s); retrying in %.1fs", method, path, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.max_backoff_s)
+
+    async def get_json(self, path: str, **kwargs: Any) -> Any:
+        response = await self._request("GET", path, **kwargs)
+        response.raise_for_status()
+        return response.json()
+
+    async def post_json(self, path: str, payload: Any) -> Any:
+        response = await self._request("POST", path, json=payload)
+        response.raise_for_status()
+        return response.json()
+
+    async def register_env(self, registration: dict[str, Any]) -> dict[str, Any]:
+        """Register, waiting (1 s polls) while the trainer has not started."""
+        announced = False
+        while True:
+            answer = await self.post_json("/register-env", registration)
+            if answer.get("status") == "success":
+                return answer
+            if not announced:
+                logger.info("waiting for the trainer to start")
+                announced = True
+            await asyncio.sleep(1.0)
+
+    async def status_env(self, env_id: int) -> dict[str, Any]:
+        return await self.get_json("/status-env", params={"env_id": env_id})
+
+    # -- scored groups: spooled, delivered in order -------------------------
+    def send(self, groups: list[dict[str, Any]]) -> None:
+        """Queue groups for delivery (one post, as the protocol prescribes); never blocks."""
+        path = "/scored_data" if len(groups) == 1 else "/scored_data_list"
+        payload = groups[0] if len(groups) == 1 else groups
+        record = {"path": path, "key": uuid.uuid4().hex, "payload": payload}
+        target = self.spool / f"{self._next:012d}.json"
+        self._next += 1
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, target)
+        self._wake.set()
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
+
+    def pending(self) -> int:
+        return len(list(self.spool.glob("*.json")))
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await self.flush()
+            self._wake.clear()
+            if self.pending() == 0:
+                await self._wake.wait()
+
+    async def flush(self) -> None:
+        """Deliver every spooled record, oldest first; returns when the spool is empty."""
+        for path in sorted(self.spool.glob("*.json")):
+            record = json.loads(path.read_text())
+            await self._deliver(record)
+            path.unlink()
+
+    async def _deliver(self, record: dict[str, Any]) -> None:
+        body = json.dumps(record["payload"]).encode()
+        headers = {"Content-Type": "application/json", "Idempotency-Key": record["key"]}
+        if len(body) >= GZIP_MIN_BYTES:
+            body = gzip.compress(body, compresslevel=1)
+            headers["Content-Encoding"] = "gzip"
+        response = await self._request("POST", record["path"], content=body, headers=headers)
+        if response.status_code == 200:
+            self.counters["groups_delivered"] += 1
+        else:
+            self.counters[f"rejected_{response.status_code}"] += 1
+            logger.error(
+                "the API refused a group (%d): %s", response.status_code, response.text[:500]
+            )
+
+    async def close(self, flush_timeout_s: float = 30.0) -> None:
+        try:
+            await asyncio.wait_for(self.flush(), flush_timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning("%d groups stay in %s for the next run", self.pending(), self.spool)
+        if self._flusher is not None:
+            self._flusher.cancel()
+        await self.http.aclose()

@@ -1,0 +1,283 @@
+"""`BaseEnv`: what an environment author subclasses (the Atropos contract).
+
+This file is the readable heart of that contract: the methods a subclass
+overrides, and the helpers it calls. Everything else lives beside it:
+configuration in `config.py`, the group shapes in `scored_data.py`, the
+client of the trajectory API (with its spool) in `api_client.py`, the `serve`
+loop in `runtime.py`, and the `serve` / `process` / `evaluate` command line in
+`cli.py`.
+
+A minimal environment:
+
+    class MyEnv(BaseEnv):
+        name = "my_env"
+
+        async def setup(self): self.items = [...]
+        async def get_next_item(self): return random.choice(self.items)
+        async def collect_trajectory(self, item):
+            chat = await self.server.chat_completion(messages=..., n=1)
+            ...
+            return {"tokens": ..., "masks": ..., "scores": 1.0}, []
+        async def evaluate(self): ...
+
+    if __name__ == "__main__":
+        MyEnv.cli()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
+from atroposlib.envs.scored_data import ScoredDataGroup, ScoredDataItem, stack_items
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    ServerBaseline,
+)
+from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.type_definitions import Item
+
+logger = logging.getLogger("atroposlib.envs")
+
+__all__ = [
+    "APIServerConfig",
+    "BaseEnv",
+    "BaseEnvConfig",
+    "EvalHandlingEnum",
+    "ScoredDataGroup",
+    "ScoredDataItem",
+    "ServerBaseline",
+]
+
+
+class BaseEnv(ABC):
+    name: str | None = None
+    env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
+    server_cls: type[APIServer] | None = None
+
+    def __init__(
+        self,
+        config: BaseEnvConfig,
+        server_configs: ServerBaseline | APIServerConfig | list[APIServerConfig],
+        slurm: bool = False,
+        testing: bool = False,
+    ) -> None:
+        self.config = config
+        self.server = ServerManager(
+            server_configs, server_class=self.server_cls, slurm=slurm, testing=testing
+        )
+        self.tokenizer = self._load_tokenizer(config.tokenizer_name)
+        self.client = None  # TrajectoryClient, set by the serve runtime
+        self.env_id: int | None = None
+        self.wandb_prepend: str | None = None
+        self.curr_step = 0
+        self.max_token_len = -1
+        self.checkpoint_dir = ""
+        self.checkpoint_interval = -1
+        self.completion_lengths: list[int] = []
+        self.rollouts_for_wandb: list[list[tuple]] = []
+        self.stats: Counter[str] = Counter()
+        self.items_sent_this_step = 0
+        self.start_time = time.time()
+
+    @staticmethod
+    def _load_tokenizer(name: str):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name)
+
+    # ------------------------------------------------------------ overridable
+    @classmethod
+    def config_init(cls) -> tuple[BaseEnvConfig, ServerBaseline | APIServerConfig | list]:
+        """Default configuration; subclasses return their own config and servers."""
+        return cls.env_config_cls(), ServerBaseline()
+
+    async def setup(self) -> None:  # noqa: B027 - optional hook
+        """Load data; called once before anything else."""
+
+    @abstractmethod
+    async def get_next_item(self) -> Item:
+        """The next item to roll out (None: nothing right now)."""
+
+    async def collect_trajectory(self, item: Item) -> tuple[ScoredDataItem | None, list[Item]]:
+        """One rollout of `item`; override this or `collect_trajectories`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must override collect_trajectory or collect_trajectories"
+        )
+
+    async def collect_trajectories(
+        self, item: Item
+    ) -> tuple[ScoredDataGroup | list[ScoredDataGroup] | None, list[Item]]:
+        """A group: `group_size` concurrent `collect_trajectory` calls, stacked."""
+        results = await asyncio.gather(
+            *(self.collect_trajectory(item) for _ in range(self.config.group_size))
+        )
+        backlog = [extra for _, more in results for extra in more]
+        items = [rollout for rollout, _ in results if rollout is not None]
+        return (stack_items(items) if items else None), backlog
+
+    async def postprocess_histories(self, trajectories: Any) -> Any:
+        return trajectories
+
+    @abstractmethod
+    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+        """Run every `steps_per_eval` trainer steps; report with `evaluate_log`."""
+
+    async def wandb_log(self, wandb_metrics: dict | None = None) -> None:
+        """Log metrics; subclasses add their keys and call super()."""
+        from atroposlib.envs.logging import log_metrics
+
+        metrics = dict(wandb_metrics or {})
+        if self.completion_lengths:
+            lengths = self.completion_lengths
+            metrics["train/completion_length_mean"] = sum(lengths) / len(lengths)
+            metrics["train/completion_length_max"] = max(lengths)
+            self.completion_lengths = []
+        for key, value in self.stats.items():
+            metrics[f"env/{key}"] = value
+        metrics["env/uptime_s"] = time.time() - self.start_time
+        await self.server.wandb_metrics(metrics)
+        log_metrics(self, metrics)
+
+    def save_checkpoint(self, step: int, data: dict | None = None) -> None:
+        """Env state as JSON: <checkpoint_dir>/env_checkpoints/<wandb_name>/step-<step>.json."""
+        if not self.checkpoint_dir:
+            return
+        folder = self._checkpoint_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"step-{step}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data if data is not None else {}))
+        tmp.replace(path)
+
+    def load_checkpoint(self) -> None:
+        """Restore the newest env checkpoint: its keys become attributes."""
+        if not self.checkpoint_dir:
+            return
+        steps = sorted(
+            self._checkpoint_folder().glob("step-*.json"), key=lambda p: int(p.stem.split("-")[1])
+        )
+        if steps:
+            for key, value in json.loads(steps[-1].read_text()).items():
+                setattr(self, key, value)
+            logger.info("loaded env checkpoint %s", steps[-1])
+
+    async def cleanup(self) -> None:  # noqa: B027 - optional hook
+        """Called after each rollout worker finishes."""
+
+    # ----------------------------------------------------------------- helpers
+    def _checkpoint_folder(self) -> Path:
+        name = self.wandb_prepend or self.config.wandb_name or self.name or type(self).__name__
+        return Path(self.checkpoint_dir) / "env_checkpoints" / name
+
+    def _drop(self, reason: str, detail: str = "") -> None:
+        self.stats[f"dropped_{reason}"] += 1
+        logger.info("group dropped (%s)%s", reason, f": {detail}" if detail else "")
+
+    async def handle_send_to_api(
+        self,
+        scored_data: ScoredDataGroup | list[ScoredDataGroup] | None,
+        item: Item = None,
+        do_send_to_api: bool = True,
+        abort_on_any_max_length_exceeded: bool = True,
+    ) -> None:
+        """Apply the sending rules, save to jsonl when asked, then post to the API."""
+        groups = scored_data if isinstance(scored_data, list) else [scored_data]
+        ready = []
+        for group in groups:
+            if group is None:
+                self._drop("none")
+                continue
+            size = (group.get("group_overrides") or {}).get("group_size", self.config.group_size)
+            if len(group["tokens"]) != size:
+                self._drop("wrong_size", f"{len(group['tokens'])} sequences, expected {size}")
+                continue
+            scores = group["scores"]
+            if self.config.ensure_scores_are_not_same and len(set(scores)) <= 1 and len(scores) > 1:
+                self._drop("same_scores")
+                continue
+            limit = self.max_token_len
+            if (
+                limit > 0
+                and abort_on_any_max_length_exceeded
+                and any(len(t) >= limit for t in group["tokens"])
+            ):
+                self._drop("too_long", f"a sequence reached max_token_len {limit}")
+                continue
+            if self.config.include_messages and not group.get("messages"):
+                group["messages"] = [self.tokenizer.decode(t) for t in group["tokens"]]
+            group["env_id"] = self.env_id
+            for tokens, masks in zip(group["tokens"], group["masks"], strict=True):
+                self.completion_lengths.append(sum(1 for m in masks if m != -100) or len(tokens))
+            self._remember_rollouts(group)
+            ready.append(group)
+        if not ready:
+            return
+        if self.config.data_path_to_save_groups:
+            path = Path(self.config.data_path_to_save_groups)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as out:
+                for group in ready:
+                    out.write(json.dumps(group) + "\n")
+        self.stats["groups_sent"] += len(ready)
+        self.items_sent_this_step += len(ready)
+        if do_send_to_api and self.client is not None:
+            self.client.send(ready)
+
+    def _remember_rollouts(self, group: ScoredDataGroup) -> None:
+        keep = self.config.num_rollouts_per_group_for_logging
+        count = len(group["tokens"]) if keep == -1 else min(keep, len(group["tokens"]))
+        rows = [
+            (self.tokenizer.decode(group["tokens"][i]), group["scores"][i]) for i in range(count)
+        ]
+        self.rollouts_for_wandb.append(rows)
+        del self.rollouts_for_wandb[: -self.config.num_rollouts_to_keep]
+
+    def evaluate_log(
+        self,
+        metrics: dict[str, Any],
+        task_name: str | None = None,
+        model_name: str | None = None,
+        start_time: float | None = None,
+        end_time: float | None = None,
+        generation_parameters: dict[str, Any] | None = None,
+        samples: list[dict[str, Any]] | None = None,
+        verbose: bool = True,
+    ) -> None:
+        """Write metrics.json and samples.jsonl under data_dir_to_save_evals (if set)."""
+        task = task_name or self.name or type(self).__name__
+        if verbose:
+            logger.info("eval %s: %s", task, json.dumps(metrics))
+        if not self.config.data_dir_to_save_evals:
+            return
+        folder = Path(self.config.data_dir_to_save_evals)
+        folder.mkdir(parents=True, exist_ok=True)
+        summary = {
+            "task": task,
+            "model": model_name or self.server.config.model_name,
+            "step": self.curr_step,
+            "start_time": start_time,
+            "end_time": end_time or time.time(),
+            "generation_parameters": generation_parameters or {},
+            "metrics": metrics,
+        }
+        (folder / "metrics.json").write_text(json.dumps(summary, indent=2))
+        if samples is not None:
+            with open(folder / "samples.jsonl", "w") as out:
+                for sample in samples:
+                    out.write(json.dumps(sample) + "\n")
+
+    @classmethod
+    def cli(cls) -> None:
+        """`python my_env.py serve|process|evaluate [--env.* --openai.* --config X.yaml]`."""
+        from atroposlib.envs.cli import run_cli
+
+        run_cli(cls)

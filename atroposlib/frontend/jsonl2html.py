@@ -1,0 +1,163 @@
+"""Render a jsonl of scored rollout groups as one self-contained HTML page.
+
+`process` writes every scored group it produces to a jsonl file, one JSON object per line.
+That format is convenient for machines but hard to read; this module turns it into a
+static page (inline CSS, no scripts, no external assets) where each group shows its
+sequences next to their scores, colored from red (worst in the group) to green (best), so
+a human can quickly judge what the environment rewarded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+CSS = """
+body { font-family: sans-serif; margin: 1.5em; background: #fafafa; color: #222; }
+.group { border: 1px solid #ccc; border-radius: 6px; margin-bottom: 1.5em; background: #fff; }
+.group-header { background: #eee; padding: 0.5em 1em; font-weight: bold; }
+.item { margin: 0.6em 1em; padding: 0.5em; border-left: 6px solid #999; border-radius: 4px; }
+.score { font-weight: bold; margin-bottom: 0.3em; }
+.message { margin: 0.3em 0; }
+.role { font-weight: bold; color: #335; }
+.content { white-space: pre-wrap; word-wrap: break-word; font-family: monospace; }
+"""
+
+NEUTRAL_COLOR = "hsl(0, 0%, 94%)"
+
+
+def _score_color(score: float, low: float, high: float) -> str:
+    """A background color from red (low) to green (high); neutral when all scores are equal."""
+    if high <= low:
+        return NEUTRAL_COLOR
+    fraction = (score - low) / (high - low)
+    return f"hsl({round(120 * fraction)}, 70%, 88%)"
+
+
+def _content_text(content: Any) -> str:
+    """Plain text of a message content: a string, or a list of OpenAI content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                if part.get("type", "text") == "text":
+                    parts.append(str(part.get("text", "")))
+                else:
+                    parts.append(f"[{part.get('type')}]")
+            else:
+                parts.append(str(part))
+        return "\n".join(parts)
+    return str(content)
+
+
+def _render_message(message: Any) -> str:
+    """One chat message with a capitalised role label, or a bare text."""
+    if isinstance(message, dict):
+        role = html.escape(str(message.get("role", "unknown")).capitalize())
+        text = html.escape(_content_text(message.get("content")))
+        return (
+            f'<div class="message"><span class="role">{role}:</span>'
+            f'<div class="content">{text}</div></div>'
+        )
+    return f'<div class="content">{html.escape(_content_text(message))}</div>'
+
+
+def _render_sequence(sequence: Any) -> str:
+    """A sequence is either a text or a conversation (a list of messages)."""
+    if isinstance(sequence, list):
+        return "".join(_render_message(message) for message in sequence)
+    return _render_message(sequence)
+
+
+def _as_float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
+    """The HTML of one group; the empty string when it has no messages or no scores."""
+    messages: Sequence[Any] = group_data.get("messages") or []
+    raw_scores: Sequence[Any] = group_data.get("scores") or []
+    count = min(len(messages), len(raw_scores))
+    if count == 0:
+        return ""
+    scores = [_as_float(score) for score in raw_scores[:count]]
+    low, high = min(scores), max(scores)
+    mean = sum(scores) / count
+    header = (
+        f'<div class="group-header">Group {index} &middot; {count} sequences &middot; '
+        f"mean {mean:.4g} &middot; min {low:.4g} &middot; max {high:.4g}</div>"
+    )
+    items = []
+    for position, (sequence, score) in enumerate(zip(messages[:count], scores, strict=True)):
+        color = _score_color(score, low, high)
+        items.append(
+            f'<div class="item" style="background: {color};">'
+            f'<div class="score">#{position} &middot; score {html.escape(f"{score:.4g}")}</div>'
+            f"{_render_sequence(sequence)}</div>"
+        )
+    return f'<div class="group" id="group-{index}">{header}{"".join(items)}</div>'
+
+
+def _read_groups(path: Path) -> list[dict[str, Any]]:
+    """Parse the jsonl, skipping blank lines and warning about (and skipping) bad ones."""
+    groups = []
+    with path.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                group = json.loads(line)
+            except json.JSONDecodeError as error:
+                print(f"Warning: skipping line {line_number} of {path}: {error}", file=sys.stderr)
+                continue
+            if not isinstance(group, dict):
+                print(
+                    f"Warning: skipping line {line_number} of {path}: not an object",
+                    file=sys.stderr,
+                )
+                continue
+            groups.append(group)
+    return groups
+
+
+def generate_html(input_path: str | Path, output_path: str | Path | None = None) -> Path:
+    """Write the HTML page of every group in `input_path`; returns the output path."""
+    source = Path(input_path)
+    if not source.is_file():
+        print(f"Error: input file not found: {source}", file=sys.stderr)
+        sys.exit(1)
+    target = Path(output_path) if output_path is not None else source.with_suffix(".html")
+    groups = _read_groups(source)
+    body = "\n".join(create_html_for_group(group, i) for i, group in enumerate(groups))
+    title = html.escape(f"Rollouts: {source.name}")
+    page = (
+        '<!DOCTYPE html>\n<html>\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{title}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+        f"<h1>{title}</h1>\n<p>{len(groups)} groups</p>\n{body}\n</body>\n</html>\n"
+    )
+    target.write_text(page, encoding="utf-8")
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Render a jsonl of scored groups as HTML.")
+    parser.add_argument("input", help="jsonl file written by `process`")
+    parser.add_argument("--output", "-o", default=None, help="HTML path (default: INPUT.html)")
+    args = parser.parse_args(argv)
+    print(generate_html(args.input, args.output))
+
+
+if __name__ == "__main__":
+    main()

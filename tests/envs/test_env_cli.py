@@ -1,0 +1,117 @@
+"""Config resolution of the env command line (defaults < YAML < CLI), without servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ServerBaseline
+from atroposlib.envs.cli import ConfigError, build_parser, resolve_config, run_cli
+
+
+class MyConfig(BaseEnvConfig):
+    difficulty: int = 3
+
+
+class BaselineEnv(BaseEnv):
+    name = "baseline_env"
+    env_config_cls = MyConfig
+
+    @classmethod
+    def config_init(cls):
+        return MyConfig(group_size=8, tokenizer_name="tok"), ServerBaseline(
+            model_name="m", timeout=9
+        )
+
+    async def get_next_item(self):
+        return None
+
+    async def evaluate(self, *args, **kwargs):
+        return None
+
+
+def resolve(command: str, *argv: str):
+    env_defaults, servers = BaselineEnv.config_init()
+    args = build_parser(BaselineEnv, env_defaults, servers).parse_args([command, *argv])
+    return resolve_config(BaselineEnv, command, args)
+
+
+def test_defaults_then_yaml_then_cli(tmp_path):
+    assert resolve("serve").env.group_size == 8
+    config = tmp_path / "run.yaml"
+    config.write_text("env:\n  group_size: 16\n  difficulty: 5\n  total_steps: 7\n")
+    from_yaml = resolve("serve", "--config", str(config))
+    assert (from_yaml.env.group_size, from_yaml.env.difficulty, from_yaml.env.total_steps) == (
+        16,
+        5,
+        7,
+    )
+    both = resolve(
+        "serve", "--config", str(config), "--env.group_size", "2", "--env.use_wandb", "FALSE"
+    )
+    assert (both.env.group_size, both.env.difficulty, both.env.use_wandb) == (2, 5, False)
+    assert isinstance(both.env, MyConfig)
+
+
+def test_serve_names_the_run_and_process_has_its_defaults():
+    assert resolve("serve").env.wandb_name == "baseline_env"
+    processed = resolve("process")
+    assert processed.env.include_messages is True
+    assert processed.env.ensure_scores_are_not_same is False
+    assert processed.env.data_path_to_save_groups == "data/baseline_env.jsonl"
+    explicit = resolve("process", "--env.include_messages", "false")
+    assert explicit.env.include_messages is False
+
+
+def test_openai_flags_promote_the_baseline():
+    untouched = resolve("serve").servers
+    assert type(untouched) is ServerBaseline
+    promoted = resolve(
+        "serve", "--openai.base_url", "http://h:1/v1", "--openai.api_key", "k"
+    ).servers
+    assert isinstance(promoted, APIServerConfig)
+    assert (promoted.base_url, promoted.api_key, promoted.model_name, promoted.timeout) == (
+        "http://h:1/v1",
+        "k",
+        "m",
+        9,
+    )
+
+
+def test_yaml_list_means_several_servers(tmp_path):
+    config = tmp_path / "servers.yaml"
+    config.write_text(
+        "openai:\n  - {base_url: 'http://a:1/v1', model_name: x}\n"
+        "  - {base_url: 'http://b:2/v1', model_name: x}\nslurm: false\ntesting: true\n"
+    )
+    resolved = resolve("serve", "--config", str(config), "--openai.timeout", "5")
+    assert [s.base_url for s in resolved.servers] == ["http://a:1/v1", "http://b:2/v1"]
+    assert all(s.timeout == 5 for s in resolved.servers)
+    assert resolved.testing is True and resolved.slurm is False
+
+
+def test_bad_input_names_the_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(BaselineEnv, ["serve", "--env.grup_size", "3"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "--env.grup_size" in error and "--env.group_size" in error
+    with pytest.raises(ConfigError, match="group_size"):
+        resolve("serve", "--env.group_size", "many")
+    with pytest.raises(ConfigError, match="no such file"):
+        resolve("serve", "--config", str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("envs: {}\n")
+    with pytest.raises(ConfigError, match="envs"):
+        resolve("serve", "--config", str(bad))
+
+
+def test_help_lists_every_field_with_description_and_default():
+    env_defaults, servers = BaselineEnv.config_init()
+    parser = build_parser(BaselineEnv, env_defaults, servers)
+    serve = parser._subparsers._group_actions[0].choices["serve"]
+    text = serve.format_help()
+    for field in MyConfig.model_fields:
+        assert f"--env.{field}" in text
+    for field in APIServerConfig.model_fields:
+        assert f"--openai.{field}" in text
+    assert "Rollouts per item" in text and "(default: 8)" in text

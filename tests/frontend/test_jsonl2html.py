@@ -1,0 +1,206 @@
+"""Tests for the jsonl -> HTML rollout viewer, on real files in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atroposlib.frontend.jsonl2html import create_html_for_group, generate_html
+
+CONVERSATION_GROUP = {
+    "tokens": [[1, 2, 3], [4, 5, 6]],
+    "masks": [[-100, 2, 3], [-100, 5, 6]],
+    "scores": [1.0, -1.0],
+    "messages": [
+        [
+            {"role": "system", "content": "Be helpful."},
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "It is 4.\nSecond line."},
+        ],
+        [
+            {"role": "user", "content": [{"type": "text", "text": "Multi-part question"}]},
+            {"role": "assistant", "content": "It is 5."},
+        ],
+    ],
+}
+STRING_GROUP = {"scores": [0.5, 0.25, 0.0], "messages": ["alpha text", "beta text", "gamma"]}
+
+
+class TextCollector(HTMLParser):
+    """Collects text and checks that every opened tag is closed in order."""
+
+    VOID = {"meta", "br", "hr", "img", "link", "input"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.stack: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        assert self.stack and self.stack[-1] == tag, f"unbalanced </{tag}>"
+        self.stack.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def parse(page: str) -> str:
+    collector = TextCollector()
+    collector.feed(page)
+    collector.close()
+    assert collector.stack == []
+    return "".join(collector.text)
+
+
+def write_jsonl(path: Path, groups: list[Any]) -> Path:
+    path.write_text("\n".join(json.dumps(group) for group in groups) + "\n", encoding="utf-8")
+    return path
+
+
+def test_default_output_path_and_all_content(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "rollouts.jsonl", [CONVERSATION_GROUP, STRING_GROUP])
+    output = generate_html(source)
+    assert Path(output) == tmp_path / "rollouts.html"
+    page = Path(output).read_text(encoding="utf-8")
+    assert "<script" not in page.lower()
+    assert "http://" not in page and "https://" not in page
+    text = parse(page)
+    for conversation in CONVERSATION_GROUP["messages"]:
+        for message in conversation:
+            content = message["content"]
+            expected = content if isinstance(content, str) else content[0]["text"]
+            assert expected in text
+    for message in STRING_GROUP["messages"]:
+        assert message in text
+    for label in ("System:", "User:", "Assistant:"):
+        assert label in text
+    assert "white-space: pre-wrap" in page
+
+
+def test_explicit_output_path(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [STRING_GROUP])
+    target = tmp_path / "sub_out.html"
+    assert Path(generate_html(source, target)) == target
+    assert target.exists()
+    assert not (tmp_path / "in.html").exists()
+
+
+def test_role_labels_capitalised() -> None:
+    text = parse(create_html_for_group(CONVERSATION_GROUP, 0))
+    assert "System:" in text and "User:" in text and "Assistant:" in text
+    assert "system:" not in text and "assistant:" not in text
+
+
+def test_header_shows_count_and_stats() -> None:
+    text = parse(create_html_for_group(CONVERSATION_GROUP, 7))
+    assert "Group 7" in text
+    assert "2 sequences" in text
+    assert "mean 0" in text and "min -1" in text and "max 1" in text
+
+
+def test_truncates_to_shorter_of_messages_and_scores() -> None:
+    group = {"messages": ["first", "second", "third"], "scores": [1.0, 0.0]}
+    text = parse(create_html_for_group(group, 0))
+    assert "first" in text and "second" in text and "third" not in text
+    group = {"messages": ["only"], "scores": [1.0, 0.5, 0.0]}
+    text = parse(create_html_for_group(group, 0))
+    assert "only" in text and "1 sequences" in text
+
+
+@pytest.mark.parametrize(
+    "group",
+    [{}, {"messages": [], "scores": []}, {"messages": ["a"], "scores": []}, {"scores": [1.0]}],
+)
+def test_empty_group_renders_empty_string(group: dict[str, Any]) -> None:
+    assert create_html_for_group(group, 0) == ""
+
+
+def test_content_is_escaped() -> None:
+    group = {
+        "messages": [[{"role": "user", "content": "<script>alert('x')</script> & more"}], "<b>"],
+        "scores": [1.0, 0.0],
+    }
+    fragment = create_html_for_group(group, 0)
+    assert "<script>" not in fragment and "<b>" not in fragment
+    assert "&lt;script&gt;" in fragment and "&amp; more" in fragment and "&lt;b&gt;" in fragment
+    assert "<script>alert('x')</script> & more" in parse(fragment)
+
+
+def test_string_messages() -> None:
+    text = parse(create_html_for_group(STRING_GROUP, 1))
+    for message in STRING_GROUP["messages"]:
+        assert message in text
+    assert "User:" not in text
+
+
+def test_scores_coloured_best_to_worst() -> None:
+    fragment = create_html_for_group(STRING_GROUP, 0)
+    assert "hsl(120," in fragment and "hsl(0," in fragment
+    equal = create_html_for_group({"messages": ["a", "b"], "scores": [1.0, 1.0]}, 0)
+    assert "hsl(120," not in equal and "hsl(0, 70%" not in equal
+
+
+def test_missing_input_exits_with_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as excinfo:
+        generate_html(tmp_path / "missing.jsonl")
+    assert excinfo.value.code == 1
+    assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_bad_json_line_skipped_with_warning(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = tmp_path / "mixed.jsonl"
+    source.write_text(
+        json.dumps(STRING_GROUP) + "\n\n{not json\n" + json.dumps(CONVERSATION_GROUP) + "\n",
+        encoding="utf-8",
+    )
+    output = generate_html(source)
+    err = capsys.readouterr().err
+    assert "line 3" in err
+    text = parse(Path(output).read_text(encoding="utf-8"))
+    assert "alpha text" in text and "It is 5." in text
+    assert "Group 0" in text and "Group 1" in text
+
+
+def test_cli(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "cli.jsonl", [CONVERSATION_GROUP])
+    result = subprocess.run(
+        [sys.executable, "-m", "atroposlib.frontend.jsonl2html", str(source)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == str(tmp_path / "cli.html")
+    assert "What is 2+2?" in parse((tmp_path / "cli.html").read_text(encoding="utf-8"))
+
+    target = tmp_path / "custom.html"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "atroposlib.frontend.jsonl2html",
+            str(source),
+            "--output",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == str(target) and target.exists()
+
+    missing = subprocess.run(
+        [sys.executable, "-m", "atroposlib.frontend.jsonl2html", str(tmp_path / "nope.jsonl")],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 1 and "nope.jsonl" in missing.stderr
