@@ -227,3 +227,49 @@ def test_api_outage_loses_and_duplicates_nothing(api_factory, inference_server, 
     key = lambda g: json.dumps(g["tokens"])  # noqa: E731
     assert Counter(map(key, received)) == Counter(map(key, produced))
     assert len(produced) >= 5
+
+
+@pytest.mark.parametrize("handling", ["STOP_TRAIN", "NONE"])
+def test_evaluations_run_every_steps_per_eval(api_factory, inference_server, tmp_path, handling):
+    api = api_factory()
+    evals = tmp_path / "evals"
+    with httpx.Client(base_url=api.url, timeout=30) as client:
+        start_trainer(client, batch_size=4, max_token_len=128)
+        env = EnvProcess(
+            tmp_path,
+            "serve",
+            *serve_args(
+                api.url,
+                inference_server.url,
+                "--env.steps_per_eval",
+                "2",
+                "--env.eval_handling",
+                handling,
+                "--env.data_dir_to_save_evals",
+                str(evals),
+            ),
+        )
+        try:
+            pull(client, 3)
+            deadline = time.monotonic() + 60
+            while not (evals / "metrics.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            env.stop()
+    metrics = json.loads((evals / "metrics.json").read_text())
+    assert "eval/accuracy" in metrics["metrics"] and metrics["step"] >= 2
+
+
+def test_evaluate_subcommand(inference_server, tmp_path):
+    evals = tmp_path / "evals"
+    env = EnvProcess(
+        tmp_path,
+        "evaluate",
+        "--openai.base_url",
+        f"{inference_server.url}/v1",
+        "--env.data_dir_to_save_evals",
+        str(evals),
+    )
+    assert env.proc.wait(120) == 0, env.log()
+    assert json.loads((evals / "metrics.json").read_text())["metrics"]["eval/accuracy"] >= 0
+    assert (evals / "samples.jsonl").exists()

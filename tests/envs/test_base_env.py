@@ -1,0 +1,123 @@
+"""BaseEnv helpers in-process: sending rules, checkpoints, evaluate_log (canned inference)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline  # noqa: E402
+from tests.envs.arith_env import ArithEnv  # noqa: E402
+
+
+class RecordingClient:
+    def __init__(self) -> None:
+        self.sent: list[list[dict]] = []
+
+    def send(self, groups: list[dict]) -> None:
+        self.sent.append(groups)
+
+
+@pytest.fixture
+def env(tiny_model_path, tmp_path):
+    config = BaseEnvConfig(tokenizer_name=str(tiny_model_path), group_size=2, use_wandb=False)
+    environment = ArithEnv(config, ServerBaseline(), testing=True)
+    environment.client = RecordingClient()
+    environment.env_id = 3
+    environment.max_token_len = 10
+    return environment
+
+
+def group(scores=(1.0, 0.0), length=4, size=2) -> dict:
+    tokens = [[5] * length for _ in range(size)]
+    return {
+        "tokens": tokens,
+        "masks": [[-100] + t[1:] for t in tokens],
+        "scores": list(scores)[:size],
+    }
+
+
+def send(env, payload, **kwargs):
+    asyncio.run(env.handle_send_to_api(payload, **kwargs))
+
+
+def test_sending_rules(env, tmp_path):
+    send(env, None)
+    send(env, group(size=1, scores=(1.0,)))
+    send(env, group(scores=(0.5, 0.5)))
+    send(env, group(length=10))
+    assert env.client.sent == []
+    assert env.stats["dropped_none"] == 1 and env.stats["dropped_wrong_size"] == 1
+    assert env.stats["dropped_same_scores"] == 1 and env.stats["dropped_too_long"] == 1
+    send(env, group(length=10), abort_on_any_max_length_exceeded=False)
+    overridden = group(size=3, scores=(1.0, 0.0, 1.0))
+    overridden["group_overrides"] = {"group_size": 3}
+    send(env, overridden)
+    assert [len(batch[0]["tokens"]) for batch in env.client.sent] == [2, 3]
+    assert all(batch[0]["env_id"] == 3 for batch in env.client.sent)
+    send(env, [group(), group()])
+    assert len(env.client.sent[-1]) == 2, "several groups go out in one list post"
+
+
+def test_same_scores_allowed_when_configured_and_messages_and_jsonl(env, tmp_path):
+    env.config.ensure_scores_are_not_same = False
+    env.config.include_messages = True
+    env.config.data_path_to_save_groups = str(tmp_path / "out" / "groups.jsonl")
+    send(env, group(scores=(1.0, 1.0)))
+    sent = env.client.sent[0][0]
+    assert sent["messages"] == [env.tokenizer.decode([5] * 4)] * 2
+    saved = [
+        json.loads(line) for line in (tmp_path / "out" / "groups.jsonl").read_text().splitlines()
+    ]
+    assert saved == [sent]
+    send(env, group(), do_send_to_api=False)
+    assert (
+        len(env.client.sent) == 1
+        and len((tmp_path / "out" / "groups.jsonl").read_text().splitlines()) == 2
+    )
+
+
+def test_checkpoints_round_trip(env, tmp_path):
+    env.checkpoint_dir = str(tmp_path / "ckpt")
+    env.wandb_prepend = "arith_0"
+    env.save_checkpoint(5, {"iter": 5, "seen": [1, 2]})
+    env.save_checkpoint(10, {"iter": 10, "seen": [1, 2, 3]})
+    assert (tmp_path / "ckpt" / "env_checkpoints" / "arith_0" / "step-10.json").exists()
+    env.load_checkpoint()
+    assert env.iter == 10 and env.seen == [1, 2, 3]
+
+
+def test_evaluate_log_writes_metrics_and_samples(env, tmp_path):
+    env.config.data_dir_to_save_evals = str(tmp_path / "evals")
+    env.curr_step = 7
+    env.evaluate_log(
+        {"eval/accuracy": 0.5}, samples=[{"q": 1}, {"q": 2}], generation_parameters={"t": 0}
+    )
+    metrics = json.loads((tmp_path / "evals" / "metrics.json").read_text())
+    assert metrics["metrics"] == {"eval/accuracy": 0.5} and metrics["step"] == 7
+    samples = (tmp_path / "evals" / "samples.jsonl").read_text().splitlines()
+    assert [json.loads(s) for s in samples] == [{"q": 1}, {"q": 2}]
+
+
+def test_default_collect_trajectories_stacks_items(env):
+    async def one(item):
+        return {"tokens": [1, 2], "masks": [-100, 2], "scores": 1.0 if item else 0.0}, ["extra"]
+
+    env.collect_trajectory = one
+    grouped, backlog = asyncio.run(BaseEnv.collect_trajectories(env, True))
+    assert grouped == {
+        "tokens": [[1, 2], [1, 2]],
+        "masks": [[-100, 2], [-100, 2]],
+        "scores": [1.0, 1.0],
+    }
+    assert backlog == ["extra", "extra"]
+
+
+def test_wandb_is_untouched_when_disabled(env):
+    import sys
+
+    asyncio.run(env.wandb_log({"x": 1.0}))
+    assert "wandb" not in sys.modules
