@@ -143,7 +143,9 @@ class BaseEnv(ABC):
             self.completion_lengths = []
         for key, value in self.stats.items():
             metrics[f"env/{key}"] = value
-        metrics["env/uptime_s"] = time.time() - self.start_time
+        uptime = time.time() - self.start_time
+        metrics["env/uptime_s"] = uptime
+        metrics["env/groups_per_minute"] = 60 * self.stats["groups_sent"] / max(uptime, 1e-9)
         await self.server.wandb_metrics(metrics)
         log_metrics(self, metrics)
 

@@ -142,8 +142,9 @@ def resolve_config(env_cls: type, command: str, args: argparse.Namespace) -> Res
             server_defaults, given_flags(args, "openai."), document.get("openai")
         )
     except ValidationError as exc:
+        section = "env" if "env_config" not in locals() else "openai"
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            f"--{section}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
         raise ConfigError(problems) from None
     slurm = args.slurm if args.slurm is not None else bool(document.get("slurm", False))

@@ -95,7 +95,7 @@ def test_bad_input_names_the_flag(tmp_path, capsys):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert "--env.grup_size" in error and "--env.group_size" in error
-    with pytest.raises(ConfigError, match="group_size"):
+    with pytest.raises(ConfigError, match="--env.group_size"):
         resolve("serve", "--env.group_size", "many")
     with pytest.raises(ConfigError, match="no such file"):
         resolve("serve", "--config", str(tmp_path / "missing.yaml"))

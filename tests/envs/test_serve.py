@@ -273,3 +273,48 @@ def test_evaluate_subcommand(inference_server, tmp_path):
     assert env.proc.wait(120) == 0, env.log()
     assert json.loads((evals / "metrics.json").read_text())["metrics"]["eval/accuracy"] >= 0
     assert (evals / "samples.jsonl").exists()
+
+
+def test_checkpoints_at_the_trainer_interval_and_stop_at_total_steps(
+    api_factory, inference_server, tmp_path
+):
+    api = api_factory()
+    checkpoints = tmp_path / "ckpt"
+    with httpx.Client(base_url=api.url, timeout=30) as client:
+        start_trainer(
+            client,
+            batch_size=4,
+            max_token_len=128,
+            checkpoint_dir=str(checkpoints),
+            save_checkpoint_interval=1,
+        )
+        env = EnvProcess(
+            tmp_path, "serve", *serve_args(api.url, inference_server.url, "--env.total_steps", "3")
+        )
+        try:
+            pull(client, 3)
+            assert env.proc.wait(60) == 0, env.log()
+        finally:
+            env.stop()
+    saved = sorted(p.name for p in (checkpoints / "env_checkpoints" / "arith_0").iterdir())
+    assert saved and all(name.startswith("step-") for name in saved)
+    assert "reached total_steps 3" in env.log()
+
+
+def test_stuck_workers_time_out(api_factory, inference_server, tmp_path):
+    api = api_factory()
+    with httpx.Client(base_url=api.url, timeout=30) as client:
+        start_trainer(client, batch_size=4, max_token_len=128)
+        env = EnvProcess(
+            tmp_path,
+            "serve",
+            *serve_args(api.url, inference_server.url, "--env.worker_timeout", "0.001"),
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "timed out" not in env.log() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            assert env.stop() == 0
+        assert client.get("/status").json()["queue_size"] == 0
+    assert "timed out after 0.001s" in env.log()
