@@ -289,16 +289,25 @@ def test_checkpoints_at_the_trainer_interval_and_stop_at_total_steps(
             save_checkpoint_interval=1,
         )
         env = EnvProcess(
-            tmp_path, "serve", *serve_args(api.url, inference_server.url, "--env.total_steps", "3")
+            tmp_path,
+            "serve",
+            *serve_args(
+                api.url,
+                inference_server.url,
+                "--env.total_steps",
+                "6",
+                "--env.max_batches_offpolicy",
+                "1",
+            ),
         )
         try:
-            pull(client, 3)
+            pull(client, 5)
             assert env.proc.wait(60) == 0, env.log()
         finally:
             env.stop()
     saved = sorted(p.name for p in (checkpoints / "env_checkpoints" / "arith_0").iterdir())
     assert saved and all(name.startswith("step-") for name in saved)
-    assert "reached total_steps 3" in env.log()
+    assert "reached total_steps 6" in env.log()
 
 
 def test_stuck_workers_time_out(api_factory, inference_server, tmp_path):
