@@ -5,6 +5,7 @@ Runs as `python tests/envs/arith_env.py serve|process|evaluate ...`.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ SYSTEM = "Answer with one digit."
 
 class ArithConfig(BaseEnvConfig):
     fail_first_items: int = Field(0, description="Raise inside collect_trajectories this often.")
+    rollout_delay_s: float = Field(0.0, description="Sleep this long inside every rollout.")
 
 
 class ArithEnv(BaseEnv):
@@ -54,6 +56,7 @@ class ArithEnv(BaseEnv):
     async def collect_trajectories(self, item):
         if item["n"] <= self.config.fail_first_items:
             raise RuntimeError(f"deliberate failure on item {item['n']}")
+        await asyncio.sleep(self.config.rollout_delay_s)
         question = f"What is {item['a']} + {item['b']} mod 10?"
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:

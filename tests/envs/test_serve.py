@@ -229,7 +229,7 @@ def test_api_outage_loses_and_duplicates_nothing(api_factory, inference_server, 
     assert len(produced) >= 5
 
 
-@pytest.mark.parametrize("handling", ["STOP_TRAIN", "NONE"])
+@pytest.mark.parametrize("handling", ["STOP_TRAIN", "LIMIT_TRAIN", "NONE"])
 def test_evaluations_run_every_steps_per_eval(api_factory, inference_server, tmp_path, handling):
     api = api_factory()
     evals = tmp_path / "evals"
@@ -327,3 +327,27 @@ def test_stuck_workers_time_out(api_factory, inference_server, tmp_path):
             assert env.stop() == 0
         assert client.get("/status").json()["queue_size"] == 0
     assert "timed out after 0.001s" in env.log()
+
+
+def test_interrupted_items_go_to_the_backlog_and_come_back(api_factory, inference_server, tmp_path):
+    api = api_factory()
+    with httpx.Client(base_url=api.url, timeout=30) as client:
+        start_trainer(client, batch_size=4, max_token_len=128)
+        slow = serve_args(api.url, inference_server.url, "--env.rollout_delay_s", "30")
+        first = EnvProcess(tmp_path, "serve", *slow)
+        deadline = time.monotonic() + 60
+        while "registered as" not in first.log() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.5)  # workers are now sleeping inside their rollouts
+        assert first.stop() == 0, first.log()
+        backlog = tmp_path / "env-state" / "arith" / "backlog.json"
+        saved = json.loads(backlog.read_text())
+        assert saved and all({"a", "b", "n"} <= set(item) for item in saved)
+        second = EnvProcess(tmp_path, "serve", *serve_args(api.url, inference_server.url))
+        try:
+            groups = pull(client, 1)
+        finally:
+            second.stop()
+    assert f"restored {len(saved)} backlog items" in second.log()
+    assert not backlog.exists() or json.loads(backlog.read_text()) != saved
+    assert groups
