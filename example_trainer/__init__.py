@@ -1,0 +1,1 @@
+"""The example GRPO trainer: closes the RL loop against the trajectory API."""
