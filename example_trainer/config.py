@@ -1,0 +1,73 @@
+"""`TrainingConfig`: every flag of `atropos-grpo`, documented (one pydantic model)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class TrainingConfig(BaseModel):
+    model_name: str = Field(..., description="Policy to train: hub name or local directory.")
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate.")
+    training_steps: int = Field(10, ge=1, description="Optimizer steps (one batch each).")
+    batch_size: int = Field(16, ge=1, description="Sequences per step (registered with the API).")
+    seq_len: int = Field(2048, ge=8, description="Longest sequence trained on (max_token_len).")
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, description="Micro-batches per step (sequences are packed by length)."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    optimizer: Literal["adamw", "adamw_8bit", "adafactor"] = Field(
+        "adamw", description="adamw, adamw_8bit (bitsandbytes) or adafactor (transformers)."
+    )
+    clip_eps: float = Field(
+        0.2, gt=0, description="PPO clip range below 1 (and above, unless set)."
+    )
+    clip_eps_high: float | None = Field(None, gt=0, description="Clip range above 1 (asymmetric).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to ref_logprobs.")
+    scale_advantages: Literal["group", "none"] = Field(
+        "group", description="Divide score - group mean by the group std (group) or not (none)."
+    )
+    loss_normalization: Literal["token", "sequence"] = Field(
+        "token", description="Average over all trained tokens (token) or per sequence (sequence)."
+    )
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    device: str = Field("auto", description="cpu, cuda, cuda:N, or auto.")
+    save_path: str = Field("trained_model_checkpoints", description="Where checkpoints go.")
+    checkpoint_interval: int = Field(
+        0, ge=0, description="Extra checkpoints every N steps (0: off)."
+    )
+    vllm_restart_interval: int = Field(
+        3, ge=1, description="Checkpoint and restart the inference engine every N steps."
+    )
+    vllm_port: int = Field(9001, description="Port of the inference engine.")
+    vllm_gpu_memory_utilization: float = Field(0.45, description="vLLM's GPU memory share.")
+    served_model_name: str | None = Field(
+        None, description="Name environments use for the policy (default: --model-name)."
+    )
+    max_model_len: int | None = Field(None, description="Engine context length (default: seq_len).")
+    dtype: str = Field("float32", description="Training and engine dtype: float32 or bfloat16.")
+    inference_engine: Literal["vllm", "transformers", "auto", "none"] = Field(
+        "auto", description="Engine to run: vllm, transformers (CPU), auto, or none (external)."
+    )
+    inference_python: str | None = Field(
+        None, description="Python that runs the engine (e.g. a vLLM venv; default: this one)."
+    )
+    engine_args: str = Field("", description="Extra engine flags, space separated.")
+    num_threads: int | None = Field(
+        None, ge=1, description="torch threads (trainer and CPU engine)."
+    )
+    use_wandb: bool = Field(False, description="Log to Weights & Biases (offline without a key).")
+    wandb_project: str = Field("atropos-grpo", description="wandb project.")
+    wandb_group: str = Field("grpo", description="wandb group (also sent to the API).")
+    weight_bridge_mode: Literal["none", "lora_restart"] = Field(
+        "none", description="none (full fine-tune) or lora_restart (LoRA, merged for the engine)."
+    )
+    lora_r: int = Field(16, description="LoRA rank.")
+    lora_alpha: int = Field(32, description="LoRA alpha.")
+    lora_dropout: float = Field(0.05, description="LoRA dropout.")
+    lora_target_modules: str = Field("q_proj,v_proj", description="Comma-separated module names.")
+    atropos_url: str = Field("http://localhost:8000", description="Trajectory API URL.")
+    resume: str | None = Field(None, description="Checkpoint directory to continue from.")
+    seed: int = Field(0, description="Random seed.")
+    batch_poll_s: float = Field(0.5, gt=0, description="Longest wait between /batch polls.")

@@ -1,0 +1,104 @@
+"""From API batches to padded micro-batch tensors.
+
+Groups arrive as lists of sequences with -100 on untrained positions. Labels
+are shifted here once: position t of every [B, T-1] tensor is the prediction
+of token t+1. Sequences are sorted by length before being cut into
+micro-batches, so little compute goes to padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from example_trainer.loss import group_advantages
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T-1], trained label positions
+    advantages: torch.Tensor  # [B, T-1]
+    old_logprobs: torch.Tensor | None  # [B, T-1], sampling logprobs when the batch had them
+    ref_logprobs: torch.Tensor | None  # [B, T-1]
+
+
+@dataclass
+class Sequence:
+    tokens: list[int]
+    masks: list[int]
+    score: float
+    advantages: list[float]
+    inference_logprobs: list[float] | None
+    ref_logprobs: list[float] | None
+
+
+def flatten(batch: list[dict[str, Any]], scale: str, seq_len: int) -> list[Sequence]:
+    sequences = []
+    for group in batch:
+        scores = torch.tensor(group["scores"], dtype=torch.float32)
+        centred = group_advantages(scores, scale)
+        for i, tokens in enumerate(group["tokens"]):
+            tokens = tokens[:seq_len]
+            token_adv = (group.get("advantages") or [None] * len(scores))[i]
+            advantages = (
+                list(token_adv[: len(tokens)])
+                if token_adv is not None
+                else [float(centred[i])] * len(tokens)
+            )
+            if group.get("overrides") and (group["overrides"][i] or {}).get(
+                "set_advantage_to_zero"
+            ):
+                advantages = [0.0] * len(tokens)
+            sequences.append(
+                Sequence(
+                    tokens=list(tokens),
+                    masks=list(group["masks"][i][: len(tokens)]),
+                    score=float(scores[i]),
+                    advantages=advantages,
+                    inference_logprobs=_optional(group, "inference_logprobs", i, len(tokens)),
+                    ref_logprobs=_optional(group, "ref_logprobs", i, len(tokens)),
+                )
+            )
+    return sequences
+
+
+def _optional(group: dict[str, Any], key: str, index: int, length: int) -> list[float] | None:
+    values = group.get(key)
+    if not values or values[index] is None or len(values[index]) < length:
+        return None
+    return list(values[index][:length])
+
+
+def micro_batches(sequences: list[Sequence], count: int, pad_id: int) -> list[MicroBatch]:
+    """Up to `count` micro-batches of length-sorted sequences."""
+    ordered = sorted(sequences, key=lambda s: len(s.tokens))
+    size = -(-len(ordered) // max(1, count))
+    return [_pad(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]
+
+
+def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:
+    width = max(len(s.tokens) for s in chunk)
+    rows = len(chunk)
+    ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((rows, width), dtype=torch.long)
+    loss_mask = torch.zeros((rows, width - 1), dtype=torch.bool)
+    advantages = torch.zeros((rows, width - 1))
+    has_old = all(s.inference_logprobs is not None for s in chunk)
+    has_ref = all(s.ref_logprobs is not None for s in chunk)
+    old = torch.zeros((rows, width - 1)) if has_old else None
+    ref = torch.zeros((rows, width - 1)) if has_ref else None
+    for r, seq in enumerate(chunk):
+        n = len(seq.tokens)
+        ids[r, :n] = torch.tensor(seq.tokens)
+        attention[r, :n] = 1
+        loss_mask[r, : n - 1] = torch.tensor([m != -100 for m in seq.masks[1:]], dtype=torch.bool)
+        advantages[r, : n - 1] = torch.tensor(seq.advantages[1:])
+        if old is not None:
+            old[r, : n - 1] = torch.tensor(seq.inference_logprobs[1:])
+        if ref is not None:
+            ref[r, : n - 1] = torch.tensor(seq.ref_logprobs[1:])
+    return MicroBatch(ids, attention, loss_mask, advantages, old, ref)

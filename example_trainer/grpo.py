@@ -1,0 +1,351 @@
+"""`atropos-grpo`: the example GRPO trainer.
+
+register with the API -> start the inference engine on the base model -> loop:
+pull a batch, train one step (micro-batches packed by length, loss in
+`loss.py`), and every `--vllm-restart-interval` steps save a checkpoint and
+restart the engine from it, so environments sample from the current policy.
+An engine that dies is restarted from the latest checkpoint; Ctrl-C writes a
+final checkpoint and stops the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from atroposlib.cli.flags import FlagError, add_model_flags, model_from_args
+from atroposlib.utils.logging import configure_logging
+from example_trainer.checkpoint import load_trainer_state, save_checkpoint
+from example_trainer.config import TrainingConfig
+from example_trainer.data import flatten, micro_batches
+from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
+
+logger = logging.getLogger("example_trainer")
+
+
+class TrajectoryAPI:
+    """The trainer's side of the protocol: /register, then /batch."""
+
+    def __init__(self, url: str) -> None:
+        import os
+
+        key = os.environ.get("ATROPOS_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60)
+
+    def register(self, config: TrainingConfig, starting_step: int) -> None:
+        payload = {
+            "wandb_group": config.wandb_group,
+            "wandb_project": config.wandb_project,
+            "batch_size": config.batch_size,
+            "max_token_len": config.seq_len,
+            "checkpoint_dir": str(Path(config.save_path).resolve()),
+            "save_checkpoint_interval": config.checkpoint_interval or config.vllm_restart_interval,
+            "starting_step": starting_step,
+            "num_steps": config.training_steps,
+        }
+        delay = 0.5
+        while True:
+            try:
+                self.http.post("/register", json=payload).raise_for_status()
+                return
+            except httpx.HTTPError as exc:
+                logger.warning("cannot register with the API (%s); retrying in %.0fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10)
+
+    def batch(self) -> list[dict[str, Any]] | None:
+        try:
+            response = self.http.get("/batch")
+            response.raise_for_status()
+            return response.json().get("batch")
+        except httpx.HTTPError as exc:
+            logger.warning("/batch failed: %s", exc)
+            return None
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def build_optimizer(model, config: TrainingConfig):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config.optimizer == "adamw_8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=config.lr)
+    if config.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=config.lr, relative_step=False, scale_parameter=False)
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+
+
+class Trainer:
+    def __init__(self, config: TrainingConfig) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        random.seed(config.seed)
+        self.device = pick_device(config.device)
+        source = config.resume or config.model_name
+        dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+        self.tokenizer = AutoTokenizer.from_pretrained(source)
+        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(self.device)
+        if config.weight_bridge_mode == "lora_restart":
+            from peft import LoraConfig, get_peft_model
+
+            self.model = get_peft_model(
+                self.model,
+                LoraConfig(
+                    r=config.lora_r,
+                    lora_alpha=config.lora_alpha,
+                    lora_dropout=config.lora_dropout,
+                    target_modules=config.lora_target_modules.split(","),
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        self.model.train()
+        self.optimizer = build_optimizer(self.model, config)
+        warmup = max(1, config.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup)
+        )
+        self.step = (
+            load_trainer_state(config.resume, self.optimizer, self.scheduler)
+            if config.resume
+            else 0
+        )
+        self.latest_checkpoint = config.resume or config.model_name
+        self.loss_settings = LossSettings(
+            clip_eps=config.clip_eps,
+            clip_eps_high=config.clip_eps_high,
+            kl_coef=config.kl_coef,
+            normalization=config.loss_normalization,
+        )
+        self.metrics_path = Path(config.save_path) / "metrics.jsonl"
+        self.engine = None
+
+    # ------------------------------------------------------------- engine
+    def start_engine(self) -> None:
+        if self.config.inference_engine == "none":
+            return
+        from atroposlib.inference.launcher import EngineConfig, EngineProcess
+
+        engine_config = EngineConfig(
+            engine=self.config.inference_engine,
+            served_model_name=self.config.served_model_name or self.config.model_name,
+            port=self.config.vllm_port,
+            python=self.config.inference_python or sys.executable,
+            max_model_len=self.config.max_model_len or self.config.seq_len,
+            dtype=self.config.dtype,
+            gpu_memory_utilization=self.config.vllm_gpu_memory_utilization,
+            extra_args=shlex.split(self.config.engine_args)
+            + (
+                ["--num-threads", str(self.config.num_threads)]
+                if self.config.num_threads and self.config.inference_engine == "transformers"
+                else []
+            ),
+            log_path=str(Path(self.config.save_path) / "engine.log"),
+        )
+        Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
+        self.engine = EngineProcess(engine_config)
+        self.engine.start(self.latest_checkpoint)
+
+    def ensure_engine(self) -> float:
+        """Restart a dead engine from the latest checkpoint; returns seconds spent."""
+        if self.engine is None or self.engine.alive():
+            return 0.0
+        logger.error(
+            "inference engine died; restarting from %s\n%s",
+            self.latest_checkpoint,
+            self.engine.log_tail(10),
+        )
+        started = time.perf_counter()
+        self.engine.restart(self.latest_checkpoint)
+        return time.perf_counter() - started
+
+    # -------------------------------------------------------------- train
+    def wait_for_batch(self, api: TrajectoryAPI) -> tuple[list[dict[str, Any]], float]:
+        started, delay = time.perf_counter(), 0.05
+        while True:
+            self.ensure_engine()
+            batch = api.batch()
+            if batch:
+                return batch, time.perf_counter() - started
+            time.sleep(delay)
+            delay = min(delay * 2, self.config.batch_poll_s)
+
+    def train_step(self, batch: list[dict[str, Any]]) -> dict[str, float]:
+        config = self.config
+        sequences = flatten(batch, config.scale_advantages, config.seq_len)
+        chunks = micro_batches(
+            sequences, config.gradient_accumulation_steps, self.tokenizer.pad_token_id or 0
+        )
+        total_tokens = int(sum(int(c.loss_mask.sum()) for c in chunks))
+        totals: dict[str, float] = {}
+        loss_sum = 0.0
+        for chunk in chunks:
+            ids = chunk.input_ids.to(self.device)
+            logits = self.model(
+                input_ids=ids, attention_mask=chunk.attention_mask.to(self.device)
+            ).logits
+            logp = token_logprobs(logits, ids)
+            old = (
+                chunk.old_logprobs.to(self.device)
+                if chunk.old_logprobs is not None
+                else logp.detach()
+            )
+            ref = chunk.ref_logprobs.to(self.device) if chunk.ref_logprobs is not None else None
+            loss, metrics = grpo_loss(
+                logp,
+                old,
+                chunk.advantages.to(self.device),
+                chunk.loss_mask.to(self.device),
+                self.loss_settings,
+                total_tokens,
+                len(sequences),
+                ref_logprobs=ref,
+            )
+            loss.backward()
+            loss_sum += float(loss)
+            weight = metrics["tokens"] / max(total_tokens, 1)
+            for key in ("kl", "clip_fraction", "logprob_mismatch", "ratio_mean"):
+                totals[key] = totals.get(key, 0.0) + metrics[key] * weight
+            totals["pg_loss"] = totals.get("pg_loss", 0.0) + metrics["pg_loss"]
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        scores = torch.tensor([s.score for s in sequences])
+        return {
+            "loss": loss_sum,
+            **totals,
+            "grad_norm": float(grad_norm),
+            "lr": self.scheduler.get_last_lr()[0],
+            "score_mean": float(scores.mean()),
+            "score_std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "advantage_mean": float(
+                sum(sum(s.advantages) / max(len(s.advantages), 1) for s in sequences)
+                / len(sequences)
+            ),
+            "tokens": float(total_tokens),
+            "sequences": float(len(sequences)),
+        }
+
+    def checkpoint_and_restart(self) -> float:
+        path = save_checkpoint(
+            self.config.save_path,
+            self.step,
+            self.model,
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+        )
+        self.latest_checkpoint = str(path)
+        if self.engine is None:
+            return 0.0
+        started = time.perf_counter()
+        self.engine.restart(path)
+        return time.perf_counter() - started
+
+    def log(self, metrics: dict[str, float]) -> None:
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "a") as out:
+            out.write(json.dumps({"step": self.step, **metrics}) + "\n")
+        logger.info(
+            "step %d/%d loss %.4f score %.3f clip %.3f mismatch %.4f grad %.3f %.0f tok/s "
+            "(wait %.1fs train %.1fs restart %.1fs)",
+            self.step,
+            self.config.training_steps,
+            metrics["loss"],
+            metrics["score_mean"],
+            metrics["clip_fraction"],
+            metrics["logprob_mismatch"],
+            metrics["grad_norm"],
+            metrics["tokens_per_s"],
+            metrics["wait_s"],
+            metrics["train_s"],
+            metrics["restart_s"],
+        )
+
+    def run(self) -> None:
+        config = self.config
+        api = TrajectoryAPI(config.atropos_url)
+        self.start_engine()
+        api.register(config, self.step)
+        try:
+            while self.step < config.training_steps:
+                batch, waited = self.wait_for_batch(api)
+                started = time.perf_counter()
+                metrics = self.train_step(batch)
+                self.step += 1
+                trained = time.perf_counter() - started
+                restart = 0.0
+                if (
+                    self.step % config.vllm_restart_interval == 0
+                    or self.step == config.training_steps
+                ):
+                    restart = self.checkpoint_and_restart()
+                elif config.checkpoint_interval and self.step % config.checkpoint_interval == 0:
+                    save_checkpoint(
+                        config.save_path,
+                        self.step,
+                        self.model,
+                        self.tokenizer,
+                        self.optimizer,
+                        self.scheduler,
+                    )
+                metrics.update(
+                    wait_s=waited,
+                    train_s=trained,
+                    restart_s=restart,
+                    tokens_per_s=metrics["tokens"] / max(trained, 1e-9),
+                )
+                self.log(metrics)
+        except KeyboardInterrupt:
+            logger.info("interrupted at step %d; writing a final checkpoint", self.step)
+            save_checkpoint(
+                config.save_path,
+                self.step,
+                self.model,
+                self.tokenizer,
+                self.optimizer,
+                self.scheduler,
+            )
+        finally:
+            if self.engine is not None:
+                self.engine.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="atropos-grpo", description=__doc__.splitlines()[0])
+    add_model_flags(parser, TrainingConfig)
+    args = parser.parse_args(argv)
+    try:
+        config = model_from_args(TrainingConfig, args)
+    except FlagError as exc:
+        print(f"atropos-grpo: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("info")
+    Trainer(config).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
