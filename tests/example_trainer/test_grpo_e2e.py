@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,9 @@ def trainer_cmd(tiny_model_path, api_url: str, port: int, save: Path, *extra: st
 
 
 def engine_processes(port: int) -> list[str]:
-    found = subprocess.run(["pgrep", "-af", f"--port {port}"], capture_output=True, text=True)
-    return [line for line in found.stdout.splitlines() if "inference_server" in line]
+    pattern = f"atroposlib.cli.inference_server.*--port {port}"
+    found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
 
 
 @pytest.mark.slow
@@ -101,3 +103,47 @@ def test_grpo_loop_checkpoints_restarts_and_resumes(api_factory, tiny_model_path
     assert (save / "step-6").exists()
     assert engine_processes(port) == []
     assert os.path.exists(save / "engine.log")
+
+
+def metric_steps(save: Path) -> list[int]:
+    path = save / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model_path, tmp_path):
+    import signal
+
+    api = api_factory()
+    port = free_port()
+    save = tmp_path / "ckpt"
+    trainer = subprocess.Popen(
+        trainer_cmd(tiny_model_path, api.url, port, save)
+        + ["--training-steps", "50", "--vllm-restart-interval", "100"],
+        stdout=open(tmp_path / "trainer.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
+    env = EnvProcess(tmp_path, "serve", *serve_args(api.url, f"http://127.0.0.1:{port}"))
+    try:
+        deadline = time.monotonic() + 240
+        while not metric_steps(save) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        engine_pid = int(engine_processes(port)[0].split()[0])
+        os.kill(engine_pid, signal.SIGKILL)
+        done = len(metric_steps(save))
+        while len(metric_steps(save)) < done + 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(metric_steps(save)) >= done + 2, "training stalled after the engine died"
+        trainer.send_signal(signal.SIGINT)
+        assert trainer.wait(120) == 0
+    finally:
+        env.stop()
+        if trainer.poll() is None:
+            trainer.kill()
+    text = (tmp_path / "trainer.log").read_text()
+    assert "inference engine died" in text
+    last = metric_steps(save)[-1]
+    assert any((save / f"step-{s}" / "trainer_state.pt").exists() for s in (last, last + 1))
+    assert engine_processes(port) == []
