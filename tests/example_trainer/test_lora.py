@@ -1,0 +1,54 @@
+"""LoRA (`--weight-bridge-mode lora_restart`): adapters train, the engine gets merged weights."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from example_trainer.checkpoint import save_checkpoint  # noqa: E402
+from example_trainer.config import TrainingConfig  # noqa: E402
+from example_trainer.grpo import Trainer  # noqa: E402
+
+
+def batch() -> list[dict]:
+    tokens = [[1, 5, 6, 7, 2], [1, 5, 6, 8, 2]]
+    return [
+        {
+            "tokens": tokens,
+            "masks": [[-100, -100, 6, 7, 2], [-100, -100, 6, 8, 2]],
+            "scores": [1.0, 0.0],
+        }
+    ]
+
+
+def test_lora_trains_adapters_only_and_saves_merged_weights(tiny_model_path, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    config = TrainingConfig(
+        model_name=str(tiny_model_path),
+        weight_bridge_mode="lora_restart",
+        lora_r=4,
+        lora_target_modules="q_proj,v_proj",
+        lr=1e-2,
+        save_path=str(tmp_path),
+        device="cpu",
+        inference_engine="none",
+    )
+    trainer = Trainer(config)
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    for _ in range(3):
+        trainer.train_step(batch())
+    trainer.step = 3
+    path = save_checkpoint(
+        str(tmp_path), 3, trainer.model, trainer.tokenizer, trainer.optimizer, trainer.scheduler
+    )
+    merged = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
+    assert not any("lora" in key for key in merged)
+    changed = [k for k in base if not torch.equal(base[k], merged[k])]
+    assert changed and all("q_proj" in k or "v_proj" in k for k in changed)
+    assert any("lora_" in n for n, _ in trainer.model.named_parameters()), "adapters survive saving"
+    trainer.train_step(batch())  # still trainable after the checkpoint
