@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import torch
 
-from atroposlib.cli.flags import FlagError, add_model_flags, model_from_args
+from atroposlib.cli.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 from example_trainer.checkpoint import load_trainer_state, save_checkpoint
 from example_trainer.config import TrainingConfig
@@ -248,7 +248,8 @@ class Trainer:
             "sequences": float(len(sequences)),
         }
 
-    def checkpoint_and_restart(self) -> float:
+    def save(self) -> Path:
+        """Checkpoint the current step; it becomes what a restarted engine serves."""
         path = save_checkpoint(
             self.config.save_path,
             self.step,
@@ -258,6 +259,10 @@ class Trainer:
             self.scheduler,
         )
         self.latest_checkpoint = str(path)
+        return path
+
+    def checkpoint_and_restart(self) -> float:
+        path = self.save()
         if self.engine is None:
             return 0.0
         started = time.perf_counter()
@@ -303,14 +308,7 @@ class Trainer:
                 ):
                     restart = self.checkpoint_and_restart()
                 elif config.checkpoint_interval and self.step % config.checkpoint_interval == 0:
-                    save_checkpoint(
-                        config.save_path,
-                        self.step,
-                        self.model,
-                        self.tokenizer,
-                        self.optimizer,
-                        self.scheduler,
-                    )
+                    self.save()
                 metrics.update(
                     wait_s=waited,
                     train_s=trained,
@@ -320,14 +318,7 @@ class Trainer:
                 self.log(metrics)
         except KeyboardInterrupt:
             logger.info("interrupted at step %d; writing a final checkpoint", self.step)
-            save_checkpoint(
-                config.save_path,
-                self.step,
-                self.model,
-                self.tokenizer,
-                self.optimizer,
-                self.scheduler,
-            )
+            self.save()
         finally:
             if self.engine is not None:
                 self.engine.stop()
@@ -336,12 +327,7 @@ class Trainer:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="atropos-grpo", description=__doc__.splitlines()[0])
     add_model_flags(parser, TrainingConfig)
-    args = parser.parse_args(argv)
-    try:
-        config = model_from_args(TrainingConfig, args)
-    except FlagError as exc:
-        print(f"atropos-grpo: {exc}", file=sys.stderr)
-        return 2
+    config, _ = parse_settings(parser, TrainingConfig, argv)
     configure_logging("info")
     Trainer(config).run()
     return 0

@@ -87,3 +87,14 @@ def model_from_args(
             flag = "--" + (name.replace("_", "-") if dash_names else name)
             problems.append(f"{flag} {given.get(name)!r}: {error['msg']}")
         raise FlagError("; ".join(problems)) from None
+
+
+def parse_settings(
+    parser: argparse.ArgumentParser, model: type[BaseModel], argv: list[str] | None = None
+) -> tuple[BaseModel, argparse.Namespace]:
+    """Parse argv into `model`; a bad value exits with status 2 and names the flag."""
+    args = parser.parse_args(argv)
+    try:
+        return model_from_args(model, args), args
+    except FlagError as exc:
+        parser.exit(2, f"{parser.prog}: {exc}\n")

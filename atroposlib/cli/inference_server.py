@@ -12,7 +12,7 @@ import sys
 import uvicorn
 from pydantic import BaseModel, Field
 
-from atroposlib.cli.flags import FlagError, add_model_flags, model_from_args
+from atroposlib.cli.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 
 
@@ -44,12 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        settings = model_from_args(InferenceServerSettings, args)
-    except FlagError as exc:
-        print(f"atropos-inference-server: {exc}", file=sys.stderr)
-        return 2
+    settings, _ = parse_settings(build_parser(), InferenceServerSettings, argv)
     configure_logging(settings.log_level)
     import torch
 

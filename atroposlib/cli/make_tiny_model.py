@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from atroposlib.cli.flags import FlagError, add_model_flags, model_from_args
+from atroposlib.cli.flags import add_model_flags, parse_settings
 from atroposlib.utils.tiny_model import TinyModelSpec, build_tiny_model
 
 
@@ -17,12 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out_dir", help="directory to write the model and tokenizer into")
     add_model_flags(parser, TinyModelSpec)
-    args = parser.parse_args(argv)
-    try:
-        spec = model_from_args(TinyModelSpec, args)
-    except FlagError as exc:
-        print(f"atropos-make-tiny-model: {exc}", file=sys.stderr)
-        return 2
+    spec, args = parse_settings(parser, TinyModelSpec, argv)
     path = build_tiny_model(args.out_dir, spec)
     print(f"tiny model written to {path}")
     return 0

@@ -10,7 +10,7 @@ import uvicorn
 
 from atroposlib.api import SETTINGS_ENV
 from atroposlib.api.settings import APISettings
-from atroposlib.cli.flags import FlagError, add_model_flags, model_from_args
+from atroposlib.cli.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 
 
@@ -24,12 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        settings = model_from_args(APISettings, args).resolved()
-    except FlagError as exc:
-        print(f"run-api: {exc}", file=sys.stderr)
-        return 2
+    settings, _ = parse_settings(build_parser(), APISettings, argv)
+    settings = settings.resolved()
     problem = settings.exposure_problem()
     if problem:
         print(f"run-api: {problem}", file=sys.stderr)

@@ -31,7 +31,9 @@ def test_values_and_booleans():
 def test_bad_values_name_the_flag(capsys):
     with pytest.raises(FlagError, match="--port 'abc'"):
         settings_from("--port", "abc")
-    assert main(["--log-level", "loud"]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--log-level", "loud"])
+    assert exit_info.value.code == 2
     assert "--log-level 'loud'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--ephemeral", "maybe"])
