@@ -223,7 +223,7 @@ class Trainer:
                 ref_logprobs=ref,
             )
             loss.backward()
-            loss_sum += float(loss)
+            loss_sum += loss.detach().item()
             weight = metrics["tokens"] / max(total_tokens, 1)
             for key in ("kl", "clip_fraction", "logprob_mismatch", "ratio_mean"):
                 totals[key] = totals.get(key, 0.0) + metrics[key] * weight
