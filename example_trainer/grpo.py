@@ -273,6 +273,8 @@ class Trainer:
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "a") as out:
             out.write(json.dumps({"step": self.step, **metrics}) + "\n")
+        if self.config.use_wandb:
+            self._wandb().log({f"train/{k}": v for k, v in metrics.items()}, step=self.step)
         logger.info(
             "step %d/%d loss %.4f score %.3f clip %.3f mismatch %.4f grad %.3f %.0f tok/s "
             "(wait %.1fs train %.1fs restart %.1fs)",
@@ -288,6 +290,22 @@ class Trainer:
             metrics["train_s"],
             metrics["restart_s"],
         )
+
+    def _wandb(self):
+        """wandb run, offline when no WANDB_API_KEY is set (never a login prompt)."""
+        if getattr(self, "_wandb_run", None) is None:
+            import os
+
+            import wandb
+
+            self._wandb_run = wandb.init(
+                project=self.config.wandb_project,
+                group=self.config.wandb_group,
+                mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
+                config=self.config.model_dump(),
+                dir=self.config.save_path,
+            )
+        return self._wandb_run
 
     def run(self) -> None:
         config = self.config

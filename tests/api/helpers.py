@@ -52,3 +52,15 @@ def register_env(client: httpx.Client, **overrides: Any) -> dict[str, Any]:
 
 def tags_of(batch: list[dict[str, Any]]) -> list[int]:
     return [group["tokens"][0][0] for group in batch]
+
+
+def fcfs_greedy(sizes: list[int], target: int) -> list[int] | None:
+    """First come, first served: take each group that still fits; None unless exact."""
+    picked, running = [], 0
+    for position, size in enumerate(sizes):
+        if running + size <= target:
+            picked.append(position)
+            running += size
+            if running == target:
+                return picked
+    return None

@@ -15,6 +15,7 @@ from atroposlib.api.packing import (
     plan_batch,
     take_packs,
 )
+from tests.api.helpers import fcfs_greedy
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -40,18 +41,6 @@ def brute_force_subsets(sizes: list[int], target: int) -> list[tuple[int, ...]]:
             if sum(sizes[p] for p in combo) == target:
                 found.append(combo)
     return found
-
-
-def fcfs_greedy(sizes: list[int], target: int) -> list[int] | None:
-    """First come, first served: take each group that still fits; None unless exact."""
-    picked, running = [], 0
-    for position, size in enumerate(sizes):
-        if running + size <= target:
-            picked.append(position)
-            running += size
-            if running == target:
-                return picked
-    return None
 
 
 def assert_valid_batch(positions: list[int], sizes: list[int], batch_size: int) -> None:

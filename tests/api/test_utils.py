@@ -12,6 +12,7 @@ from atroposlib.api.utils import (
     grab_batch_with_minimum_allocations,
     grab_exact_from_heterogeneous_queue,
 )
+from tests.api.helpers import fcfs_greedy
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -254,13 +255,9 @@ def test_minimum_allocations_property(g, multiple, fraction, envs):
 def atropos_find_groups(sizes: list[int], target: int) -> list[int]:
     """Reference model of Atropos's choice: FCFS when exact, else a DP table traced back
     from the newest group, taking a group whenever the rest stays reachable without it."""
-    picked, running = [], 0
-    for i, s in enumerate(sizes):
-        if running + s <= target:
-            picked.append(i)
-            running += s
-            if running == target:
-                return picked
+    picked = fcfs_greedy(sizes, target)
+    if picked is not None:
+        return picked
     table = [{0}]
     for s in sizes:
         table.append(table[-1] | {x + s for x in table[-1] if x + s <= target})
