@@ -70,4 +70,7 @@ class TrainingConfig(BaseModel):
     atropos_url: str = Field("http://localhost:8000", description="Trajectory API URL.")
     resume: str | None = Field(None, description="Checkpoint directory to continue from.")
     seed: int = Field(0, description="Random seed.")
+    log_format: Literal["auto", "rich", "text", "json"] = Field(
+        "auto", description="Console logs: rich on a terminal (auto), rich, text or json."
+    )
     batch_poll_s: float = Field(0.5, gt=0, description="Longest wait between /batch polls.")

@@ -22,8 +22,10 @@ class MicroBatch:
     attention_mask: torch.Tensor  # [B, T]
     loss_mask: torch.Tensor  # [B, T-1], trained label positions
     advantages: torch.Tensor  # [B, T-1]
-    old_logprobs: torch.Tensor | None  # [B, T-1], sampling logprobs when the batch had them
-    ref_logprobs: torch.Tensor | None  # [B, T-1]
+    # [B, T-1]; NaN rows for sequences that came without them (the trainer fills
+    # those with its own detached logprobs: ratio 1, KL 0), None when no row has them
+    old_logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
 
 
 @dataclass
@@ -87,18 +89,23 @@ def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:
     attention = torch.zeros((rows, width), dtype=torch.long)
     loss_mask = torch.zeros((rows, width - 1), dtype=torch.bool)
     advantages = torch.zeros((rows, width - 1))
-    has_old = all(s.inference_logprobs is not None for s in chunk)
-    has_ref = all(s.ref_logprobs is not None for s in chunk)
-    old = torch.zeros((rows, width - 1)) if has_old else None
-    ref = torch.zeros((rows, width - 1)) if has_ref else None
+    has_old = any(s.inference_logprobs is not None for s in chunk)
+    has_ref = any(s.ref_logprobs is not None for s in chunk)
+    old = torch.full((rows, width - 1), float("nan")) if has_old else None
+    ref = torch.full((rows, width - 1), float("nan")) if has_ref else None
     for r, seq in enumerate(chunk):
         n = len(seq.tokens)
         ids[r, :n] = torch.tensor(seq.tokens)
         attention[r, :n] = 1
         loss_mask[r, : n - 1] = torch.tensor([m != -100 for m in seq.masks[1:]], dtype=torch.bool)
         advantages[r, : n - 1] = torch.tensor(seq.advantages[1:])
-        if old is not None:
+        if seq.inference_logprobs is not None:
             old[r, : n - 1] = torch.tensor(seq.inference_logprobs[1:])
-        if ref is not None:
+        if seq.ref_logprobs is not None:
             ref[r, : n - 1] = torch.tensor(seq.ref_logprobs[1:])
     return MicroBatch(ids, attention, loss_mask, advantages, old, ref)
+
+
+def trained_tokens(sequence: Sequence) -> int:
+    """Label positions that carry loss (position t predicts token t+1)."""
+    return sum(1 for m in sequence.masks[1:] if m != -100)

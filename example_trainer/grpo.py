@@ -11,6 +11,8 @@ final checkpoint and stops the engine.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import logging
 import random
@@ -20,58 +22,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
 from atroposlib.cli.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
+from example_trainer.api import TrajectoryAPI
 from example_trainer.checkpoint import load_trainer_state, save_checkpoint
 from example_trainer.config import TrainingConfig
-from example_trainer.data import flatten, micro_batches
+from example_trainer.data import flatten, micro_batches, trained_tokens
+from example_trainer.distributed import init_data_parallel
 from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
 
 logger = logging.getLogger("example_trainer")
-
-
-class TrajectoryAPI:
-    """The trainer's side of the protocol: /register, then /batch."""
-
-    def __init__(self, url: str) -> None:
-        import os
-
-        key = os.environ.get("ATROPOS_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60)
-
-    def register(self, config: TrainingConfig, starting_step: int) -> None:
-        payload = {
-            "wandb_group": config.wandb_group,
-            "wandb_project": config.wandb_project,
-            "batch_size": config.batch_size,
-            "max_token_len": config.seq_len,
-            "checkpoint_dir": str(Path(config.save_path).resolve()),
-            "save_checkpoint_interval": config.checkpoint_interval or config.vllm_restart_interval,
-            "starting_step": starting_step,
-            "num_steps": config.training_steps,
-        }
-        delay = 0.5
-        while True:
-            try:
-                self.http.post("/register", json=payload).raise_for_status()
-                return
-            except httpx.HTTPError as exc:
-                logger.warning("cannot register with the API (%s); retrying in %.0fs", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 10)
-
-    def batch(self) -> list[dict[str, Any]] | None:
-        try:
-            response = self.http.get("/batch")
-            response.raise_for_status()
-            return response.json().get("batch")
-        except httpx.HTTPError as exc:
-            logger.warning("/batch failed: %s", exc)
-            return None
 
 
 def pick_device(name: str) -> torch.device:
@@ -80,10 +42,25 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def fill_missing(values: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor:
+    """Rows a sequence came without (NaN, or all when None) take the detached current logprobs."""
+    if values is None:
+        return logp.detach()
+    values = values.to(logp.device)
+    return torch.where(torch.isnan(values), logp.detach(), values)
+
+
+def require(module: str, flag: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise SystemExit(f"{flag} needs the {module} package: pip install {module}") from exc
+
+
 def build_optimizer(model, config: TrainingConfig):
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "adamw_8bit":
-        import bitsandbytes as bnb
+        bnb = require("bitsandbytes", "--optimizer adamw_8bit")
 
         return bnb.optim.AdamW8bit(params, lr=config.lr)
     if config.optimizer == "adafactor":
@@ -102,7 +79,7 @@ class Trainer:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         random.seed(config.seed)
-        self.device = pick_device(config.device)
+        self.parallel, self.device = init_data_parallel(pick_device(config.device))
         source = config.resume or config.model_name
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(source)
@@ -121,6 +98,13 @@ class Trainer:
                 ),
             )
         self.model.train()
+        self.ddp = None
+        if self.parallel.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
+        self.forward_model = self.ddp or self.model
         self.optimizer = build_optimizer(self.model, config)
         warmup = max(1, config.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -140,6 +124,7 @@ class Trainer:
         )
         self.metrics_path = Path(config.save_path) / "metrics.jsonl"
         self.engine = None
+        self._wandb_run = None
 
     # ------------------------------------------------------------- engine
     def start_engine(self) -> None:
@@ -192,52 +177,61 @@ class Trainer:
             delay = min(delay * 2, self.config.batch_poll_s)
 
     def train_step(self, batch: list[dict[str, Any]]) -> dict[str, float]:
-        config = self.config
-        sequences = flatten(batch, config.scale_advantages, config.seq_len)
-        chunks = micro_batches(
-            sequences, config.gradient_accumulation_steps, self.tokenizer.pad_token_id or 0
+        metrics = self.accumulate_gradients(batch)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.config.max_grad_norm
         )
-        total_tokens = int(sum(int(c.loss_mask.sum()) for c in chunks))
-        totals: dict[str, float] = {}
-        loss_sum = 0.0
-        for chunk in chunks:
-            ids = chunk.input_ids.to(self.device)
-            logits = self.model(
-                input_ids=ids, attention_mask=chunk.attention_mask.to(self.device)
-            ).logits
-            logp = token_logprobs(logits, ids)
-            old = (
-                chunk.old_logprobs.to(self.device)
-                if chunk.old_logprobs is not None
-                else logp.detach()
-            )
-            ref = chunk.ref_logprobs.to(self.device) if chunk.ref_logprobs is not None else None
-            loss, metrics = grpo_loss(
-                logp,
-                old,
-                chunk.advantages.to(self.device),
-                chunk.loss_mask.to(self.device),
-                self.loss_settings,
-                total_tokens,
-                len(sequences),
-                ref_logprobs=ref,
-            )
-            loss.backward()
-            loss_sum += loss.detach().item()
-            weight = metrics["tokens"] / max(total_tokens, 1)
-            for key in ("kl", "clip_fraction", "logprob_mismatch", "ratio_mean"):
-                totals[key] = totals.get(key, 0.0) + metrics[key] * weight
-            totals["pg_loss"] = totals.get("pg_loss", 0.0) + metrics["pg_loss"]
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return {**metrics, "grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0]}
+
+    def accumulate_gradients(self, batch: list[dict[str, Any]]) -> dict[str, float]:
+        """Backward over this rank's share of the batch; gradients are the whole batch's."""
+        config = self.config
+        sequences = flatten(batch, config.scale_advantages, config.seq_len)
+        total_tokens = sum(trained_tokens(s) for s in sequences)
+        local = self.parallel.shard(sequences, lambda s: len(s.tokens))
+        chunks = micro_batches(
+            local, config.gradient_accumulation_steps, self.tokenizer.pad_token_id or 0
+        )
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_fraction", "logprob_mismatch"), 0.0)
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1
+            # DDP syncs gradients once, on the last micro-batch
+            sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
+            with sync:
+                ids = chunk.input_ids.to(self.device)
+                logits = self.forward_model(
+                    input_ids=ids, attention_mask=chunk.attention_mask.to(self.device)
+                ).logits
+                logp = token_logprobs(logits, ids)
+                old = fill_missing(chunk.old_logprobs, logp)
+                ref = (
+                    fill_missing(chunk.ref_logprobs, logp)
+                    if chunk.ref_logprobs is not None
+                    else None
+                )
+                loss, metrics = grpo_loss(
+                    logp,
+                    old,
+                    chunk.advantages.to(self.device),
+                    chunk.loss_mask.to(self.device),
+                    self.loss_settings,
+                    total_tokens,
+                    len(sequences),
+                    ref_logprobs=ref,
+                )
+                (loss * self.parallel.world_size).backward()
+            sums["loss"] += loss.detach().item()
+            sums["pg_loss"] += metrics["pg_loss"]
+            weight = metrics["tokens"] / max(total_tokens, 1)
+            for key in ("kl", "clip_fraction", "logprob_mismatch"):
+                sums[key] += metrics[key] * weight
+        sums = self.parallel.sum(sums)
         scores = torch.tensor([s.score for s in sequences])
         return {
-            "loss": loss_sum,
-            **totals,
-            "grad_norm": float(grad_norm),
-            "lr": self.scheduler.get_last_lr()[0],
+            **sums,
             "score_mean": float(scores.mean()),
             "score_std": float(scores.std()) if len(scores) > 1 else 0.0,
             "advantage_mean": float(
@@ -293,7 +287,7 @@ class Trainer:
 
     def _wandb(self):
         """wandb run, offline when no WANDB_API_KEY is set (never a login prompt)."""
-        if getattr(self, "_wandb_run", None) is None:
+        if self._wandb_run is None:
             import os
 
             import wandb
@@ -307,47 +301,61 @@ class Trainer:
             )
         return self._wandb_run
 
+    def next_batch(self, api: TrajectoryAPI | None) -> tuple[list[dict[str, Any]], float]:
+        """rank 0 polls the API; every rank gets its batch."""
+        batch, waited = self.wait_for_batch(api) if api is not None else (None, 0.0)
+        return self.parallel.broadcast((batch, waited))
+
     def run(self) -> None:
-        config = self.config
-        api = TrajectoryAPI(config.atropos_url)
-        self.start_engine()
-        api.register(config, self.step)
+        config, main_rank = self.config, self.parallel.is_main
+        api = TrajectoryAPI(config.atropos_url) if main_rank else None
+        if main_rank:
+            self.start_engine()
+            api.register(config, self.step)
         try:
             while self.step < config.training_steps:
-                batch, waited = self.wait_for_batch(api)
+                batch, waited = self.next_batch(api)
                 started = time.perf_counter()
                 metrics = self.train_step(batch)
                 self.step += 1
                 trained = time.perf_counter() - started
                 restart = 0.0
-                if (
-                    self.step % config.vllm_restart_interval == 0
-                    or self.step == config.training_steps
-                ):
-                    restart = self.checkpoint_and_restart()
-                elif config.checkpoint_interval and self.step % config.checkpoint_interval == 0:
-                    self.save()
-                metrics.update(
-                    wait_s=waited,
-                    train_s=trained,
-                    restart_s=restart,
-                    tokens_per_s=metrics["tokens"] / max(trained, 1e-9),
-                )
-                self.log(metrics)
+                if main_rank:
+                    if (
+                        self.step % config.vllm_restart_interval == 0
+                        or self.step == config.training_steps
+                    ):
+                        restart = self.checkpoint_and_restart()
+                    elif config.checkpoint_interval and self.step % config.checkpoint_interval == 0:
+                        self.save()
+                    metrics.update(
+                        wait_s=waited,
+                        train_s=trained,
+                        restart_s=restart,
+                        tokens_per_s=metrics["tokens"] / max(trained, 1e-9),
+                    )
+                    self.log(metrics)
         except KeyboardInterrupt:
-            logger.info("interrupted at step %d; writing a final checkpoint", self.step)
-            self.save()
+            if main_rank:
+                logger.info("interrupted at step %d; writing a final checkpoint", self.step)
+                self.save()
         finally:
             if self.engine is not None:
                 self.engine.stop()
+            if self._wandb_run is not None:
+                self._wandb_run.finish()
+            self.parallel.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="atropos-grpo", description=__doc__.splitlines()[0])
     add_model_flags(parser, TrainingConfig)
     config, _ = parse_settings(parser, TrainingConfig, argv)
-    configure_logging("info")
-    Trainer(config).run()
+    configure_logging("info", config.log_format)
+    trainer = Trainer(config)
+    if not trainer.parallel.is_main:
+        logging.getLogger().setLevel(logging.WARNING)
+    trainer.run()
     return 0
 
 

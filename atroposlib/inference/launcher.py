@@ -4,28 +4,25 @@ Used by the trainer (restart from each checkpoint) and the launcher. The engine
 is vLLM's OpenAI server or our `atropos-inference-server`; both take the same
 core flags, so one command builder serves both.
 
-Orphans are prevented three ways: the engine runs in its own process group
-(stop signals the whole group, and only that group), the child asks the kernel
-to SIGTERM it when its parent dies (Linux `PR_SET_PDEATHSIG`, covering a parent
-killed with SIGKILL), and `EngineProcess` is a context manager, so Ctrl-C in
-the parent stops it on the way out.
+Orphans are prevented by `atroposlib.utils.processes` (own session, SIGTERM
+when the parent dies, group stop with SIGKILL escalation), and `EngineProcess`
+is a context manager, so Ctrl-C in the parent stops it on the way out.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from pathlib import Path
 from typing import Literal
 
 import httpx
 from pydantic import BaseModel, Field
+
+from atroposlib.utils.processes import log_tail, spawn, stop_group
 
 logger = logging.getLogger("atroposlib.inference")
 
@@ -97,14 +94,6 @@ def engine_command(config: EngineConfig, engine: str, model_path: str) -> list[s
     return command + list(config.extra_args)
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the parent dies (Linux only; a no-op elsewhere)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class EngineProcess:
     """One engine subprocess; `start`, `restart(new_checkpoint)`, `stop`."""
 
@@ -136,15 +125,7 @@ class EngineProcess:
         if self.engine == "vllm":
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-            )
+            self.proc = spawn(command, log, env)
         self.wait_healthy()
 
     def wait_healthy(self) -> None:
@@ -189,29 +170,12 @@ class EngineProcess:
         self.start(model_path or self.model_path)
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            try:
-                self.proc.wait(self.config.stop_grace_s)
-            except subprocess.TimeoutExpired:
-                self._signal_group(signal.SIGKILL)
-                self.proc.wait(10)
-        self._signal_group(signal.SIGKILL)  # stragglers of our own group only
-        self.proc = None
-
-    def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.proc is not None:
+            stop_group(self.proc, self.config.stop_grace_s)
+            self.proc = None
 
     def log_tail(self, lines: int = 30) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return "(no log)"
-        with open(self.log_path, errors="replace") as log:
-            return "".join(deque(log, maxlen=lines))
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> EngineProcess:
         return self

@@ -1,9 +1,14 @@
-"""Logging set-up shared by the services: readable text or one JSON object per line."""
+"""Logging set-up shared by the services: rich console, plain text, or one JSON object per line.
+
+`auto` picks rich colours on a terminal and plain text when piped to a file
+(so logs stay greppable and free of escape codes).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 
 
@@ -22,8 +27,14 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str = "info", fmt: str = "text") -> None:
-    handler = logging.StreamHandler()
-    if fmt == "json":
+    if fmt == "auto":
+        fmt = "rich" if sys.stderr.isatty() else "text"
+    handler: logging.Handler = logging.StreamHandler()
+    if fmt == "rich":
+        from rich.logging import RichHandler
+
+        handler = RichHandler(show_path=False, log_time_format="%H:%M:%S")
+    elif fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(

@@ -1,0 +1,73 @@
+"""Child processes that never outlive their parent.
+
+Three guards, used by the engine launcher and `atropos-launch`: each child runs
+in its own session (so stopping it signals its whole group, and only that
+group), asks the kernel to SIGTERM it when its parent dies (Linux
+`PR_SET_PDEATHSIG`, which covers a parent killed with SIGKILL), and `stop_group`
+escalates from a polite signal to SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+from typing import IO, Any
+
+
+def die_with_parent() -> None:
+    """In the child: get SIGTERM when the parent dies (Linux only; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def spawn(
+    command: list[str],
+    stdout: IO[Any] | int,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> subprocess.Popen:
+    """Start `command` in a new session, tied to this process's life."""
+    return subprocess.Popen(
+        command,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+    )
+
+
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float, first: int = signal.SIGTERM) -> int | None:
+    """Signal the child's group with `first`, then SIGKILL after `grace_s`; returns its code."""
+    if proc.poll() is None:
+        signal_group(proc, first)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            signal_group(proc, signal.SIGKILL)
+            proc.wait(10)
+    signal_group(proc, signal.SIGKILL)  # stragglers of its own group only
+    return proc.returncode
+
+
+def log_tail(path: Path | None, lines: int = 30) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    with open(path, errors="replace") as log:
+        return "".join(deque(log, maxlen=lines))

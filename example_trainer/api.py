@@ -1,0 +1,54 @@
+"""The trainer's side of the trajectory API: /register with retries, then /batch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from example_trainer.config import TrainingConfig
+
+logger = logging.getLogger("example_trainer")
+
+
+class TrajectoryAPI:
+    """The trainer's side of the protocol: /register, then /batch."""
+
+    def __init__(self, url: str) -> None:
+        key = os.environ.get("ATROPOS_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60)
+
+    def register(self, config: TrainingConfig, starting_step: int) -> None:
+        payload = {
+            "wandb_group": config.wandb_group,
+            "wandb_project": config.wandb_project,
+            "batch_size": config.batch_size,
+            "max_token_len": config.seq_len,
+            "checkpoint_dir": str(Path(config.save_path).resolve()),
+            "save_checkpoint_interval": config.checkpoint_interval or config.vllm_restart_interval,
+            "starting_step": starting_step,
+            "num_steps": config.training_steps,
+        }
+        delay = 0.5
+        while True:
+            try:
+                self.http.post("/register", json=payload).raise_for_status()
+                return
+            except httpx.HTTPError as exc:
+                logger.warning("cannot register with the API (%s); retrying in %.0fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10)
+
+    def batch(self) -> list[dict[str, Any]] | None:
+        try:
+            response = self.http.get("/batch")
+            response.raise_for_status()
+            return response.json().get("batch")
+        except httpx.HTTPError as exc:
+            logger.warning("/batch failed: %s", exc)
+            return None

@@ -1,0 +1,84 @@
+"""Data parallelism across `torchrun` processes.
+
+Design: rank 0 alone talks to the API and the inference engine; it broadcasts
+each batch to every rank. Each rank trains on a length-balanced shard (the
+sequences sorted by length and dealt round-robin) and normalises its loss by
+the counts of the *whole* batch, so the sum of the ranks' gradients is the
+single-process gradient. DDP averages gradients across ranks, so each rank
+scales its loss by the world size to turn that average back into the sum.
+Backends: nccl on GPUs, gloo on CPU. Without torchrun this is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+# rank 0 may wait a long time for data or an engine restart while the others block
+COLLECTIVE_TIMEOUT = timedelta(hours=4)
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def broadcast(self, value: Any) -> Any:
+        """rank 0's `value` on every rank."""
+        if not self.enabled:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def sum(self, values: dict[str, float]) -> dict[str, float]:
+        if not self.enabled:
+            return values
+        keys = sorted(values)
+        tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return dict(zip(keys, tensor.tolist(), strict=True))
+
+    def shard(self, items: list[T], length) -> list[T]:
+        """This rank's share: sorted by length, dealt round-robin (balanced compute)."""
+        if not self.enabled:
+            return items
+        if len(items) < self.world_size:
+            raise ValueError(
+                f"a batch of {len(items)} sequences cannot feed {self.world_size} ranks; "
+                "raise --batch-size to at least the number of processes"
+            )
+        return sorted(items, key=length)[self.rank :: self.world_size]
+
+    def close(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_data_parallel(device: torch.device) -> tuple[DataParallel, torch.device]:
+    """Join the torchrun group when launched by torchrun; pick this rank's device."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DataParallel(), device
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT)
+    return DataParallel(dist.get_rank(), dist.get_world_size(), local_rank), device
