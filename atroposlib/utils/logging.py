@@ -43,3 +43,6 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # one INFO line per HTTP request drowns the lines people read
+    for chatty in ("httpx", "httpx2"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))

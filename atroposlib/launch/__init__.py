@@ -1,0 +1,1 @@
+"""`atropos-launch`: a whole run from one YAML (config, supervisor, status, report)."""

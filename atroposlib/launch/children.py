@@ -1,0 +1,93 @@
+"""One supervised child of `atropos-launch`: its process, its log, its restarts.
+
+Output is read line by line by a thread that appends it to the child's own
+log file in the run directory (kept whole) and hands it to a sink that prints
+it with the child's coloured prefix. The process itself comes from
+`atroposlib.utils.processes.spawn`, so it cannot outlive the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from atroposlib.launch.config import ProcessPlan
+from atroposlib.utils.processes import log_tail, spawn, stop_group
+
+Sink = Callable[["Child", str], None]
+
+
+class Child:
+    def __init__(self, plan: ProcessPlan, log_dir: Path, color: str, sink: Sink) -> None:
+        self.plan = plan
+        self.name = plan.name
+        self.color = color
+        self.sink = sink
+        self.log_path = log_dir / f"{plan.name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.reader: threading.Thread | None = None
+        self.restarts = 0
+        self.stopped = False  # stopped by the launcher (its exit code says nothing)
+        self.next_restart_at: float | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as log:
+            log.write(f"--- start: {' '.join(self.plan.command)}\n")
+        self.proc = spawn(
+            self.plan.command,
+            subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.plan.env},
+        )
+        self.reader = threading.Thread(target=self._pump, daemon=True, name=f"log-{self.name}")
+        self.reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with open(self.log_path, "ab") as log:
+            for raw in self.proc.stdout:
+                log.write(raw)
+                log.flush()
+                self.sink(self, raw.decode(errors="replace").rstrip("\n"))
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def stop(self, grace_s: float, first: int = signal.SIGTERM) -> int | None:
+        if self.proc is None:
+            return None
+        self.stopped = self.proc.poll() is None
+        code = stop_group(self.proc, grace_s, first)
+        if self.reader is not None:
+            self.reader.join(timeout=5)
+        return code
+
+    def schedule_restart(self) -> float:
+        """Back-off before the next restart: 1, 2, 4, ... seconds (at most 30)."""
+        delay = min(30.0, 2.0**self.restarts)
+        self.next_restart_at = time.monotonic() + delay
+        return delay
+
+    def restart_due(self) -> bool:
+        return self.next_restart_at is not None and time.monotonic() >= self.next_restart_at
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.next_restart_at = None
+        self.start()
+
+    def tail(self, lines: int = 15) -> str:
+        return log_tail(self.log_path, lines)

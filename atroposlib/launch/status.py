@@ -1,0 +1,82 @@
+"""The live status line of a run, read from what the processes already publish.
+
+Sources: the API's `/status` (step, queue) and `/metrics` (groups received,
+for groups/s), and the trainer's metrics jsonl (recent mean score). Reading
+never raises: a process that is starting or gone just leaves a field blank.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+GROUPS_RECEIVED = re.compile(r"^atropos_groups_received_total\s+([0-9.eE+-]+)$", re.MULTILINE)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written
+    return rows
+
+
+@dataclass
+class Snapshot:
+    step: int | None = None
+    total: int = 0
+    queue: int | None = None
+    recent_score: float | None = None
+    groups_per_s: float | None = None
+    engine_restarts: int = 0
+    env_restarts: int = 0
+
+    def line(self) -> str:
+        def show(value, fmt: str) -> str:
+            return "-" if value is None else format(value, fmt)
+
+        return (
+            f"step {show(self.step, 'd')}/{self.total} | queue {show(self.queue, 'd')} groups | "
+            f"score(last 10) {show(self.recent_score, '.3f')} | "
+            f"{show(self.groups_per_s, '.1f')} groups/s | engine restarts {self.engine_restarts}"
+            + (f" | env restarts {self.env_restarts}" if self.env_restarts else "")
+        )
+
+
+class StatusReader:
+    def __init__(self, api_url: str, metrics_path: Path, total_steps: int) -> None:
+        self.http = httpx.Client(base_url=api_url, timeout=1.0)
+        self.metrics_path = metrics_path
+        self.total = total_steps
+        self.last_count: tuple[float, float] | None = None  # (time, groups received)
+
+    def read(self, engine_restarts: int, env_restarts: int) -> Snapshot:
+        snap = Snapshot(total=self.total, engine_restarts=engine_restarts)
+        snap.env_restarts = env_restarts
+        try:
+            status = self.http.get("/status").json()
+            snap.step, snap.queue = status.get("current_step"), status.get("queue_size")
+            found = GROUPS_RECEIVED.search(self.http.get("/metrics").text)
+            if found:
+                now, count = time.monotonic(), float(found.group(1))
+                if self.last_count and now > self.last_count[0]:
+                    snap.groups_per_s = (count - self.last_count[1]) / (now - self.last_count[0])
+                self.last_count = (now, count)
+        except (httpx.HTTPError, ValueError):
+            pass
+        scores = [r["score_mean"] for r in read_metrics(self.metrics_path) if "score_mean" in r]
+        if scores:
+            snap.recent_score = sum(scores[-10:]) / len(scores[-10:])
+        return snap
+
+    def close(self) -> None:
+        self.http.close()

@@ -1,0 +1,97 @@
+"""Config mistakes fail fast, before anything starts, with a message naming the problem."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from atroposlib.cli.launch import main
+from atroposlib.launch.config import load_config, plan
+from tests.launch.conftest import REPO, launch_config, write_config
+
+
+def run_main(tmp_path, config, capsys) -> tuple[int, str]:
+    path = write_config(tmp_path / "c.yaml", config)
+    code = main([str(path), "--dry-run"])
+    return code, capsys.readouterr().err
+
+
+def test_unknown_top_level_key(tmp_path, capsys):
+    code, err = run_main(tmp_path, {**launch_config(tmp_path / "r"), "enviroments": []}, capsys)
+    assert code == 2 and "unknown key 'enviroments'" in err
+
+
+def test_unknown_trainer_flag(tmp_path, capsys):
+    config = launch_config(tmp_path / "r")
+    config["trainer"]["args"]["learning_rate"] = 0.1
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and "unknown key 'trainer.args.learning_rate'" in err
+
+
+def test_bad_trainer_value(tmp_path, capsys):
+    config = launch_config(tmp_path / "r")
+    config["trainer"]["args"]["batch_size"] = 0
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and "batch_size" in err
+
+
+def test_missing_script(tmp_path, capsys):
+    config = launch_config(tmp_path / "r", environments=[{"script": "nowhere/env.py"}])
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and "environment script not found: nowhere/env.py" in err
+
+
+def test_port_in_use(tmp_path, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = launch_config(tmp_path / "r", api={"port": port})
+        code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and f"port {port} (api) is already in use" in err
+
+
+def test_missing_file_and_bad_yaml(tmp_path, capsys):
+    assert main([str(tmp_path / "absent.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+    (tmp_path / "bad.yaml").write_text("model: [unclosed\n")
+    assert main([str(tmp_path / "bad.yaml")]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_plan_shares_one_url_and_model_with_every_process(tmp_path):
+    config = launch_config(tmp_path / "run")
+    config["environments"][0]["copies"] = 2
+    resolved = plan(load_config(write_config(tmp_path / "c.yaml", config)), tmp_path / "c.yaml")
+    trainer = resolved.trainer.command
+    engine_url = f"http://127.0.0.1:{trainer[trainer.index('--vllm-port') + 1]}"
+    assert trainer[trainer.index("--atropos-url") + 1] == resolved.api_url
+    assert [e.name for e in resolved.environments] == ["arith_env-1", "arith_env-2"]
+    for env in resolved.environments:
+        command = env.command
+        assert command[command.index("--openai.base_url") + 1] == f"{engine_url}/v1"
+        assert command[command.index("--env.rollout_server_url") + 1] == resolved.api_url
+        assert command[command.index("--env.tokenizer_name") + 1] == resolved.model
+        assert env.env["ATROPOS_ENV_STATE_DIR"].startswith(str(tmp_path / "run"))
+    assert trainer[trainer.index("--model-name") + 1] == resolved.model
+
+
+def test_exit_code_from_the_command_line(tmp_path):
+    path = write_config(tmp_path / "c.yaml", {"model": "tiny"})
+    done = subprocess.run(
+        [sys.executable, "-m", "atroposlib.cli.launch", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 2
+    assert "environments: Field required" in done.stderr
+
+
+@pytest.mark.parametrize("shipped", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_are_valid(shipped):
+    config = load_config(shipped)
+    assert config.environments

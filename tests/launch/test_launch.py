@@ -1,0 +1,88 @@
+"""`atropos-launch` end to end on CPU: start, supervise, stop, report, leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from atroposlib.launch.status import read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+def trained_steps(run_dir) -> int:
+    return len(read_metrics(run_dir / "checkpoints" / "metrics.jsonl"))
+
+
+def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
+    from tests.launch.conftest import launch_config
+
+    run_dir = tmp_path / "run"
+    run = launch(launch_config(run_dir, steps=4))
+    assert run.wait(300) == 0, run.output()[-4000:]
+    out = run.output()
+    for name in ("api", "trainer", "arith_env"):
+        assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0
+        assert f"{name} " in out  # prefixed lines streamed to the console
+    assert (run_dir / "checkpoints" / "step-2" / "model.safetensors").exists()
+    assert (run_dir / "checkpoints" / "step-4" / "trainer_state.pt").exists()
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (run_dir / "report.html").read_text()
+    assert "data:image/png;base64," in page and "What is" in page  # plot and rollouts
+    assert "Sample rollouts: end of training" in page
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
+    assert f"[launch] report: {run_dir / 'report.html'}" in out
+    assert run.seen, "the launcher started no processes"
+    assert run.leftovers() == [], "processes outlived the launcher"
+
+
+def test_a_killed_environment_is_restarted_and_the_run_completes(launch, tmp_path):
+    from tests.launch.conftest import launch_config
+
+    run_dir = tmp_path / "run"
+    config = launch_config(run_dir, steps=8)
+    config["trainer"]["args"]["vllm_restart_interval"] = 100
+    run = launch(config)
+    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 2) is None
+    os.kill(run.child_pid("arith_env.py"), signal.SIGKILL)
+    assert run.wait(300) == 0, run.output()[-4000:]
+    out = run.output()
+    assert "arith_env crashed with exit code -9; restarting" in out
+    assert "restarting arith_env (restart 1/3)" in out
+    assert trained_steps(run_dir) == 8
+    assert run.leftovers() == []
+
+
+def test_a_killed_api_stops_the_run_with_a_summary(launch, tmp_path):
+    from tests.launch.conftest import launch_config
+
+    run_dir = tmp_path / "run"
+    config = launch_config(run_dir, steps=50)
+    config["trainer"]["args"]["vllm_restart_interval"] = 100
+    run = launch(config)
+    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 1) is None
+    os.kill(run.child_pid("atroposlib.cli.run_api"), signal.SIGKILL)
+    assert run.wait(120) == 1
+    out = run.output()
+    assert "api exited with code -9" in out
+    assert f"last lines of {run_dir / 'logs' / 'api.log'}" in out.replace("\n", "")
+    assert run.leftovers() == []
+
+
+def test_ctrl_c_stops_everything_and_the_trainer_checkpoints(launch, tmp_path):
+    from tests.launch.conftest import launch_config
+
+    run_dir = tmp_path / "run"
+    config = launch_config(run_dir, steps=50)
+    config["trainer"]["args"]["vllm_restart_interval"] = 100
+    run = launch(config)
+    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 2) is None
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(120) == 130
+    assert list((run_dir / "checkpoints").glob("step-*")), "no final checkpoint on Ctrl-C"
+    assert (run_dir / "report.html").exists()
+    assert run.leftovers() == []
