@@ -48,7 +48,9 @@ def main(model_dir: str, out: str, grad_accum: int) -> None:
     trainer = Trainer(config)
     metrics = trainer.accumulate_gradients(fixed_batch(trainer.model.config.vocab_size))
     if trainer.parallel.is_main:
-        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        grads = {
+            n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None
+        }
         torch.save({"grads": grads, "metrics": metrics}, out)
     trainer.parallel.close()
 
