@@ -5,7 +5,8 @@ pull a batch, train one step (micro-batches packed by length, loss in
 `loss.py`), and every `--vllm-restart-interval` steps save a checkpoint and
 restart the engine from it, so environments sample from the current policy.
 An engine that dies is restarted from the latest checkpoint; Ctrl-C writes a
-final checkpoint and stops the engine.
+final checkpoint and stops the engine. Under torchrun, rank 0 alone does the
+talking (API, engine, checkpoints, metrics); see `distributed.py`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Install atroposlib into .venv and start the main job.
-# Today the main job is the trajectory API; the whole CPU RL loop replaces it
-# once `atropos-launch` exists.
+# The main job: install atroposlib (CPU torch) into .venv and run the whole RL
+# loop on this CPU with `atropos-launch configs/quickstart_cpu.yaml`: the
+# trajectory API, the mod-10 arithmetic environment, the CPU inference engine
+# and the GRPO trainer on the project's tiny model (built locally if missing).
+# Extra arguments go to atropos-launch (e.g. --run-dir runs/mine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
+[ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
-pip install -q --upgrade pip
-pip install -q -e .
-exec run-api "$@"
+pip install -q --disable-pip-version-check --upgrade pip
+# torch first and pinned: the CPU build on local disk (an unpinned torch pulls a CUDA build)
+pip install -q --disable-pip-version-check torch==2.13.0
+pip install -q --disable-pip-version-check -e '.[inference,trainer]'
+exec atropos-launch configs/quickstart_cpu.yaml "$@"

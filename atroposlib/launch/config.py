@@ -215,6 +215,8 @@ def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
     base = Path(config_path).resolve().parent
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(config.run_dir or f"runs/{Path(config_path).stem}-{stamp}").resolve()
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"run directory {run_dir} already holds a run; pick another run_dir")
     taken: set[int] = set()
     api_port = _port(config.api.port, "api", taken)
     api_url = f"http://127.0.0.1:{api_port}"

@@ -95,3 +95,10 @@ def test_exit_code_from_the_command_line(tmp_path):
 def test_shipped_configs_are_valid(shipped):
     config = load_config(shipped)
     assert config.environments
+
+
+def test_an_existing_run_directory_is_not_reused(tmp_path, capsys):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "metrics.jsonl").write_text("{}\n")
+    code, err = run_main(tmp_path, launch_config(tmp_path / "r"), capsys)
+    assert code == 2 and "already holds a run" in err

@@ -17,6 +17,17 @@ def trained_steps(run_dir) -> int:
     return len(read_metrics(run_dir / "checkpoints" / "metrics.jsonl"))
 
 
+def long_run(launch, run_dir, until_steps: int, steps: int = 50):
+    """A run of `steps` (no engine restarts), once the trainer has done `until_steps`."""
+    from tests.launch.conftest import launch_config
+
+    config = launch_config(run_dir, steps=steps)
+    config["trainer"]["args"]["vllm_restart_interval"] = 100
+    run = launch(config)
+    assert run.wait(240, until=lambda: trained_steps(run_dir) >= until_steps) is None
+    return run
+
+
 def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
     from tests.launch.conftest import launch_config
 
@@ -41,13 +52,8 @@ def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
 
 
 def test_a_killed_environment_is_restarted_and_the_run_completes(launch, tmp_path):
-    from tests.launch.conftest import launch_config
-
     run_dir = tmp_path / "run"
-    config = launch_config(run_dir, steps=8)
-    config["trainer"]["args"]["vllm_restart_interval"] = 100
-    run = launch(config)
-    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 2) is None
+    run = long_run(launch, run_dir, until_steps=2, steps=8)
     os.kill(run.child_pid("arith_env.py"), signal.SIGKILL)
     assert run.wait(300) == 0, run.output()[-4000:]
     out = run.output()
@@ -58,13 +64,8 @@ def test_a_killed_environment_is_restarted_and_the_run_completes(launch, tmp_pat
 
 
 def test_a_killed_api_stops_the_run_with_a_summary(launch, tmp_path):
-    from tests.launch.conftest import launch_config
-
     run_dir = tmp_path / "run"
-    config = launch_config(run_dir, steps=50)
-    config["trainer"]["args"]["vllm_restart_interval"] = 100
-    run = launch(config)
-    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 1) is None
+    run = long_run(launch, run_dir, until_steps=1)
     os.kill(run.child_pid("atroposlib.cli.run_api"), signal.SIGKILL)
     assert run.wait(120) == 1
     out = run.output()
@@ -74,13 +75,8 @@ def test_a_killed_api_stops_the_run_with_a_summary(launch, tmp_path):
 
 
 def test_ctrl_c_stops_everything_and_the_trainer_checkpoints(launch, tmp_path):
-    from tests.launch.conftest import launch_config
-
     run_dir = tmp_path / "run"
-    config = launch_config(run_dir, steps=50)
-    config["trainer"]["args"]["vllm_restart_interval"] = 100
-    run = launch(config)
-    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 2) is None
+    run = long_run(launch, run_dir, until_steps=2)
     run.proc.send_signal(signal.SIGINT)
     assert run.wait(120) == 130
     assert list((run_dir / "checkpoints").glob("step-*")), "no final checkpoint on Ctrl-C"
