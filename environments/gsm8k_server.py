@@ -26,10 +26,9 @@ from pydantic import Field
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
+from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
 
-SYSTEM_PROMPT = (
-    "Solve the problem step by step, then give the final number as \\boxed{ANSWER}."
-)
+SYSTEM_PROMPT = "Solve the problem step by step, then give the final number as \\boxed{ANSWER}."
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 BOXED = re.compile(r"\\boxed\{([^}]*)\}")
 
@@ -127,16 +126,12 @@ class GSM8KEnv(BaseEnv):
                 temperature=self.config.temperature,
             )
             nodes = managed.get_state()["nodes"]
-        group = {
-            "tokens": [n.tokens for n in nodes],
-            "masks": [n.masked_tokens for n in nodes],
-            "scores": [score(c.message.content or "", reference) for c in chat.choices],
-            "inference_logprobs": [n.logprobs for n in nodes],
-            "messages": [
-                messages + [{"role": "assistant", "content": c.message.content}]
-                for c in chat.choices
-            ],
-        }
+        group = group_from_chat(
+            messages,
+            chat.choices,
+            nodes,
+            [score(c.message.content or "", reference) for c in chat.choices],
+        )
         return group, []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
@@ -148,7 +143,9 @@ class GSM8KEnv(BaseEnv):
                 temperature=0.0,
                 split="eval",
             )
-            correct += score(chat.choices[0].message.content or "", reference_answer(item["answer"]))
+            correct += score(
+                chat.choices[0].message.content or "", reference_answer(item["answer"])
+            )
         self.evaluate_log({"eval/accuracy": correct / max(1, len(self.test))})
 
 

@@ -52,3 +52,10 @@ class TrajectoryAPI:
         except httpx.HTTPError as exc:
             logger.warning("/batch failed: %s", exc)
             return None
+
+    def status(self) -> dict[str, Any] | str:
+        """The API's /status, or why it could not be read (for "still waiting" notes)."""
+        try:
+            return self.http.get("/status").json()
+        except (httpx.HTTPError, ValueError) as exc:
+            return f"unreachable ({exc})"

@@ -169,11 +169,20 @@ class Trainer:
     # -------------------------------------------------------------- train
     def wait_for_batch(self, api: TrajectoryAPI) -> tuple[list[dict[str, Any]], float]:
         started, delay = time.perf_counter(), 0.05
+        next_note = started + 30
         while True:
             self.ensure_engine()
             batch = api.batch()
             if batch:
                 return batch, time.perf_counter() - started
+            if time.perf_counter() >= next_note:
+                next_note += 30
+                logger.warning(
+                    "no batch for %.0fs at step %d; API status: %s",
+                    time.perf_counter() - started,
+                    self.step,
+                    api.status(),
+                )
             time.sleep(delay)
             delay = min(delay * 2, self.config.batch_poll_s)
 

@@ -48,7 +48,13 @@ def add_model_flags(
         default = getattr(defaults, name) if defaults is not None else field.default
         if hasattr(default, "value"):  # enums
             default = default.value
-        help_text = f"{field.description or ''} (default: {default!r})"
+        if field.is_required() and defaults is None:
+            shown = " (required)"
+        elif default is None or "default" in (field.description or "").lower():
+            shown = ""  # None says nothing; a description that names its default says it better
+        else:
+            shown = f" (default: {default!r})"
+        help_text = f"{field.description or ''}{shown}"
         dest = prefix + name
         if _is_bool(field.annotation):
             parser.add_argument(

@@ -50,6 +50,7 @@ class TrajectoryClient:
         existing = sorted(self.spool.glob("*.json"))
         self._next = int(existing[-1].stem) + 1 if existing else 0
         self._wake = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
         self._flusher: asyncio.Task | None = None
         if existing:
             logger.info("%d undelivered groups in %s will be sent first", len(existing), self.spool)
@@ -119,11 +120,16 @@ class TrajectoryClient:
                 await self._wake.wait()
 
     async def flush(self) -> None:
-        """Deliver every spooled record, oldest first; returns when the spool is empty."""
-        for path in sorted(self.spool.glob("*.json")):
-            record = json.loads(path.read_text())
-            await self._deliver(record)
-            path.unlink()
+        """Deliver every spooled record, oldest first; returns when the spool is empty.
+
+        One flush at a time (the background flusher and `close` both call it), so
+        no record is delivered twice or unlinked by the other.
+        """
+        async with self._flush_lock:
+            for path in sorted(self.spool.glob("*.json")):
+                record = json.loads(path.read_text())
+                await self._deliver(record)
+                path.unlink()
 
     async def _deliver(self, record: dict[str, Any]) -> None:
         body = json.dumps(record["payload"]).encode()

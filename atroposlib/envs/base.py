@@ -182,7 +182,8 @@ class BaseEnv(ABC):
 
     def _drop(self, reason: str, detail: str = "") -> None:
         self.stats[f"dropped_{reason}"] += 1
-        logger.info("group dropped (%s)%s", reason, f": {detail}" if detail else "")
+        # counted in stats (and logged each step); one line per group would flood the log
+        logger.debug("group dropped (%s)%s", reason, f": {detail}" if detail else "")
 
     async def handle_send_to_api(
         self,

@@ -133,10 +133,11 @@ class EnvRuntime:
             if status is None:
                 break
             env.curr_step = status["current_step"]
-            await self._evaluate_and_checkpoint()
             queued_batches = (
                 status["queue_size"] * env.config.group_size / max(1, env.config.batch_size)
             )
+            # checked before evaluating: at the end the trainer may already have
+            # stopped the engine that an evaluation would wait on
             if env.curr_step + queued_batches >= env.config.total_steps:
                 logger.info(
                     "trainer step %d + queued work reached total_steps %d; done",
@@ -144,6 +145,7 @@ class EnvRuntime:
                     env.config.total_steps,
                 )
                 break
+            await self._evaluate_and_checkpoint()
             budget = self._worker_budget(status)
             self._cancel_surplus(budget)
             await self._start_workers(budget)
@@ -226,7 +228,7 @@ class EnvRuntime:
         if config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
             self.eval_blocking = True
             try:
-                await self._guarded_evaluate()
+                await self._until_stopped(self._guarded_evaluate())
             finally:
                 self.eval_blocking = False
         else:

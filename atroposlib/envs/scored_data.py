@@ -67,3 +67,24 @@ def stack_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
     if overrides:
         group["group_overrides"] = overrides
     return group
+
+
+def group_from_chat(
+    messages: list[dict[str, str]], choices: list[Any], nodes: list[Any], scores: list[float]
+) -> ScoredDataGroup:
+    """The usual group of one prompt's samples through `ManagedServer`.
+
+    `nodes` (from `managed.get_state()["nodes"]`) carry the token ids, masks and
+    sampling logprobs aligned with `choices`; each conversation ends with its
+    sample as the assistant turn.
+    """
+    return {
+        "tokens": [node.tokens for node in nodes],
+        "masks": [node.masked_tokens for node in nodes],
+        "scores": list(scores),
+        "inference_logprobs": [node.logprobs for node in nodes],
+        "messages": [
+            messages + [{"role": "assistant", "content": choice.message.content}]
+            for choice in choices
+        ],
+    }

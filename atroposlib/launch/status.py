@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+RATE_WINDOW_S = 10.0
 GROUPS_RECEIVED = re.compile(r"^atropos_groups_received_total\s+([0-9.eE+-]+)$", re.MULTILINE)
 
 
@@ -57,7 +59,8 @@ class StatusReader:
         self.http = httpx.Client(base_url=api_url, timeout=1.0)
         self.metrics_path = metrics_path
         self.total = total_steps
-        self.last_count: tuple[float, float] | None = None  # (time, groups received)
+        # (time, groups received) over the last RATE_WINDOW_S: groups arrive in bursts
+        self.counts: deque[tuple[float, float]] = deque()
 
     def read(self, engine_restarts: int, env_restarts: int) -> Snapshot:
         snap = Snapshot(total=self.total, engine_restarts=engine_restarts)
@@ -67,10 +70,13 @@ class StatusReader:
             snap.step, snap.queue = status.get("current_step"), status.get("queue_size")
             found = GROUPS_RECEIVED.search(self.http.get("/metrics").text)
             if found:
-                now, count = time.monotonic(), float(found.group(1))
-                if self.last_count and now > self.last_count[0]:
-                    snap.groups_per_s = (count - self.last_count[1]) / (now - self.last_count[0])
-                self.last_count = (now, count)
+                now = time.monotonic()
+                self.counts.append((now, float(found.group(1))))
+                while now - self.counts[0][0] > RATE_WINDOW_S:
+                    self.counts.popleft()
+                (first_t, first_n), (last_t, last_n) = self.counts[0], self.counts[-1]
+                if last_t > first_t:
+                    snap.groups_per_s = (last_n - first_n) / (last_t - first_t)
         except (httpx.HTTPError, ValueError):
             pass
         scores = [r["score_mean"] for r in read_metrics(self.metrics_path) if "score_mean" in r]

@@ -9,10 +9,16 @@ kit builds one from scratch in seconds:
 - a Llama-architecture causal LM of ~0.25M parameters (head_dim 32, which vLLM's
   CPU attention supports; not Qwen2, whose model_type makes transformers swap
   in a different tokenizer class);
-- a short training run on generated ChatML arithmetic conversations, so that
-  samples are well-formed conversations rather than noise. Answers in the
-  corpus are right only part of the time, which leaves the model something to
-  learn by RL.
+- training in two phases on generated ChatML conversations ("What is a + b
+  mod 10?"). Plain next-token training on a corpus that is right 30% of the
+  time never makes a model this small read the question: it learns the
+  answer *format* and a question-blind guess (10% right). So phase 1
+  (teach) trains on right answers, with an extra loss on the answer token,
+  until the model answers right with p > 0.9; phase 2 (dilute) goes on at a
+  low learning rate on the 30%-right corpus until p(right) falls to
+  `start_accuracy`. The result reads the question, is right about a third of
+  the time when sampled, and has a real, learnable preference left for RL to
+  sharpen (the CPU quickstart takes it from ~0.3 to ~0.6 in 100 steps).
 
 Both are saved with `save_pretrained` and reload offline with
 `AutoTokenizer` / `AutoModelForCausalLM`. The build is deterministic for a seed
@@ -38,7 +44,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
-KIT_VERSION = 1
+KIT_VERSION = 2
 
 
 class TinyModelSpec(BaseModel):
@@ -50,7 +56,15 @@ class TinyModelSpec(BaseModel):
     num_layers: int = Field(2, ge=1, description="Decoder layers.")
     intermediate_size: int = Field(256, description="MLP width.")
     max_position_embeddings: int = Field(512, description="Longest sequence the model accepts.")
-    train_steps: int = Field(300, ge=0, description="Optimizer steps on the generated corpus.")
+    teach_steps: int = Field(
+        6000, ge=0, description="Most steps of phase 1 (right answers + answer-token loss)."
+    )
+    train_steps: int = Field(
+        3000, ge=0, description="Most steps of phase 2 (the corpus, right correct_fraction of it)."
+    )
+    start_accuracy: float = Field(
+        0.35, ge=0.0, le=1.0, description="Phase 2 stops once p(right answer) falls below this."
+    )
     corpus_size: int = Field(4000, ge=10, description="Generated conversations.")
     correct_fraction: float = Field(
         0.3, ge=0.0, le=1.0, description="Share of corpus answers that are right."
@@ -67,12 +81,15 @@ def arithmetic_question(rng: random.Random) -> tuple[str, str]:
     return f"What is {a} + {b} mod 10?", str((a + b) % 10)
 
 
-def generate_corpus(spec: TinyModelSpec) -> Iterator[list[dict[str, str]]]:
+def generate_corpus(
+    spec: TinyModelSpec, correct_fraction: float | None = None
+) -> Iterator[list[dict[str, str]]]:
     """ChatML conversations: a system line, an arithmetic question, a one-digit answer."""
     rng = random.Random(spec.seed)
+    right = spec.correct_fraction if correct_fraction is None else correct_fraction
     for _ in range(spec.corpus_size):
         question, answer = arithmetic_question(rng)
-        if rng.random() >= spec.correct_fraction:
+        if rng.random() >= right:
             answer = str(rng.randrange(10))
         yield [
             {"role": "system", "content": "Answer with one digit."},
@@ -151,10 +168,8 @@ def _render(conversation: list[dict[str, str]]) -> str:
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
 
 
-def _train(
-    model, tokenizer, conversations: list[list[dict[str, str]]], spec: TinyModelSpec
-) -> None:
-    """Next-token training on whole conversations; a few seconds on one CPU thread."""
+def _encode(tokenizer, conversations: list[list[dict[str, str]]]):
+    """Padded ids, LM labels, and the position of each answer digit."""
     import torch
 
     rows = [tokenizer(_render(conv))["input_ids"] for conv in conversations]
@@ -163,16 +178,88 @@ def _train(
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.tensor(row)
-    labels = ids.masked_fill(ids == pad, -100)
+    answer_at = torch.tensor([len(r) - 3 for r in rows])  # digit, <|im_end|>, newline
+    return ids, ids.masked_fill(ids == pad, -100), answer_at
+
+
+class AnswerProbe:
+    """Mean probability of the right digit over all 100 questions (no sampling)."""
+
+    def __init__(self, tokenizer) -> None:
+        import torch
+
+        pairs = [(a, b) for a in range(10) for b in range(10)]
+        prompts = [
+            tokenizer.apply_chat_template(
+                [
+                    {"role": "system", "content": "Answer with one digit."},
+                    {"role": "user", "content": f"What is {a} + {b} mod 10?"},
+                ],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            for a, b in pairs
+        ]
+        self.ids = torch.tensor(tokenizer(prompts, add_special_tokens=False)["input_ids"])
+        digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+        self.right = torch.tensor([digits[(a + b) % 10] for a, b in pairs])
+
+    def __call__(self, model) -> float:
+        import torch
+
+        model.eval()
+        with torch.no_grad():
+            probs = torch.softmax(model(self.ids).logits[:, -1], -1)
+        model.train()
+        return float(probs[torch.arange(len(self.right)), self.right].mean())
+
+
+def _train(
+    model, tokenizer, conversations: list[list[dict[str, str]]], spec: TinyModelSpec
+) -> None:
+    """Teach, then dilute (see the module docstring); a few minutes on one CPU thread."""
+    import torch
+    import torch.nn.functional as F
+    from tqdm.auto import tqdm
+
     generator = torch.Generator().manual_seed(spec.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    probe = AnswerProbe(tokenizer)
+    bar = tqdm(total=spec.teach_steps, desc="tiny model: teach", unit="step", leave=False)
     model.train()
-    for _ in range(spec.train_steps):
-        pick = torch.randint(len(rows), (32,), generator=generator)
+    ids, labels, answer_at = _encode(tokenizer, list(generate_corpus(spec, correct_fraction=1.0)))
+    rows = torch.arange(32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    for step in range(1, spec.teach_steps + 1):
+        pick = torch.randint(len(ids), (32,), generator=generator)
+        out = model(input_ids=ids[pick], labels=labels[pick])
+        answer_logits = out.logits[rows, answer_at[pick] - 1]
+        loss = out.loss + F.cross_entropy(answer_logits, ids[pick, answer_at[pick]])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        bar.update()
+        if step % 250 == 0:
+            right = probe(model)
+            bar.set_postfix(p_right=f"{right:.2f}")
+            if right > 0.9:
+                break
+    bar.close()
+    bar = tqdm(total=spec.train_steps, desc="tiny model: dilute", unit="step", leave=False)
+    ids, labels, _ = _encode(tokenizer, conversations)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.0)
+    for step in range(1, spec.train_steps + 1):
+        pick = torch.randint(len(ids), (32,), generator=generator)
         loss = model(input_ids=ids[pick], labels=labels[pick]).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        bar.update()
+        if step % 25 == 0:
+            right = probe(model)
+            bar.set_postfix(p_right=f"{right:.2f}")
+            if right < spec.start_accuracy:
+                break
+    bar.close()
     model.eval()
 
 

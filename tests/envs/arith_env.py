@@ -15,6 +15,7 @@ from pydantic import Field
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
+from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
 from atroposlib.utils.tiny_model import ensure_tiny_model  # noqa: E402
 
 SYSTEM = "Answer with one digit."
@@ -65,16 +66,12 @@ class ArithEnv(BaseEnv):
             )
             nodes = managed.get_state()["nodes"]
         answer = str((item["a"] + item["b"]) % 10)
-        group = {
-            "tokens": [n.tokens for n in nodes],
-            "masks": [n.masked_tokens for n in nodes],
-            "scores": [float(c.message.content.strip() == answer) for c in chat.choices],
-            "inference_logprobs": [n.logprobs for n in nodes],
-            "messages": [
-                messages + [{"role": "assistant", "content": c.message.content}]
-                for c in chat.choices
-            ],
-        }
+        group = group_from_chat(
+            messages,
+            chat.choices,
+            nodes,
+            [float(c.message.content.strip() == answer) for c in chat.choices],
+        )
         return group, []
 
     async def evaluate(self, *args, **kwargs):

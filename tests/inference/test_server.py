@@ -97,12 +97,14 @@ def test_text_prompts_batch_and_stop_strings(client):
         n=2,
     )
     assert len(response.choices) == 4 and [c.index for c in response.choices] == [0, 1, 2, 3]
-    full = client.completions.create(model="tiny", prompt="What is", max_tokens=10, temperature=0)
+    # a system turn and an open next turn: greedy continues with a whole user question
+    prompt = "<|im_start|>system\nAnswer with one digit.<|im_end|>\n<|im_start|>"
+    full = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0)
     text = full.choices[0].text
-    assert len(text) > 2
-    stop = text[1:3]
+    assert len(text) > 4
+    stop = text[2:4]
     cut = client.completions.create(
-        model="tiny", prompt="What is", max_tokens=10, temperature=0, stop=[stop]
+        model="tiny", prompt=prompt, max_tokens=10, temperature=0, stop=[stop]
     )
     assert cut.choices[0].text == text[: text.find(stop)]
     assert cut.choices[0].finish_reason == "stop"

@@ -82,3 +82,40 @@ def test_ctrl_c_stops_everything_and_the_trainer_checkpoints(launch, tmp_path):
     assert list((run_dir / "checkpoints").glob("step-*")), "no final checkpoint on Ctrl-C"
     assert (run_dir / "report.html").exists()
     assert run.leftovers() == []
+
+
+def test_the_cpu_quickstart_learns(launch, tmp_path):
+    """configs/quickstart_cpu.yaml as shipped (seed 0): the late mean score beats the early one."""
+    import yaml
+
+    from tests.launch.conftest import REPO
+
+    config = yaml.safe_load((REPO / "configs" / "quickstart_cpu.yaml").read_text())
+    config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
+    config["run_dir"] = str(tmp_path / "run")
+    run = launch(config)
+    assert run.wait(600) == 0, run.output()[-4000:]
+    numbers = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert numbers["steps"] == config["trainer"]["args"]["training_steps"]
+    assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
+    assert run.leftovers() == []
+
+
+def test_a_standalone_engine_serves_the_environments(launch, tmp_path):
+    """With an `engine:` section the trainer starts none; envs sample from that engine."""
+    from tests.launch.conftest import launch_config
+
+    run_dir = tmp_path / "run"
+    config = launch_config(run_dir, steps=2)
+    config["engine"] = {"engine": "transformers", "args": ["--num-threads", "1"]}
+    run = launch(config)
+    assert run.wait(300) == 0, run.output()[-4000:]
+    commands = json.loads((run_dir / "commands.json").read_text())
+    assert "atroposlib.cli.inference_server" in " ".join(commands["engine"])
+    trainer = commands["trainer"]
+    assert trainer[trainer.index("--inference-engine") + 1] == "none"
+    engine_port = commands["engine"][commands["engine"].index("--port") + 1]
+    env = commands["arith_env"]
+    assert env[env.index("--openai.base_url") + 1] == f"http://127.0.0.1:{engine_port}/v1"
+    assert trained_steps(run_dir) == 2
+    assert run.leftovers() == []

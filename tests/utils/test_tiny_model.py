@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from atroposlib.utils.tiny_model import TinyModelSpec, build_tiny_model, ensure_tiny_model  # noqa: E402
 
-QUICK = TinyModelSpec(train_steps=15, corpus_size=200)
+QUICK = TinyModelSpec(teach_steps=10, train_steps=15, corpus_size=200)
 
 
 def load(path):
@@ -73,6 +73,8 @@ def test_command_line(tmp_path):
             "-m",
             "atroposlib.cli.make_tiny_model",
             str(tmp_path / "m"),
+            "--teach-steps",
+            "5",
             "--train-steps",
             "5",
             "--corpus-size",
