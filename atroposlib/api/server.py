@@ -15,6 +15,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
@@ -90,6 +92,16 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
 
     def reject(reason: str) -> None:
         state().counters[f"rejected_{reason}"] += 1
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = jsonable_encoder(exc.errors())
+        try:
+            return JSONResponse({"detail": detail}, status_code=422)
+        except ValueError:  # the echoed input was NaN or Infinity, which JSON cannot carry
+            drop = ("input", "ctx")
+            stripped = [{k: v for k, v in e.items() if k not in drop} for e in detail]
+            return JSONResponse({"detail": stripped}, status_code=422)
 
     @app.exception_handler(InvalidGroups)
     async def _invalid(_: Request, exc: InvalidGroups) -> JSONResponse:

@@ -206,3 +206,16 @@ def test_no_input_makes_the_server_fail(client, endpoint, payload):
         method, path, content=payload, headers={"content-type": "application/json"}
     )
     assert response.status_code < 500, (path, payload, response.text)
+
+
+@pytest.mark.parametrize("payload", [b"Infinity", b"-Infinity", b'{"batch_size": NaN}'])
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_non_finite_json_is_a_client_error(client, endpoint, payload):
+    """Python's json reads NaN/Infinity; echoing them back must not break the 422 answer."""
+    method, path = endpoint
+    response = client.request(
+        method, path, content=payload, headers={"content-type": "application/json"}
+    )
+    assert response.status_code < 500, (path, payload, response.text)
+    if response.status_code == 422:
+        assert response.json()["detail"]
