@@ -14,7 +14,8 @@ kit builds one from scratch in seconds:
   time never makes a model this small read the question: it learns the
   answer *format* and a question-blind guess (10% right). So phase 1
   (teach) trains on right answers, with an extra loss on the answer token,
-  until the model answers right with p > 0.9; phase 2 (dilute) goes on at a
+  for `teach_steps` (or until p(right) > 0.9; with the defaults it ends near
+  0.7); phase 2 (dilute) goes on at a
   low learning rate on the 30%-right corpus until p(right) falls to
   `start_accuracy`. The result reads the question, is right about a third of
   the time when sampled, and has a real, learnable preference left for RL to
@@ -45,6 +46,8 @@ CHAT_TEMPLATE = (
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 KIT_VERSION = 2
+# progress on a terminal only: piped into a log, a bar is thousands of lines
+PROGRESS = {"unit": "step", "leave": False, "disable": None, "mininterval": 1.0}
 
 
 class TinyModelSpec(BaseModel):
@@ -224,7 +227,7 @@ def _train(
 
     generator = torch.Generator().manual_seed(spec.seed)
     probe = AnswerProbe(tokenizer)
-    bar = tqdm(total=spec.teach_steps, desc="tiny model: teach", unit="step", leave=False)
+    bar = tqdm(total=spec.teach_steps, desc="tiny model: teach", **PROGRESS)
     model.train()
     ids, labels, answer_at = _encode(tokenizer, list(generate_corpus(spec, correct_fraction=1.0)))
     rows = torch.arange(32)
@@ -244,7 +247,7 @@ def _train(
             if right > 0.9:
                 break
     bar.close()
-    bar = tqdm(total=spec.train_steps, desc="tiny model: dilute", unit="step", leave=False)
+    bar = tqdm(total=spec.train_steps, desc="tiny model: dilute", **PROGRESS)
     ids, labels, _ = _encode(tokenizer, conversations)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.0)
     for step in range(1, spec.train_steps + 1):

@@ -173,6 +173,10 @@ class APIServer(ABC):
                 except Exception as exc:
                     self.attempts_failed += 1
                     if is_unreachable(exc):
+                        if self.server_healthy:  # once per outage, not once per request
+                            logger.warning(
+                                "inference server %s unreachable: %s", self.config.base_url, exc
+                            )
                         self.server_healthy = False  # the manager routes elsewhere
                         raise
                     if attempt == self.max_attempts or not is_retryable(exc):

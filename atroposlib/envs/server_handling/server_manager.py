@@ -174,7 +174,7 @@ class ServerManager:
             except Exception as exc:
                 if not is_unreachable(exc):
                     raise
-                logger.warning("inference server %s unreachable: %s", server.config.base_url, exc)
+                logger.debug("inference server %s unreachable: %s", server.config.base_url, exc)
                 if any(s.server_healthy for s in self.servers):
                     continue
                 if asyncio.get_running_loop().time() > deadline:
