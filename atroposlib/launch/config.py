@@ -204,8 +204,11 @@ def flags(values: dict[str, Any], prefix: str = "--", dashes: bool = True) -> li
 def resolve_model(model: str) -> str:
     """'tiny' is the locally built tiny model (built if missing); anything else is as given."""
     if model == TINY_MODEL:
-        from atroposlib.utils.tiny_model import ensure_tiny_model
+        from atroposlib.utils.tiny_model import TinyModelSpec, default_cache_dir, ensure_tiny_model
 
+        target = default_cache_dir() / TinyModelSpec().cache_key()
+        if not (target / "config.json").exists():
+            print(f"[launch] building the tiny model once into {target} (about 3 minutes)", flush=True)
         return str(ensure_tiny_model())
     return model
 
