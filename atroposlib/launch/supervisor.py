@@ -113,14 +113,14 @@ class Launcher:
 
     def _start_all(self) -> None:
         self._start(self.api)
-        self._wait_healthy(self.api, self.api.plan.health_url, self.api)
+        self._wait_healthy("api", self.api.plan.health_url, self.api)
         if self.engine is not None:
             self._start(self.engine)
-            self._wait_healthy(self.engine, self.engine.plan.health_url, self.engine)
+            self._wait_healthy("engine", self.engine.plan.health_url, self.engine)
         self._start(self.trainer)
         if self.trainer.plan.health_url:
             self.say("waiting for the trainer's inference engine")
-            self._wait_healthy(self.trainer, self.trainer.plan.health_url, self.trainer)
+            self._wait_healthy("the trainer's engine", self.trainer.plan.health_url, self.trainer)
         for env in self.environments:
             self._start(env)
 
@@ -128,19 +128,19 @@ class Launcher:
         self.say(f"starting {child.name}")
         child.start()
 
-    def _wait_healthy(self, child: Child, url: str, watched: Child) -> None:
+    def _wait_healthy(self, label: str, url: str, watched: Child) -> None:
         deadline = time.monotonic() + self.plan.config.health_timeout_s
         while time.monotonic() < deadline:
             if not watched.alive():
                 raise RunFailed(watched, f"exited with code {watched.returncode} while starting")
             try:
                 if httpx.get(url, timeout=2).status_code == 200:
-                    self.say(f"{child.name} is healthy ({url})")
+                    self.say(f"{label} is healthy ({url})")
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
-        raise RunFailed(child, f"not healthy at {url} after {self.plan.config.health_timeout_s}s")
+        raise RunFailed(watched, f"not healthy at {url} after {self.plan.config.health_timeout_s}s")
 
     def _supervise(self) -> Outcome:
         if self.console.is_terminal:
