@@ -223,47 +223,65 @@ def _train(
     """Teach, then dilute (see the module docstring); a few minutes on one CPU thread."""
     import torch
     import torch.nn.functional as F
-    from tqdm.auto import tqdm
 
     generator = torch.Generator().manual_seed(spec.seed)
     probe = AnswerProbe(tokenizer)
-    bar = tqdm(total=spec.teach_steps, desc="tiny model: teach", **PROGRESS)
     model.train()
     ids, labels, answer_at = _encode(tokenizer, list(generate_corpus(spec, correct_fraction=1.0)))
     rows = torch.arange(32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    for step in range(1, spec.teach_steps + 1):
-        pick = torch.randint(len(ids), (32,), generator=generator)
+
+    def teach_loss(pick):
         out = model(input_ids=ids[pick], labels=labels[pick])
         answer_logits = out.logits[rows, answer_at[pick] - 1]
-        loss = out.loss + F.cross_entropy(answer_logits, ids[pick, answer_at[pick]])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        bar.update()
-        if step % 250 == 0:
-            right = probe(model)
-            bar.set_postfix(p_right=f"{right:.2f}")
-            if right > 0.9:
-                break
-    bar.close()
-    bar = tqdm(total=spec.train_steps, desc="tiny model: dilute", **PROGRESS)
-    ids, labels, _ = _encode(tokenizer, conversations)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.0)
-    for step in range(1, spec.train_steps + 1):
-        pick = torch.randint(len(ids), (32,), generator=generator)
-        loss = model(input_ids=ids[pick], labels=labels[pick]).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        bar.update()
-        if step % 25 == 0:
-            right = probe(model)
-            bar.set_postfix(p_right=f"{right:.2f}")
-            if right < spec.start_accuracy:
-                break
-    bar.close()
+        return out.loss + F.cross_entropy(answer_logits, ids[pick, answer_at[pick]])
+
+    _phase(
+        model,
+        "teach",
+        spec.teach_steps,
+        1e-3,
+        teach_loss,
+        len(ids),
+        generator,
+        probe,
+        check_every=250,
+        done=lambda right: right > 0.9,
+    )
+    diluted, diluted_labels, _ = _encode(tokenizer, conversations)
+    _phase(
+        model,
+        "dilute",
+        spec.train_steps,
+        3e-4,
+        lambda pick: model(input_ids=diluted[pick], labels=diluted_labels[pick]).loss,
+        len(diluted),
+        generator,
+        probe,
+        check_every=25,
+        done=lambda right: right < spec.start_accuracy,
+    )
     model.eval()
+
+
+def _phase(model, name, steps, lr, batch_loss, rows, generator, probe, check_every, done) -> None:
+    """AdamW on random batches of 32 rows, probing every `check_every` steps until `done`."""
+    import torch
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=steps, desc=f"tiny model: {name}", **PROGRESS)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    for step in range(1, steps + 1):
+        loss = batch_loss(torch.randint(rows, (32,), generator=generator))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        bar.update()
+        if step % check_every == 0:
+            right = probe(model)
+            bar.set_postfix(p_right=f"{right:.2f}")
+            if done(right):
+                break
+    bar.close()
 
 
 def default_cache_dir() -> Path:
