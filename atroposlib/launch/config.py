@@ -103,7 +103,6 @@ class ProcessPlan:
     name: str
     command: list[str]
     health_url: str | None = None
-    critical: bool = True
     max_restarts: int = 0
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
 
@@ -320,7 +319,6 @@ def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
                         *flags(openai_values, "--openai.", dashes=False),
                         *section.args,
                     ],
-                    critical=False,
                     max_restarts=section.max_restarts,
                     # backlogs and spools belong to this run, not to the working directory
                     env={"ATROPOS_ENV_STATE_DIR": str(run_dir / "env-state" / name)},

@@ -61,6 +61,8 @@ class StatusReader:
         self.total = total_steps
         # (time, groups received) over the last RATE_WINDOW_S: groups arrive in bursts
         self.counts: deque[tuple[float, float]] = deque()
+        self.scores: deque[float] = deque(maxlen=10)
+        self.metrics_offset = 0  # the metrics file is read once, a line at a time
 
     def read(self, engine_restarts: int, env_restarts: int) -> Snapshot:
         snap = Snapshot(total=self.total, engine_restarts=engine_restarts)
@@ -79,10 +81,26 @@ class StatusReader:
                     snap.groups_per_s = (last_n - first_n) / (last_t - first_t)
         except (httpx.HTTPError, ValueError):
             pass
-        scores = [r["score_mean"] for r in read_metrics(self.metrics_path) if "score_mean" in r]
-        if scores:
-            snap.recent_score = sum(scores[-10:]) / len(scores[-10:])
+        self._read_new_scores()
+        if self.scores:
+            snap.recent_score = sum(self.scores) / len(self.scores)
         return snap
+
+    def _read_new_scores(self) -> None:
+        if not self.metrics_path.exists():
+            return
+        with open(self.metrics_path, "rb") as metrics:
+            metrics.seek(self.metrics_offset)
+            for line in metrics:
+                if not line.endswith(b"\n"):
+                    break  # being written; read it next time
+                self.metrics_offset += len(line)
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if "score_mean" in row:
+                    self.scores.append(row["score_mean"])
 
     def close(self) -> None:
         self.http.close()

@@ -58,6 +58,12 @@ def serve_args(api_url: str, inference_url: str, *extra: str) -> list[str]:
     ]
 
 
+def serving(client: httpx.Client, api, inference_server, tmp_path: Path, *extra: str) -> EnvProcess:
+    """Register a trainer (batches of 4) and start the arith env serving for it."""
+    start_trainer(client, batch_size=4, max_token_len=128)
+    return EnvProcess(tmp_path, "serve", *serve_args(api.url, inference_server.url, *extra))
+
+
 def pull(client: httpx.Client, batches: int, timeout: float = 120) -> list[dict]:
     groups: list[dict] = []
     deadline = time.monotonic() + timeout
@@ -108,12 +114,7 @@ def test_serve_delivers_well_formed_groups(api_factory, inference_server, tmp_pa
 def test_user_exceptions_are_logged_counted_and_survived(api_factory, inference_server, tmp_path):
     api = api_factory()
     with httpx.Client(base_url=api.url, timeout=30) as client:
-        start_trainer(client, batch_size=4, max_token_len=128)
-        env = EnvProcess(
-            tmp_path,
-            "serve",
-            *serve_args(api.url, inference_server.url, "--env.fail_first_items", "2"),
-        )
+        env = serving(client, api, inference_server, tmp_path, "--env.fail_first_items", "2")
         try:
             groups = pull(client, 2)
         finally:
@@ -127,18 +128,15 @@ def test_user_exceptions_are_logged_counted_and_survived(api_factory, inference_
 def test_off_policy_bound_stops_generation(api_factory, inference_server, tmp_path):
     api = api_factory()
     with httpx.Client(base_url=api.url, timeout=30) as client:
-        start_trainer(client, batch_size=4, max_token_len=128)
-        env = EnvProcess(
+        env = serving(
+            client,
+            api,
+            inference_server,
             tmp_path,
-            "serve",
-            *serve_args(
-                api.url,
-                inference_server.url,
-                "--env.group_size",
-                "2",
-                "--env.max_batches_offpolicy",
-                "1",
-            ),
+            "--env.group_size",
+            "2",
+            "--env.max_batches_offpolicy",
+            "1",
         )
         try:
             deadline = time.monotonic() + 60
@@ -234,20 +232,17 @@ def test_evaluations_run_every_steps_per_eval(api_factory, inference_server, tmp
     api = api_factory()
     evals = tmp_path / "evals"
     with httpx.Client(base_url=api.url, timeout=30) as client:
-        start_trainer(client, batch_size=4, max_token_len=128)
-        env = EnvProcess(
+        env = serving(
+            client,
+            api,
+            inference_server,
             tmp_path,
-            "serve",
-            *serve_args(
-                api.url,
-                inference_server.url,
-                "--env.steps_per_eval",
-                "2",
-                "--env.eval_handling",
-                handling,
-                "--env.data_dir_to_save_evals",
-                str(evals),
-            ),
+            "--env.steps_per_eval",
+            "2",
+            "--env.eval_handling",
+            handling,
+            "--env.data_dir_to_save_evals",
+            str(evals),
         )
         try:
             pull(client, 3)
@@ -313,12 +308,7 @@ def test_checkpoints_at_the_trainer_interval_and_stop_at_total_steps(
 def test_stuck_workers_time_out(api_factory, inference_server, tmp_path):
     api = api_factory()
     with httpx.Client(base_url=api.url, timeout=30) as client:
-        start_trainer(client, batch_size=4, max_token_len=128)
-        env = EnvProcess(
-            tmp_path,
-            "serve",
-            *serve_args(api.url, inference_server.url, "--env.worker_timeout", "0.001"),
-        )
+        env = serving(client, api, inference_server, tmp_path, "--env.worker_timeout", "0.001")
         try:
             deadline = time.monotonic() + 60
             while "timed out" not in env.log() and time.monotonic() < deadline:

@@ -56,28 +56,35 @@ def engine_processes(port: int) -> list[str]:
     return [line for line in found.stdout.splitlines() if "pgrep" not in line]
 
 
+def train_beside_env(
+    command: list[str], api_url: str, port: int, tmp_path: Path, log_name: str, **popen
+) -> str:
+    """Run the trainer to completion next to the arith env (sampling from its engine); its log."""
+    log_path = tmp_path / log_name
+    trainer = subprocess.Popen(
+        command, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, **popen
+    )
+    env = EnvProcess(tmp_path, "serve", *serve_args(api_url, f"http://127.0.0.1:{port}"))
+    try:
+        assert trainer.wait(500) == 0, log_path.read_text()[-3000:]
+    finally:
+        env.stop()
+        if trainer.poll() is None:
+            trainer.kill()
+    return log_path.read_text()
+
+
 @pytest.mark.slow
 def test_grpo_loop_checkpoints_restarts_and_resumes(api_factory, tiny_model_path, tmp_path):
     api = api_factory()
     port = free_port()
     save = tmp_path / "ckpt"
-    log = open(tmp_path / "trainer.log", "wb")
-    trainer = subprocess.Popen(
-        trainer_cmd(tiny_model_path, api.url, port, save), stdout=log, stderr=subprocess.STDOUT
-    )
-    env = EnvProcess(tmp_path, "serve", *serve_args(api.url, f"http://127.0.0.1:{port}"))
-    try:
-        assert trainer.wait(300) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
-    finally:
-        env.stop()
-        if trainer.poll() is None:
-            trainer.kill()
-    text = (tmp_path / "trainer.log").read_text()
+    command = trainer_cmd(tiny_model_path, api.url, port, save)
+    text = train_beside_env(command, api.url, port, tmp_path, "trainer.log")
     assert (save / "step-2" / "model.safetensors").exists()
     assert (save / "step-4" / "trainer_state.pt").exists()
     assert f"--model {save}/step-2" in text and f"--model {save}/step-4" in text
-    steps = [json.loads(line)["step"] for line in (save / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]
+    assert metric_steps(save) == [1, 2, 3, 4]
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
@@ -85,21 +92,9 @@ def test_grpo_loop_checkpoints_restarts_and_resumes(api_factory, tiny_model_path
     assert any(not torch.equal(base[k], trained[k]) for k in base)
     assert engine_processes(port) == [], "the engine outlived the trainer"
 
-    env2 = EnvProcess(tmp_path, "serve", *serve_args(api.url, f"http://127.0.0.1:{port}"))
-    second = subprocess.Popen(
-        trainer_cmd(tiny_model_path, api.url, port, save, "--resume", str(save / "step-4"))
-        + ["--training-steps", "6"],
-        stdout=open(tmp_path / "trainer2.log", "wb"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        assert second.wait(300) == 0, (tmp_path / "trainer2.log").read_text()[-3000:]
-    finally:
-        env2.stop()
-        if second.poll() is None:
-            second.kill()
-    steps = [json.loads(line)["step"] for line in (save / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5, 6]
+    resume = trainer_cmd(tiny_model_path, api.url, port, save, "--resume", str(save / "step-4"))
+    train_beside_env(resume + ["--training-steps", "6"], api.url, port, tmp_path, "trainer2.log")
+    assert metric_steps(save) == [1, 2, 3, 4, 5, 6]
     assert (save / "step-6").exists()
     assert engine_processes(port) == []
     assert os.path.exists(save / "engine.log")
@@ -169,19 +164,6 @@ def test_grpo_loop_with_real_vllm(api_factory, tiny_model_path, tmp_path):
         "--engine-args=--enforce-eager",
     ]
     environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    trainer = subprocess.Popen(
-        command,
-        stdout=open(tmp_path / "trainer.log", "wb"),
-        stderr=subprocess.STDOUT,
-        env=environment,
-    )
-    env = EnvProcess(tmp_path, "serve", *serve_args(api.url, f"http://127.0.0.1:{port}"))
-    try:
-        assert trainer.wait(500) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
-    finally:
-        env.stop()
-        if trainer.poll() is None:
-            trainer.kill()
-    text = (tmp_path / "trainer.log").read_text()
+    text = train_beside_env(command, api.url, port, tmp_path, "trainer.log", env=environment)
     assert "starting vllm engine" in text and f"--model {save}/step-2" in text
     assert metric_steps(save) == [1, 2, 3, 4]
