@@ -47,6 +47,7 @@ class TrajectoryClient:
         self.spool.mkdir(parents=True, exist_ok=True)
         self.max_backoff_s = max_backoff_s
         self.counters: Counter[str] = Counter()
+        self.records_delivered = 0  # posts answered, accepted or refused
         existing = sorted(self.spool.glob("*.json"))
         self._next = int(existing[-1].stem) + 1 if existing else 0
         self._wake = asyncio.Event()
@@ -130,6 +131,7 @@ class TrajectoryClient:
                 record = json.loads(path.read_text())
                 await self._deliver(record)
                 path.unlink()
+                self.records_delivered += 1
 
     async def _deliver(self, record: dict[str, Any]) -> None:
         body = json.dumps(record["payload"]).encode()

@@ -129,9 +129,13 @@ class EnvRuntime:
     async def _loop(self) -> None:
         env = self.env
         while not self.stopping.is_set():
+            delivered_before = self.client.records_delivered
             status = await self._until_stopped(self.client.status_env(env.env_id))
             if status is None:
                 break
+            # a group delivered while /status-env was answering may be missing
+            # from self_queue_size and is already gone from the spool: count it
+            status["in_transit"] = self.client.records_delivered - delivered_before
             env.curr_step = status["current_step"]
             queued_batches = (
                 status["queue_size"] * env.config.group_size / max(1, env.config.batch_size)
@@ -159,7 +163,12 @@ class EnvRuntime:
         allowed_groups = math.floor(
             config.max_batches_offpolicy * config.batch_size * weight / config.group_size
         )
-        room = max(1, allowed_groups) - status["self_queue_size"] - self.client.pending()
+        room = (
+            max(1, allowed_groups)
+            - status["self_queue_size"]
+            - status.get("in_transit", 0)
+            - self.client.pending()
+        )
         cap = config.max_num_workers
         if cap <= 0:
             cap = config.max_num_workers_per_node * len(self.env.server.servers)

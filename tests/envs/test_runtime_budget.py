@@ -1,0 +1,75 @@
+"""The off-policy bound holds when a group lands while /status-env is answering.
+
+A real run-api; the env is a stand-in whose only job is to say whether the
+runtime asked it for more work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+
+from atroposlib.envs.api_client import TrajectoryClient
+from atroposlib.envs.config import BaseEnvConfig
+from atroposlib.envs.runtime import EnvRuntime
+from tests.api.helpers import make_group, register_env, start_trainer
+
+
+class LateDeliveryClient(TrajectoryClient):
+    """Delivers spooled groups after the API answered /status-env, before the caller reads it."""
+
+    async def status_env(self, env_id: int) -> dict:
+        status = await super().status_env(env_id)
+        await self.flush()
+        return status
+
+
+class CountingEnv(SimpleNamespace):
+    async def get_next_item(self):
+        self.items_asked += 1
+        return None
+
+
+def test_group_delivered_during_status_poll_still_counts(api, tmp_path: Path):
+    with httpx.Client(base_url=api.url, timeout=30) as http:
+        start_trainer(http, batch_size=4, max_token_len=64)
+        env_id = register_env(http, group_size=2)["env_id"]
+        # one group queued; the bound (1 batch of 4 = 2 groups of 2) leaves room for one more
+        assert (
+            http.post("/scored_data", json=make_group(2, tag=1, env_id=env_id)).status_code == 200
+        )
+
+    config = BaseEnvConfig(
+        group_size=2, batch_size=4, max_batches_offpolicy=1, max_num_workers=4, steps_per_eval=0
+    )
+    env = CountingEnv(
+        config=config,
+        env_id=env_id,
+        curr_step=0,
+        checkpoint_interval=-1,
+        items_sent_this_step=0,
+        stats=Counter(),
+        items_asked=0,
+    )
+
+    async def scenario() -> tuple[int, int]:
+        runtime = EnvRuntime(env, state_dir=tmp_path)
+        runtime.client = LateDeliveryClient(api.url, tmp_path / "spool")
+        # ... and that one more is spooled, delivered only during the next status poll
+        runtime.client.send([make_group(2, tag=2, env_id=env_id)])
+        runtime.client._flusher.cancel()
+        loop = asyncio.create_task(runtime._loop())
+        await asyncio.sleep(1.5)
+        runtime.stopping.set()
+        await loop
+        delivered = runtime.client.counters["groups_delivered"]
+        await runtime.client.http.aclose()
+        return env.items_asked, delivered
+
+    items_asked, delivered = asyncio.run(scenario())
+    assert delivered == 1
+    assert items_asked == 0, "the runtime started a worker beyond max_batches_offpolicy"
