@@ -135,7 +135,7 @@ class EnvRuntime:
                 break
             # a group delivered while /status-env was answering may be missing
             # from self_queue_size and is already gone from the spool: count it
-            status["in_transit"] = self.client.records_delivered - delivered_before
+            in_transit = self.client.records_delivered - delivered_before
             env.curr_step = status["current_step"]
             queued_batches = (
                 status["queue_size"] * env.config.group_size / max(1, env.config.batch_size)
@@ -150,24 +150,21 @@ class EnvRuntime:
                 )
                 break
             await self._evaluate_and_checkpoint()
-            budget = self._worker_budget(status)
+            budget = self._worker_budget(status, in_transit)
             self._cancel_surplus(budget)
             await self._start_workers(budget)
             await self._maybe_log()
             pending = set(self.workers) | {asyncio.ensure_future(asyncio.sleep(POLL_S))}
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED, timeout=POLL_S)
 
-    def _worker_budget(self, status: dict[str, Any]) -> int:
+    def _worker_budget(self, status: dict[str, Any], in_transit: int) -> int:
         config = self.env.config
         weight = status.get("env_weight", 1.0)
         allowed_groups = math.floor(
             config.max_batches_offpolicy * config.batch_size * weight / config.group_size
         )
         room = (
-            max(1, allowed_groups)
-            - status["self_queue_size"]
-            - status.get("in_transit", 0)
-            - self.client.pending()
+            max(1, allowed_groups) - status["self_queue_size"] - in_transit - self.client.pending()
         )
         cap = config.max_num_workers
         if cap <= 0:
