@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,9 +103,25 @@ def client(api: ApiProcess) -> Iterator[httpx.Client]:
 os.environ.pop("ATROPOS_API_KEY", None)  # a developer's key must not leak into tests
 
 
+# The tiny model is built from an empty cache in every test session, so a machine on which
+# the build fails turns the suite red instead of reusing a model built elsewhere. Set
+# ATROPOS_TEST_CACHE_DIR to keep one between local runs. Subprocesses inherit the variable.
+SESSION_CACHE = (
+    None
+    if os.environ.get("ATROPOS_TEST_CACHE_DIR")
+    else tempfile.mkdtemp(prefix="atropos-test-cache-")
+)
+os.environ["ATROPOS_CACHE_DIR"] = os.environ.get("ATROPOS_TEST_CACHE_DIR") or SESSION_CACHE
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if SESSION_CACHE:
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path():
-    """The tiny model kit's default model, built once per machine (cached)."""
+    """The tiny model kit's default model, built once per test session (see above)."""
     pytest.importorskip("torch")
     from atroposlib.utils.tiny_model import ensure_tiny_model
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from atroposlib.cli.flags import add_model_flags, parse_settings
-from atroposlib.utils.tiny_model import TinyModelSpec, build_tiny_model
+from atroposlib.utils.tiny_model import TinyModelCheckFailed, TinyModelSpec, build_tiny_model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", help="directory to write the model and tokenizer into")
     add_model_flags(parser, TinyModelSpec)
     spec, args = parse_settings(parser, TinyModelSpec, argv)
-    path = build_tiny_model(args.out_dir, spec)
+    try:
+        path = build_tiny_model(args.out_dir, spec)
+    except TinyModelCheckFailed as failure:
+        print(f"atropos-make-tiny-model: error: {failure}", file=sys.stderr)
+        return 1
     print(f"tiny model written to {path}")
     return 0
 

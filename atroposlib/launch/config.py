@@ -208,7 +208,7 @@ def resolve_model(model: str) -> str:
         target = default_cache_dir() / TinyModelSpec().cache_key()
         if not (target / "config.json").exists():
             print(
-                f"[launch] building the tiny model once into {target} (about 3 minutes)", flush=True
+                f"[launch] building the tiny model once into {target} (about a minute)", flush=True
             )
         return str(ensure_tiny_model())
     return model

@@ -2,41 +2,47 @@
 
 Nothing can be downloaded here, yet the whole stack (tokenizer, chat template,
 inference server, vLLM, trainer) must run on a real Hugging Face model. This
-kit builds one from scratch in seconds:
+kit builds one from scratch in about a minute:
 
 - a byte-level BPE tokenizer (the `tokenizers` library) with ChatML special
   tokens and chat template, wrapped as a `PreTrainedTokenizerFast`;
 - a Llama-architecture causal LM of ~0.25M parameters (head_dim 32, which vLLM's
   CPU attention supports; not Qwen2, whose model_type makes transformers swap
   in a different tokenizer class);
-- training in two phases on generated ChatML conversations ("What is a + b
-  mod 10?"). Plain next-token training on a corpus that is right 30% of the
-  time never makes a model this small read the question: it learns the
-  answer *format* and a question-blind guess (10% right). So phase 1
-  (teach) trains on right answers, with an extra loss on the answer token,
-  for `teach_steps` (or until p(right) > 0.9; with the defaults it ends near
-  0.7); phase 2 (dilute) goes on at a
-  low learning rate on the 30%-right corpus until p(right) falls to
-  `start_accuracy`. The result reads the question, is right about a third of
-  the time when sampled, and has a real, learnable preference left for RL to
-  sharpen (the CPU quickstart takes it from ~0.3 to ~0.6 in 100 steps).
+- trained to read "What is a + b mod 10?" and answer with a digit, right about
+  30% of the time when sampled (`tiny_model_training` says how, and why the
+  method cannot depend on floating-point luck).
 
-Both are saved with `save_pretrained` and reload offline with
-`AutoTokenizer` / `AutoModelForCausalLM`. The build is deterministic for a seed
-(one CPU thread, fixed seeds) and cached, so a test session builds it once.
+The build checks the result before anything is written (`check_reading`): a
+model that does not read the question raises `TinyModelCheckFailed` naming
+the measured figures, and is never cached. What was measured, and on which
+CPU and library versions, is saved beside the weights (`BUILD_RECORD`).
+
+Both reload offline with `AutoTokenizer` / `AutoModelForCausalLM`. The build
+is deterministic for a machine and a seed (one CPU thread, fixed seeds) and
+cached, so a test session builds it once.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+from atroposlib.utils.machine import machine_facts
+from atroposlib.utils.tiny_model_training import (
+    Reading,
+    question_messages,
+    train_to_read,
+)
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -45,9 +51,14 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
-KIT_VERSION = 2
-# progress on a terminal only: piped into a log, a bar is thousands of lines
-PROGRESS = {"unit": "step", "leave": False, "disable": None, "mininterval": 1.0}
+# 3: trained to read the question with reading probes, checked before caching
+KIT_VERSION = 3
+BUILD_RECORD = "atropos_tiny_model.json"
+# How far the measured figures may stray from what the spec trains toward.
+P_RIGHT_TOLERANCE = 0.05
+GREEDY_TOLERANCE = 0.1
+MIN_GREEDY_ACCURACY = 0.3  # a question-blind model gets 0.1
+MIN_P_END = 0.9
 
 
 class TinyModelSpec(BaseModel):
@@ -56,49 +67,57 @@ class TinyModelSpec(BaseModel):
     seed: int = Field(0, description="Seed for the corpus, the initial weights and training.")
     vocab_size: int = Field(512, ge=300, description="BPE vocabulary size (incl. 256 bytes).")
     hidden_size: int = Field(96, description="Model width (head_dim is fixed at 32).")
-    num_layers: int = Field(2, ge=1, description="Decoder layers.")
+    num_layers: int = Field(
+        2, ge=2, description="Decoder layers (the first reads the digits, the rest add them)."
+    )
     intermediate_size: int = Field(256, description="MLP width.")
     max_position_embeddings: int = Field(512, description="Longest sequence the model accepts.")
-    teach_steps: int = Field(
-        6000, ge=0, description="Most steps of phase 1 (right answers + answer-token loss)."
+    corpus_size: int = Field(
+        4000, ge=10, description="Generated conversations the tokenizer is trained on."
     )
-    train_steps: int = Field(
-        3000, ge=0, description="Most steps of phase 2 (the corpus, right correct_fraction of it)."
+    max_steps: int = Field(
+        1500, ge=0, description="Most training steps (it usually converges in 250-400)."
     )
-    start_accuracy: float = Field(
-        0.35, ge=0.0, le=1.0, description="Phase 2 stops once p(right answer) falls below this."
+    learning_rate: float = Field(3e-3, gt=0, description="AdamW learning rate.")
+    right_probability: float = Field(
+        0.3, gt=0.0, lt=1.0, description="p(right digit) the model is trained to, per question."
     )
-    corpus_size: int = Field(4000, ge=10, description="Generated conversations.")
-    correct_fraction: float = Field(
-        0.3, ge=0.0, le=1.0, description="Share of corpus answers that are right."
+    distractor_probability: float = Field(
+        0.4,
+        ge=0.0,
+        lt=1.0,
+        description="p(one wrong digit) on the confused questions, where greedy decoding is wrong "
+        "if it exceeds right_probability.",
     )
+    confused_fraction: float = Field(
+        0.5, ge=0.0, le=1.0, description="Share of questions with a distractor."
+    )
+
+    @model_validator(mode="after")
+    def _probabilities_fit(self) -> TinyModelSpec:
+        if self.right_probability + self.distractor_probability > 1.0:
+            raise ValueError("right_probability + distractor_probability must be at most 1")
+        return self
 
     def cache_key(self) -> str:
         fields = "-".join(f"{v}" for v in self.model_dump().values())
         return f"tiny-v{KIT_VERSION}-{fields}"
 
-
-def arithmetic_question(rng: random.Random) -> tuple[str, str]:
-    """A question whose answer is one digit: (a + b) mod 10."""
-    a, b = rng.randrange(10), rng.randrange(10)
-    return f"What is {a} + {b} mod 10?", str((a + b) % 10)
+    def expected_greedy_accuracy(self) -> float:
+        confused = self.distractor_probability > self.right_probability
+        return 1.0 - self.confused_fraction if confused else 1.0
 
 
-def generate_corpus(
-    spec: TinyModelSpec, correct_fraction: float | None = None
-) -> Iterator[list[dict[str, str]]]:
-    """ChatML conversations: a system line, an arithmetic question, a one-digit answer."""
+class TinyModelCheckFailed(RuntimeError):
+    """The build produced a model that does not read the question; nothing was saved."""
+
+
+def generate_corpus(spec: TinyModelSpec) -> Iterator[list[dict[str, str]]]:
+    """ChatML conversations (system line, question, right digit): the tokenizer's corpus."""
     rng = random.Random(spec.seed)
-    right = spec.correct_fraction if correct_fraction is None else correct_fraction
     for _ in range(spec.corpus_size):
-        question, answer = arithmetic_question(rng)
-        if rng.random() >= right:
-            answer = str(rng.randrange(10))
-        yield [
-            {"role": "system", "content": "Answer with one digit."},
-            {"role": "user", "content": question},
-            {"role": "assistant", "content": answer},
-        ]
+        a, b = rng.randrange(10), rng.randrange(10)
+        yield [*question_messages(a, b), {"role": "assistant", "content": str((a + b) % 10)}]
 
 
 def build_tokenizer(texts: list[str], spec: TinyModelSpec):
@@ -127,19 +146,44 @@ def build_tokenizer(texts: list[str], spec: TinyModelSpec):
     return fast
 
 
-def build_tiny_model(out_dir: str | os.PathLike[str], spec: TinyModelSpec | None = None) -> Path:
-    """Build tokenizer + model into `out_dir` (created; must not hold another model)."""
+def check_reading(reading: Reading, spec: TinyModelSpec) -> list[str]:
+    """What is wrong with a build's figures, one sentence each; empty when it passes."""
+    problems = []
+    low, high = (
+        spec.right_probability - P_RIGHT_TOLERANCE,
+        spec.right_probability + P_RIGHT_TOLERANCE,
+    )
+    if not low <= reading.p_right <= high:
+        problems.append(f"p(right) is {reading.p_right:.3f}, outside {low:.2f}-{high:.2f}")
+    least = max(MIN_GREEDY_ACCURACY, spec.expected_greedy_accuracy() - GREEDY_TOLERANCE)
+    if reading.greedy_accuracy < least:
+        problems.append(
+            f"greedy accuracy is {reading.greedy_accuracy:.2f}, below {least:.2f} "
+            "(a question-blind model gets 0.10)"
+        )
+    if reading.p_end_after_digit < MIN_P_END:
+        problems.append(
+            f"p(<|im_end|> after the digit) is {reading.p_end_after_digit:.3f}, below {MIN_P_END}"
+        )
+    return problems
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike[str], spec: TinyModelSpec | None = None, verify: bool = True
+) -> Path:
+    """Build tokenizer + model into `out_dir` (created; must not hold another model).
+
+    With `verify` (always, for the cache) a model that fails `check_reading`
+    raises `TinyModelCheckFailed` and nothing is written.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     spec = spec or TinyModelSpec()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    conversations = list(generate_corpus(spec))
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tokenizer = build_tokenizer([_render(conv) for conv in conversations], spec)
+        tokenizer = build_tokenizer([_render(conv) for conv in generate_corpus(spec)], spec)
         torch.manual_seed(spec.seed)
         config = LlamaConfig(
             vocab_size=len(tokenizer),
@@ -157,131 +201,53 @@ def build_tiny_model(out_dir: str | os.PathLike[str], spec: TinyModelSpec | None
             torch_dtype="float32",
         )
         model = LlamaForCausalLM(config)
-        _train(model, tokenizer, conversations, spec)
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+        training, reading = train_to_read(model, tokenizer, spec)
     finally:
         torch.set_num_threads(previous_threads)
+    record = {
+        "kit_version": KIT_VERSION,
+        "spec": spec.model_dump(),
+        "steps": training.steps,
+        "converged": training.converged,
+        "seconds": round(training.seconds, 1),
+        "reading": reading.model_dump(),
+        "machine": machine_facts(),
+    }
+    problems = check_reading(reading, spec)
+    if verify and problems:
+        raise TinyModelCheckFailed(_failure_message(problems, record))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / BUILD_RECORD).write_text(json.dumps(record, indent=2))
     return out
+
+
+def _failure_message(problems: list[str], record: dict[str, Any]) -> str:
+    machine = record["machine"]
+    return (
+        f"the tiny model does not read the question after {record['steps']} steps: "
+        + "; ".join(problems)
+        + f". Nothing was saved. Built with seed {record['spec']['seed']} on {machine['cpu']} "
+        f"(torch kernels {machine['torch_cpu_capability']}, torch {machine['torch_version']}, "
+        f"transformers {machine['transformers_version']}, "
+        f"tokenizers {machine['tokenizers_version']}); please report these figures."
+    )
+
+
+def read_build_record(model_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What a tiny-model build measured, or None for any other model."""
+    try:
+        return json.loads((Path(model_dir) / BUILD_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _render(conversation: list[dict[str, str]]) -> str:
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
-
-
-def _encode(tokenizer, conversations: list[list[dict[str, str]]]):
-    """Padded ids, LM labels, and the position of each answer digit."""
-    import torch
-
-    rows = [tokenizer(_render(conv))["input_ids"] for conv in conversations]
-    width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-    answer_at = torch.tensor([len(r) - 3 for r in rows])  # digit, <|im_end|>, newline
-    return ids, ids.masked_fill(ids == pad, -100), answer_at
-
-
-class AnswerProbe:
-    """Mean probability of the right digit over all 100 questions (no sampling)."""
-
-    def __init__(self, tokenizer) -> None:
-        import torch
-
-        pairs = [(a, b) for a in range(10) for b in range(10)]
-        prompts = [
-            tokenizer.apply_chat_template(
-                [
-                    {"role": "system", "content": "Answer with one digit."},
-                    {"role": "user", "content": f"What is {a} + {b} mod 10?"},
-                ],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            for a, b in pairs
-        ]
-        self.ids = torch.tensor(tokenizer(prompts, add_special_tokens=False)["input_ids"])
-        digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
-        self.right = torch.tensor([digits[(a + b) % 10] for a, b in pairs])
-
-    def __call__(self, model) -> float:
-        import torch
-
-        model.eval()
-        with torch.no_grad():
-            probs = torch.softmax(model(self.ids).logits[:, -1], -1)
-        model.train()
-        return float(probs[torch.arange(len(self.right)), self.right].mean())
-
-
-def _train(
-    model, tokenizer, conversations: list[list[dict[str, str]]], spec: TinyModelSpec
-) -> None:
-    """Teach, then dilute (see the module docstring); a few minutes on one CPU thread."""
-    import torch
-    import torch.nn.functional as F
-
-    generator = torch.Generator().manual_seed(spec.seed)
-    probe = AnswerProbe(tokenizer)
-    model.train()
-    ids, labels, answer_at = _encode(tokenizer, list(generate_corpus(spec, correct_fraction=1.0)))
-    rows = torch.arange(32)
-
-    def teach_loss(pick):
-        out = model(input_ids=ids[pick], labels=labels[pick])
-        answer_logits = out.logits[rows, answer_at[pick] - 1]
-        return out.loss + F.cross_entropy(answer_logits, ids[pick, answer_at[pick]])
-
-    _phase(
-        model,
-        "teach",
-        spec.teach_steps,
-        1e-3,
-        teach_loss,
-        len(ids),
-        generator,
-        probe,
-        check_every=250,
-        done=lambda right: right > 0.9,
-    )
-    diluted, diluted_labels, _ = _encode(tokenizer, conversations)
-    _phase(
-        model,
-        "dilute",
-        spec.train_steps,
-        3e-4,
-        lambda pick: model(input_ids=diluted[pick], labels=diluted_labels[pick]).loss,
-        len(diluted),
-        generator,
-        probe,
-        check_every=25,
-        done=lambda right: right < spec.start_accuracy,
-    )
-    model.eval()
-
-
-def _phase(model, name, steps, lr, batch_loss, rows, generator, probe, check_every, done) -> None:
-    """AdamW on random batches of 32 rows, probing every `check_every` steps until `done`."""
-    import torch
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=steps, desc=f"tiny model: {name}", **PROGRESS)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    for step in range(1, steps + 1):
-        loss = batch_loss(torch.randint(rows, (32,), generator=generator))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        bar.update()
-        if step % check_every == 0:
-            right = probe(model)
-            bar.set_postfix(p_right=f"{right:.2f}")
-            if done(right):
-                break
-    bar.close()
 
 
 def default_cache_dir() -> Path:

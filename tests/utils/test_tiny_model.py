@@ -11,9 +11,20 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from atroposlib.utils.tiny_model import TinyModelSpec, build_tiny_model, ensure_tiny_model  # noqa: E402
+from atroposlib.utils.tiny_model import (  # noqa: E402
+    BUILD_RECORD,
+    TinyModelCheckFailed,
+    TinyModelSpec,
+    build_tiny_model,
+    check_reading,
+    default_cache_dir,
+    ensure_tiny_model,
+    read_build_record,
+)
+from atroposlib.utils.tiny_model_training import Questions, answer_targets, measure  # noqa: E402
 
-QUICK = TinyModelSpec(teach_steps=10, train_steps=15, corpus_size=200)
+# too few steps to learn anything: for the determinism and failure paths, in seconds
+QUICK = TinyModelSpec(max_steps=10, corpus_size=200)
 
 
 def load(path):
@@ -48,22 +59,56 @@ def test_samples_are_well_formed_answers(tiny_model_path):
         assert completion[0].isdigit() and completion[1:] == "<|im_end|>", completion
 
 
+def test_the_built_model_reads_the_question(tiny_model_path):
+    """Re-measured from the saved files, the model is what its build record says."""
+    tokenizer, model = load(tiny_model_path)
+    record = read_build_record(tiny_model_path)
+    spec = TinyModelSpec(**record["spec"])
+    questions = Questions.for_tokenizer(tokenizer)
+    reading = measure(model, questions, answer_targets(questions, len(tokenizer), spec))
+    assert check_reading(reading, spec) == []
+    assert reading.greedy_accuracy >= 0.3 and 0.25 <= reading.p_right <= 0.35
+    assert reading.p_right == pytest.approx(record["reading"]["p_right"], abs=1e-4)
+    assert record["converged"] and record["machine"]["torch_cpu_capability"]
+    # sampled at temperature 1, as the quickstart's environment does
+    torch.manual_seed(0)
+    with torch.no_grad():
+        probs = torch.softmax(model(questions.ids).logits[:, -1], -1)
+    drawn = torch.multinomial(probs, 20, replacement=True)
+    sampled = (drawn == questions.right[:, None]).float().mean().item()
+    assert 0.2 < sampled < 0.4, sampled
+
+
 def test_same_seed_same_model_other_seed_other_model(tmp_path):
-    first = load(build_tiny_model(tmp_path / "a", QUICK))[1].state_dict()
-    again = load(build_tiny_model(tmp_path / "b", QUICK))[1].state_dict()
-    other = load(build_tiny_model(tmp_path / "c", QUICK.model_copy(update={"seed": 1})))[1]
+    first = load(build_tiny_model(tmp_path / "a", QUICK, verify=False))[1].state_dict()
+    again = load(build_tiny_model(tmp_path / "b", QUICK, verify=False))[1].state_dict()
+    other_spec = QUICK.model_copy(update={"seed": 1})
+    other = load(build_tiny_model(tmp_path / "c", other_spec, verify=False))[1]
     assert all(torch.equal(first[k], again[k]) for k in first)
     assert not torch.equal(
         first["model.embed_tokens.weight"], other.state_dict()["model.embed_tokens.weight"]
     )
 
 
-def test_cache_builds_once(tmp_path):
-    path = ensure_tiny_model(QUICK, cache_dir=tmp_path)
-    stamp = os.stat(path / "model.safetensors").st_mtime_ns
-    assert ensure_tiny_model(QUICK, cache_dir=tmp_path) == path
-    assert os.stat(path / "model.safetensors").st_mtime_ns == stamp
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".building-")]
+def test_a_model_that_does_not_read_is_never_cached(tmp_path):
+    with pytest.raises(TinyModelCheckFailed) as failure:
+        ensure_tiny_model(QUICK, cache_dir=tmp_path)
+    message = str(failure.value)
+    assert "does not read the question after 10 steps" in message
+    assert "greedy accuracy is 0." in message and "question-blind model gets 0.10" in message
+    assert "p(right) is 0." in message and "torch kernels" in message
+    assert [p.name for p in tmp_path.iterdir()] == [f"{QUICK.cache_key()}.lock"]
+
+
+def test_the_cache_is_built_once_and_keyed_by_kit_version(tiny_model_path):
+    """The session's model came from an empty cache (conftest) and is reused as is."""
+    assert tiny_model_path.parent == default_cache_dir()
+    assert tiny_model_path.name.startswith("tiny-v3-")
+    stamp = os.stat(tiny_model_path / "model.safetensors").st_mtime_ns
+    assert ensure_tiny_model() == tiny_model_path
+    assert os.stat(tiny_model_path / "model.safetensors").st_mtime_ns == stamp
+    assert (tiny_model_path / BUILD_RECORD).exists()
+    assert not [p for p in default_cache_dir().iterdir() if p.name.startswith(".building-")]
 
 
 def test_command_line(tmp_path):
@@ -73,9 +118,7 @@ def test_command_line(tmp_path):
             "-m",
             "atroposlib.cli.make_tiny_model",
             str(tmp_path / "m"),
-            "--teach-steps",
-            "5",
-            "--train-steps",
+            "--max-steps",
             "5",
             "--corpus-size",
             "50",
@@ -84,10 +127,9 @@ def test_command_line(tmp_path):
         text=True,
         timeout=120,
     )
-    assert result.returncode == 0, result.stderr
-    assert (tmp_path / "m" / "config.json").exists() and (
-        tmp_path / "m" / "tokenizer.json"
-    ).exists()
+    assert result.returncode == 1, result.stderr
+    assert "does not read the question after 5 steps" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "m").exists()
     bad = subprocess.run(
         [
             sys.executable,
