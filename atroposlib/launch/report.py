@@ -11,14 +11,19 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any
 
 from atroposlib.launch.config import Plan
 from atroposlib.launch.status import read_metrics
+from atroposlib.utils.machine import machine_facts
+from atroposlib.utils.tiny_model import read_build_record
 
 SAMPLES_PER_END = 3
+WINDOW = 10  # steps at each end whose mean scores are compared
 
 
 def plot(rows: list[dict[str, Any]], out: Path) -> Path:
@@ -91,16 +96,82 @@ def _groups_html(groups: list[dict]) -> str:
     return "\n".join(parts)
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, float | int]:
+def learning_verdict(scores: list[float]) -> tuple[bool | None, str]:
+    """Did the mean score rise? Judged against the noise of the scores themselves.
+
+    The rise of the last 10 steps' mean over the first 10's must exceed twice its
+    standard error (the spread of the per-step scores), so a flat run whose
+    numbers wobble is called flat. None when the run is too short to judge.
+    """
+    head, tail = scores[:WINDOW], scores[-WINDOW:]
+    first, last = statistics.fmean(head), statistics.fmean(tail)
+    means = (
+        f"mean score {first:.3f} over the first {len(head)} steps, "
+        f"{last:.3f} over the last {len(tail)}"
+    )
+    if len(scores) < 2 * WINDOW:
+        return None, f"too few steps to judge learning ({len(scores)} < {2 * WINDOW}): {means}"
+    error = math.sqrt(statistics.variance(head) / len(head) + statistics.variance(tail) / len(tail))
+    rise = last - first
+    if rise > 2 * error and rise > 0:
+        return (
+            True,
+            f"the score rose by {rise:.3f} ({means}; twice its standard error is {2 * error:.3f})",
+        )
+    return False, (
+        f"THE SCORE DID NOT RISE: {means} (change {rise:+.3f}; a rise must exceed twice its "
+        f"standard error, {2 * error:.3f}); the policy did not learn in this run"
+    )
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     scores = [r["score_mean"] for r in rows if "score_mean" in r]
     if not scores:
         return {"steps": 0}
-    head, tail = scores[:10], scores[-10:]
+    head, tail = scores[:WINDOW], scores[-WINDOW:]
+    learned, verdict = learning_verdict(scores)
     return {
         "steps": len(scores),
-        "first_10_mean_score": sum(head) / len(head),
-        "last_10_mean_score": sum(tail) / len(tail),
+        "first_10_mean_score": statistics.fmean(head),
+        "last_10_mean_score": statistics.fmean(tail),
+        "learned": learned,
+        "verdict": verdict,
     }
+
+
+def run_facts(plan: Plan) -> dict[str, Any]:
+    """What the score depends on besides the config: the seed, the machine, the tiny model."""
+    facts: dict[str, Any] = {"seed": plan.config.seed, "machine": machine_facts()}
+    built = read_build_record(plan.model)
+    if built is not None:
+        facts["tiny_model"] = {
+            "seed": built["spec"]["seed"],
+            "kit_version": built["kit_version"],
+            "training_steps": built["steps"],
+            **built["reading"],
+            "built_on": built["machine"],
+        }
+    return facts
+
+
+def _facts_html(numbers: dict[str, Any], facts: dict[str, Any]) -> str:
+    def item(key: str, value: Any) -> str:
+        if isinstance(value, dict):
+            inner = "".join(item(k, v) for k, v in value.items())
+            return f"<li>{html.escape(key)}<ul>{inner}</ul></li>"
+        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+        return f"<li>{html.escape(key)}: {html.escape(shown)}</li>"
+
+    learned = numbers.get("learned")
+    style = {True: "ok", False: "bad"}.get(learned, "unsure")
+    verdict = numbers.get("verdict", "no steps were trained")
+    listed = {k: v for k, v in numbers.items() if k not in ("verdict", "learned")}
+    return (
+        f'<p class="verdict {style}">{html.escape(verdict)}</p>'
+        f"<ul>{''.join(item(k, v) for k, v in listed.items())}</ul>"
+        f"<h2>What these numbers depend on</h2><ul>"
+        f"{''.join(item(k, v) for k, v in facts.items())}</ul>"
+    )
 
 
 def write_report(plan: Plan, config_text: str) -> Path:
@@ -109,26 +180,25 @@ def write_report(plan: Plan, config_text: str) -> Path:
     if plan.metrics_path.exists():
         shutil.copyfile(plan.metrics_path, run_dir / "metrics.jsonl")
     numbers = summary(rows)
-    (run_dir / "summary.json").write_text(json.dumps(numbers, indent=2))
+    facts = run_facts(plan)
+    (run_dir / "summary.json").write_text(json.dumps({**numbers, **facts}, indent=2))
     image = ""
     if rows:
         png = plot(rows, run_dir / "report.png")
         encoded = base64.b64encode(png.read_bytes()).decode()
         image = f'<img alt="mean score and loss per step" src="data:image/png;base64,{encoded}">'
     first, last = sample_groups(plan.rollouts_dir)
-    facts = "".join(
-        f"<li>{k}: {v:.3f}</li>" if isinstance(v, float) else f"<li>{k}: {v}</li>"
-        for k, v in numbers.items()
-    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>atropos run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}
 pre{{white-space:pre-wrap;margin:0}} td,th{{border:1px solid #ccc;padding:4px;
-vertical-align:top}} table{{border-collapse:collapse;width:100%}}</style></head><body>
+vertical-align:top}} table{{border-collapse:collapse;width:100%}}
+.verdict{{padding:8px;font-weight:bold}} .ok{{background:#dfd}} .bad{{background:#fdd}}
+.unsure{{background:#ffd}}</style></head><body>
 <h1>Run {html.escape(run_dir.name)}</h1>
 <p>Policy: <code>{html.escape(plan.model)}</code>; run directory
 <code>{html.escape(str(run_dir))}</code></p>
-<ul>{facts}</ul>
+{_facts_html(numbers, facts)}
 {image}
 <h2>Sample rollouts: start of training</h2>
 {_groups_html(first)}

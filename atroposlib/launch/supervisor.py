@@ -216,11 +216,8 @@ class Launcher:
             lines.append(f"  {child.name}: exit code {child.returncode}{how}{restarts}")
         numbers = summary(read_metrics(self.plan.metrics_path))
         if numbers["steps"]:
-            lines.append(
-                f"  steps trained: {numbers['steps']}; mean score over the first 10 steps "
-                f"{numbers['first_10_mean_score']:.3f}, last 10 {numbers['last_10_mean_score']:.3f}"
-            )
-        style = "green" if outcome.code == 0 else "red"
+            lines.append(f"  steps trained: {numbers['steps']}; {numbers['verdict']}")
+        style = "green" if outcome.code == 0 and numbers.get("learned") is not False else "red"
         self.console.print(Panel("\n".join(lines), title="atropos-launch", border_style=style))
         if outcome.failed is not None:
             self.say(f"last lines of {outcome.failed.log_path}:", "bold red")

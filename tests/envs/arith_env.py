@@ -24,6 +24,9 @@ SYSTEM = "Answer with one digit."
 class ArithConfig(BaseEnvConfig):
     fail_first_items: int = Field(0, description="Raise inside collect_trajectories this often.")
     rollout_delay_s: float = Field(0.0, description="Sleep this long inside every rollout.")
+    fixed_score: float | None = Field(
+        None, description="Score every sample this instead of grading it (a run that cannot learn)."
+    )
 
 
 class ArithEnv(BaseEnv):
@@ -70,7 +73,12 @@ class ArithEnv(BaseEnv):
             messages,
             chat.choices,
             nodes,
-            [float(c.message.content.strip() == answer) for c in chat.choices],
+            [
+                float(c.message.content.strip() == answer)
+                if self.config.fixed_score is None
+                else self.config.fixed_score
+                for c in chat.choices
+            ],
         )
         return group, []
 

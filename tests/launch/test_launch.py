@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -45,10 +47,37 @@ def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
     page = (run_dir / "report.html").read_text()
     assert "data:image/png;base64," in page and "What is" in page  # plot and rollouts
     assert "Sample rollouts: end of training" in page
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
+    numbers = json.loads((run_dir / "summary.json").read_text())
+    assert numbers["steps"] == 4 and numbers["learned"] is None and numbers["seed"] == 0
+    assert "too few steps to judge learning (4 < 20)" in numbers["verdict"]
+    machine = numbers["machine"]
+    assert machine["cpu"] and machine["torch_cpu_capability"] and machine["transformers_version"]
+    assert numbers["tiny_model"]["greedy_accuracy"] >= 0.3 and numbers["tiny_model"]["seed"] == 0
+    assert "What these numbers depend on" in page and html.escape(machine["cpu"]) in page
+    assert "too few steps to judge learning" in out
     assert f"[launch] report: {run_dir / 'report.html'}" in out
     assert run.seen, "the launcher started no processes"
     assert run.leftovers() == [], "processes outlived the launcher"
+
+
+def test_a_run_that_does_not_learn_says_so(launch, tmp_path):
+    """Every sample scores 0.5, so nothing can be learned: the panel and report say it."""
+    from tests.launch.conftest import launch_config
+
+    run_dir = tmp_path / "run"
+    config = launch_config(run_dir, steps=20)
+    config["trainer"]["args"]["vllm_restart_interval"] = 100
+    config["environments"][0]["env"].update(fixed_score=0.5, ensure_scores_are_not_same=False)
+    run = launch(config)
+    assert run.wait(300) == 0, run.output()[-4000:]
+    numbers = json.loads((run_dir / "summary.json").read_text())
+    assert numbers["learned"] is False and numbers["steps"] == 20
+    expected = "THE SCORE DID NOT RISE: mean score 0.500 over the first 10 steps, 0.500 over"
+    assert numbers["verdict"].startswith(expected)
+    assert expected in re.sub(r"[│\s]+", " ", run.output())  # the panel wraps lines
+    page = (run_dir / "report.html").read_text()
+    assert f'<p class="verdict bad">{expected}' in page
+    assert run.leftovers() == []
 
 
 def test_a_killed_environment_is_restarted_and_the_run_completes(launch, tmp_path):
@@ -98,6 +127,7 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     numbers = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert numbers["steps"] == config["trainer"]["args"]["training_steps"]
     assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
+    assert numbers["learned"] is True and numbers["verdict"].startswith("the score rose by")
     assert run.leftovers() == []
 
 

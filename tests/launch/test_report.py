@@ -1,0 +1,52 @@
+"""The end-of-run verdict: a run that does not learn is called flat, plainly."""
+
+from __future__ import annotations
+
+import random
+
+from atroposlib.launch.report import learning_verdict, summary
+
+
+def noisy(mean: float, count: int, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [mean + rng.uniform(-0.05, 0.05) for _ in range(count)]
+
+
+def test_a_clear_rise_is_called_learning():
+    learned, verdict = learning_verdict(noisy(0.3, 10, 0) + noisy(0.5, 80, 1) + noisy(0.7, 10, 2))
+    assert learned is True
+    assert verdict.startswith("the score rose by 0.")
+    assert "over the first 10 steps" in verdict and "over the last 10" in verdict
+
+
+def test_wobble_around_a_flat_mean_is_not_learning():
+    scores = noisy(0.11, 100, 3)
+    learned, verdict = learning_verdict(scores)
+    assert learned is False
+    first, last = sum(scores[:10]) / 10, sum(scores[-10:]) / 10
+    assert verdict.startswith(
+        f"THE SCORE DID NOT RISE: mean score {first:.3f} over the first 10 steps, "
+        f"{last:.3f} over the last 10"
+    )
+    assert verdict.endswith("the policy did not learn in this run")
+
+
+def test_a_small_rise_within_the_noise_is_not_learning():
+    # first 10: mean 0.5, standard error 0.167; a rise of 0.1 is well inside twice that
+    assert learning_verdict([0.0, 1.0] * 5 + [0.6] * 10)[0] is False
+
+
+def test_a_falling_score_is_not_learning():
+    assert learning_verdict([0.6] * 10 + [0.2] * 10)[0] is False
+
+
+def test_too_short_a_run_is_not_judged():
+    learned, verdict = learning_verdict([0.1, 0.9, 0.9])
+    assert learned is None and verdict.startswith("too few steps to judge learning (3 < 20)")
+
+
+def test_summary_carries_the_verdict():
+    rows = [{"step": i, "score_mean": 0.2 if i < 10 else 0.8} for i in range(30)]
+    numbers = summary(rows)
+    assert numbers["learned"] is True and numbers["first_10_mean_score"] == 0.2
+    assert summary([]) == {"steps": 0}
