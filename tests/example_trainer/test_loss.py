@@ -167,8 +167,14 @@ def test_grpo_steps_raise_the_rewarded_completion(tiny_model_path):
     torch.manual_seed(0)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_path)
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    # the task as the tiny model knows it (system line included): without the system line
+    # the prompt is outside what it was trained on, and pushing three digits down there
+    # moves mass to non-digit tokens instead of to the rewarded one
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is 3 + 4 mod 10?"}],
+        [
+            {"role": "system", "content": "Answer with one digit."},
+            {"role": "user", "content": "What is 3 + 4 mod 10?"},
+        ],
         tokenize=False,
         add_generation_prompt=True,
     )
