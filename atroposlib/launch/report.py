@@ -154,24 +154,21 @@ def run_facts(plan: Plan) -> dict[str, Any]:
     return facts
 
 
-def _facts_html(numbers: dict[str, Any], facts: dict[str, Any]) -> str:
+def _list_html(values: dict[str, Any]) -> str:
     def item(key: str, value: Any) -> str:
         if isinstance(value, dict):
-            inner = "".join(item(k, v) for k, v in value.items())
-            return f"<li>{html.escape(key)}<ul>{inner}</ul></li>"
+            return f"<li>{html.escape(key)}{_list_html(value)}</li>"
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         return f"<li>{html.escape(key)}: {html.escape(shown)}</li>"
 
-    learned = numbers.get("learned")
-    style = {True: "ok", False: "bad"}.get(learned, "unsure")
+    return f"<ul>{''.join(item(k, v) for k, v in values.items())}</ul>"
+
+
+def _verdict_html(numbers: dict[str, Any]) -> str:
+    style = {True: "ok", False: "bad"}.get(numbers.get("learned"), "unsure")
     verdict = numbers.get("verdict", "no steps were trained")
     listed = {k: v for k, v in numbers.items() if k not in ("verdict", "learned")}
-    return (
-        f'<p class="verdict {style}">{html.escape(verdict)}</p>'
-        f"<ul>{''.join(item(k, v) for k, v in listed.items())}</ul>"
-        f"<h2>What these numbers depend on</h2><ul>"
-        f"{''.join(item(k, v) for k, v in facts.items())}</ul>"
-    )
+    return f'<p class="verdict {style}">{html.escape(verdict)}</p>{_list_html(listed)}'
 
 
 def write_report(plan: Plan, config_text: str) -> Path:
@@ -198,8 +195,10 @@ vertical-align:top}} table{{border-collapse:collapse;width:100%}}
 <h1>Run {html.escape(run_dir.name)}</h1>
 <p>Policy: <code>{html.escape(plan.model)}</code>; run directory
 <code>{html.escape(str(run_dir))}</code></p>
-{_facts_html(numbers, facts)}
+{_verdict_html(numbers)}
 {image}
+<h2>What these numbers depend on</h2>
+{_list_html(facts)}
 <h2>Sample rollouts: start of training</h2>
 {_groups_html(first)}
 <h2>Sample rollouts: end of training</h2>
