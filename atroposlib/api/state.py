@@ -441,10 +441,9 @@ class RunState:
         )
         max_group_size = max([1, *(s for s, c in self.size_counts.items() if c > 0)])
         own_sizes = self.env_sizes.get(env_id, Counter())
-        largest_own = max([0, *(s for s, c in own_sizes.items() if c > 0)])
-        if largest_own > env.group_size:
-            env.group_size = largest_own
-            self._persist(envs=self._envs_json())
+        # like upstream, count in the largest group this env has queued when that exceeds
+        # its registered size; computed here, never saved: a read must not write
+        group_size = max([env.group_size, *(s for s, c in own_sizes.items() if c > 0)])
         own_sequences = sum(s * c for s, c in own_sizes.items())
         from_others = 0
         for other, sizes in self.env_sizes.items():
@@ -456,9 +455,9 @@ class RunState:
                 from_others += max(0, packed - min_sequences.get(other, 0))
         return {
             "current_step": self.step,
-            "queue_size": (own_sequences + from_others) // env.group_size,
+            "queue_size": (own_sequences + from_others) // group_size,
             "unallocated_fraction": 1.0 - min(1.0, allocated),
-            "self_queue_size": own_sequences // env.group_size,
+            "self_queue_size": own_sequences // group_size,
             "max_group_size": max_group_size,
             "env_weight": max(MIN_ENV_WEIGHT, weight),
         }

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from atroposlib.api import segments
-from atroposlib.api.models import Registration, ScoredData
+from atroposlib.api.models import RegisterEnv, Registration, ScoredData
 from atroposlib.api.state import RunState
 from atroposlib.api.store import GroupRow, MemoryStore, SQLiteStore, StateDirLocked, WriteSet
 from tests.api.helpers import REGISTRATION, make_group
@@ -109,3 +109,37 @@ def test_a_failed_read_serves_and_loses_nothing():
     store.fail_read = False
     assert b'"tokens":[[1,' in state.next_batch().replace(b" ", b"")
     assert state.step == 1 and state.queue == []
+
+
+class CountingStore(SQLiteStore):
+    writes = 0
+
+    def write(self, change: WriteSet) -> None:
+        self.writes += 1
+        super().write(change)
+
+
+def test_status_env_is_a_pure_read(tmp_path):
+    """A queued group larger than its env's group size is counted, and nothing is saved."""
+    store = CountingStore(tmp_path)
+    state = RunState(store)
+    state.register(Registration(**REGISTRATION))
+    state.started = True
+    env_id = state.register_env(
+        RegisterEnv(max_token_length=64, desired_name="e", weight=1.0, group_size=4)
+    )["env_id"]
+    store.write(
+        WriteSet(
+            kv={"next_id": 2},
+            inserts=[(GroupRow(id=1, env_id=env_id, size=8, order=1, buffered=False), b"{}")],
+        )
+    )
+    state = RunState(store)  # restored: an 8-sequence group queued for a size-4 env
+    writes = store.writes
+    first = state.status_env(env_id)
+    assert state.status_env(env_id) == first
+    assert first["self_queue_size"] == 1 and first["queue_size"] == 1
+    assert store.writes == writes, "status_env wrote to the store"
+    assert state.envs[env_id].group_size == 4
+    assert RunState(store).envs[env_id].group_size == 4
+    store.close()
