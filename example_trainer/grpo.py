@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from atroposlib.cli.flags import add_model_flags, parse_settings
+from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 from example_trainer.api import TrajectoryAPI
 from example_trainer.checkpoint import load_trainer_state, save_checkpoint

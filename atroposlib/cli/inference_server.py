@@ -12,7 +12,7 @@ import sys
 import uvicorn
 from pydantic import BaseModel, Field
 
-from atroposlib.cli.flags import add_model_flags, parse_settings
+from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 
 

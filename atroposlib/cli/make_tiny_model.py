@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from atroposlib.cli.flags import add_model_flags, parse_settings
+from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.tiny_model import TinyModelCheckFailed, TinyModelSpec, build_tiny_model
 
 

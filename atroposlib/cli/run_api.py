@@ -10,7 +10,7 @@ import uvicorn
 
 from atroposlib.api import SETTINGS_ENV
 from atroposlib.api.settings import APISettings
-from atroposlib.cli.flags import add_model_flags, parse_settings
+from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 
 

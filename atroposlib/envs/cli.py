@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from atroposlib.cli.flags import add_model_flags, given_flags, parse_bool
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
+from atroposlib.utils.flags import add_model_flags, given_flags, parse_bool
 from atroposlib.utils.logging import configure_logging
 
 logger = logging.getLogger("atroposlib.envs")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from atroposlib.api.settings import APISettings
-from atroposlib.cli.flags import FlagError, model_from_args
 from atroposlib.cli.run_api import build_parser, main
+from atroposlib.utils.flags import FlagError, model_from_args
 
 
 def settings_from(*argv: str) -> APISettings:
