@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from atroposlib.token_limit import exceeds_token_limit
+
 
 class Registration(BaseModel):
     """What a trainer sends to `/register`."""
@@ -147,7 +149,7 @@ def group_errors(
                     )
     if max_token_len > 0:
         for i, toks in enumerate(group.tokens):
-            if len(toks) > max_token_len:
+            if exceeds_token_limit(len(toks), max_token_len):
                 errors.append(
                     _error(
                         (*loc, "tokens", i),

@@ -43,6 +43,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     ServerBaseline,
 )
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.token_limit import exceeds_token_limit
 from atroposlib.type_definitions import Item
 
 logger = logging.getLogger("atroposlib.envs")
@@ -211,9 +212,9 @@ class BaseEnv(ABC):
             if (
                 limit > 0
                 and abort_on_any_max_length_exceeded
-                and any(len(t) >= limit for t in group["tokens"])
+                and any(exceeds_token_limit(len(t), limit) for t in group["tokens"])
             ):
-                self._drop("too_long", f"a sequence reached max_token_len {limit}")
+                self._drop("too_long", f"a sequence is over max_token_len {limit}")
                 continue
             if self.config.include_messages and not group.get("messages"):
                 group["messages"] = [self.tokenizer.decode(t) for t in group["tokens"]]

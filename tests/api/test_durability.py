@@ -92,7 +92,9 @@ def test_kill_9_under_load_loses_and_duplicates_nothing(api_factory):
     threads = [threading.Thread(target=poster, args=(i * 1000, 150)) for i in range(4)]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 60
     while len(acknowledged) < 150:
+        assert not errors and time.monotonic() < deadline, (len(acknowledged), errors[:3])
         time.sleep(0.01)
     api.kill()
     killed_after = len(acknowledged)

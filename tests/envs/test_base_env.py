@@ -48,15 +48,17 @@ def test_sending_rules(env, tmp_path):
     send(env, None)
     send(env, group(size=1, scores=(1.0,)))
     send(env, group(scores=(0.5, 0.5)))
-    send(env, group(length=10))
+    send(env, group(length=11))
     assert env.client.sent == []
     assert env.stats["dropped_none"] == 1 and env.stats["dropped_wrong_size"] == 1
     assert env.stats["dropped_same_scores"] == 1 and env.stats["dropped_too_long"] == 1
-    send(env, group(length=10), abort_on_any_max_length_exceeded=False)
+    send(env, group(length=11), abort_on_any_max_length_exceeded=False)
     overridden = group(size=3, scores=(1.0, 0.0, 1.0))
     overridden["group_overrides"] = {"group_size": 3}
     send(env, overridden)
     assert [len(batch[0]["tokens"]) for batch in env.client.sent] == [2, 3]
+    send(env, group(length=10))  # exactly the limit fits, as the API and trainer agree
+    assert len(env.client.sent[-1][0]["tokens"][0]) == 10
     assert all(batch[0]["env_id"] == 3 for batch in env.client.sent)
     send(env, [group(), group()])
     assert len(env.client.sent[-1]) == 2, "several groups go out in one list post"
