@@ -22,6 +22,7 @@ import torch.distributed as dist
 T = TypeVar("T")
 
 # rank 0 may wait a long time for data or an engine restart while the others block
+CLOSE_BARRIER_TIMEOUT = timedelta(seconds=30)
 COLLECTIVE_TIMEOUT = timedelta(hours=4)
 
 
@@ -68,6 +69,15 @@ class DataParallel:
 
     def close(self) -> None:
         if self.enabled and dist.is_initialized():
+            if dist.get_backend() == "gloo":
+                # all ranks arrive before any tears down: a rank that destroys its group
+                # while a peer's gloo connection is open can abort that peer ("terminate
+                # called without an active exception", seen in CI); bounded, so a rank
+                # whose peer already died still exits
+                try:
+                    dist.monitored_barrier(timeout=CLOSE_BARRIER_TIMEOUT)
+                except RuntimeError:
+                    pass
             dist.destroy_process_group()
 
 
