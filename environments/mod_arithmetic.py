@@ -46,13 +46,10 @@ from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa
 from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
 from atroposlib.utils.tiny_model import ensure_tiny_model  # noqa: E402
 
-# The system line the tiny model was pretrained with (tiny_model.generate_corpus).
-SYSTEM_PROMPT = "Answer with one digit."
-
-
-def question_for(a: int, b: int) -> str:
-    """The user turn, worded as in the tiny model's pretraining corpus."""
-    return f"What is {a} + {b} mod 10?"
+# The system line and the question wording the tiny model was trained on, from the one
+# place that defines them.
+from atroposlib.utils.tiny_model_training import SYSTEM_PROMPT  # noqa: E402
+from atroposlib.utils.tiny_model_training import question_text as question_for  # noqa: E402
 
 
 def answer_for(a: int, b: int) -> str:

@@ -22,8 +22,9 @@ import torch.distributed as dist
 T = TypeVar("T")
 
 # rank 0 may wait a long time for data or an engine restart while the others block
-CLOSE_BARRIER_TIMEOUT = timedelta(seconds=30)
 COLLECTIVE_TIMEOUT = timedelta(hours=4)
+# ranks meet before tearing down; a peer that already died must not hold up the exit
+CLOSE_BARRIER_TIMEOUT = timedelta(seconds=30)
 
 
 @dataclass(frozen=True)

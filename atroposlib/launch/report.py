@@ -96,6 +96,11 @@ def _groups_html(groups: list[dict]) -> str:
     return "\n".join(parts)
 
 
+def window_means(scores: list[float]) -> tuple[float, float]:
+    """Mean score over the first and over the last `WINDOW` steps."""
+    return statistics.fmean(scores[:WINDOW]), statistics.fmean(scores[-WINDOW:])
+
+
 def learning_verdict(scores: list[float]) -> tuple[bool | None, str]:
     """Did the mean score rise? Judged against the noise of the scores themselves.
 
@@ -104,7 +109,7 @@ def learning_verdict(scores: list[float]) -> tuple[bool | None, str]:
     numbers wobble is called flat. None when the run is too short to judge.
     """
     head, tail = scores[:WINDOW], scores[-WINDOW:]
-    first, last = statistics.fmean(head), statistics.fmean(tail)
+    first, last = window_means(scores)
     means = (
         f"mean score {first:.3f} over the first {len(head)} steps, "
         f"{last:.3f} over the last {len(tail)}"
@@ -128,12 +133,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     scores = [r["score_mean"] for r in rows if "score_mean" in r]
     if not scores:
         return {"steps": 0}
-    head, tail = scores[:WINDOW], scores[-WINDOW:]
+    first, last = window_means(scores)
     learned, verdict = learning_verdict(scores)
     return {
         "steps": len(scores),
-        "first_10_mean_score": statistics.fmean(head),
-        "last_10_mean_score": statistics.fmean(tail),
+        "first_10_mean_score": first,
+        "last_10_mean_score": last,
         "learned": learned,
         "verdict": verdict,
     }

@@ -76,7 +76,7 @@ class TinyModelSpec(BaseModel):
         4000, ge=10, description="Generated conversations the tokenizer is trained on."
     )
     max_steps: int = Field(
-        1500, ge=0, description="Most training steps (it usually converges in 250-400)."
+        1500, ge=0, description="Most training steps (it usually converges in 300-450)."
     )
     learning_rate: float = Field(3e-3, gt=0, description="AdamW learning rate.")
     right_probability: float = Field(
