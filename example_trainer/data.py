@@ -8,12 +8,17 @@ micro-batches, so little compute goes to padding.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from atroposlib.protocol import GROUPS, ScoredData
 from example_trainer.loss import group_advantages
+
+BatchGroups = Iterable[ScoredData | Mapping[str, Any]]
+"""A step's groups, as `/batch` gives them (`ScoredData`) or as plain dicts."""
 
 
 @dataclass
@@ -38,38 +43,37 @@ class Sequence:
     ref_logprobs: list[float] | None
 
 
-def flatten(batch: list[dict[str, Any]], scale: str, seq_len: int) -> list[Sequence]:
+def flatten(batch: BatchGroups, scale: str, seq_len: int) -> list[Sequence]:
+    """One `Sequence` per rollout; groups may come as `ScoredData` or as plain dicts."""
     sequences = []
-    for group in batch:
-        scores = torch.tensor(group["scores"], dtype=torch.float32)
+    for group in GROUPS.validate_python(list(batch)):
+        scores = torch.tensor(group.scores, dtype=torch.float32)
         centred = group_advantages(scores, scale)
-        for i, tokens in enumerate(group["tokens"]):
+        for i, tokens in enumerate(group.tokens):
             tokens = tokens[:seq_len]
-            token_adv = (group.get("advantages") or [None] * len(scores))[i]
+            token_adv = group.advantages[i] if group.advantages else None
             advantages = (
                 list(token_adv[: len(tokens)])
                 if token_adv is not None
                 else [float(centred[i])] * len(tokens)
             )
-            if group.get("overrides") and (group["overrides"][i] or {}).get(
-                "set_advantage_to_zero"
-            ):
+            if group.overrides and (group.overrides[i] or {}).get("set_advantage_to_zero"):
                 advantages = [0.0] * len(tokens)
             sequences.append(
                 Sequence(
                     tokens=list(tokens),
-                    masks=list(group["masks"][i][: len(tokens)]),
+                    masks=list(group.masks[i][: len(tokens)]),
                     score=float(scores[i]),
                     advantages=advantages,
-                    inference_logprobs=_optional(group, "inference_logprobs", i, len(tokens)),
-                    ref_logprobs=_optional(group, "ref_logprobs", i, len(tokens)),
+                    inference_logprobs=_aligned(group.inference_logprobs, i, len(tokens)),
+                    ref_logprobs=_aligned(group.ref_logprobs, i, len(tokens)),
                 )
             )
     return sequences
 
 
-def _optional(group: dict[str, Any], key: str, index: int, length: int) -> list[float] | None:
-    values = group.get(key)
+def _aligned(values: list[list[float]] | None, index: int, length: int) -> list[float] | None:
+    """Row `index` cut to `length`, or None when the group lacks it or it is too short."""
     if not values or values[index] is None or len(values[index]) < length:
         return None
     return list(values[index][:length])

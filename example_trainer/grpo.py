@@ -25,12 +25,13 @@ from typing import Any
 
 import torch
 
+from atroposlib.protocol import ScoredData
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 from example_trainer.api import TrajectoryAPI
 from example_trainer.checkpoint import load_trainer_state, save_checkpoint
 from example_trainer.config import TrainingConfig
-from example_trainer.data import flatten, micro_batches, trained_tokens
+from example_trainer.data import BatchGroups, flatten, micro_batches, trained_tokens
 from example_trainer.distributed import init_data_parallel
 from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
 
@@ -167,7 +168,7 @@ class Trainer:
         return time.perf_counter() - started
 
     # -------------------------------------------------------------- train
-    def wait_for_batch(self, api: TrajectoryAPI) -> tuple[list[dict[str, Any]], float]:
+    def wait_for_batch(self, api: TrajectoryAPI) -> tuple[list[ScoredData], float]:
         started, delay = time.perf_counter(), 0.05
         next_note = started + 30
         while True:
@@ -186,7 +187,7 @@ class Trainer:
             time.sleep(delay)
             delay = min(delay * 2, self.config.batch_poll_s)
 
-    def train_step(self, batch: list[dict[str, Any]]) -> dict[str, float]:
+    def train_step(self, batch: BatchGroups) -> dict[str, float]:
         metrics = self.accumulate_gradients(batch)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.config.max_grad_norm
@@ -196,7 +197,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return {**metrics, "grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0]}
 
-    def accumulate_gradients(self, batch: list[dict[str, Any]]) -> dict[str, float]:
+    def accumulate_gradients(self, batch: BatchGroups) -> dict[str, float]:
         """Backward over this rank's share of the batch; gradients are the whole batch's."""
         config = self.config
         sequences = flatten(batch, config.scale_advantages, config.seq_len)

@@ -2,22 +2,7 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-LIBRARY_AND_USERS = ("atroposlib", "example_trainer", "environments", "benchmarks")
-
-
-def imported_modules(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return found
+from tests.support.source import LIBRARY_AND_USERS, REPO, imported_modules
 
 
 def test_nothing_outside_the_cli_package_imports_it():

@@ -22,16 +22,10 @@ from pydantic import ValidationError
 
 from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.middleware import RequestGuard
-from atroposlib.api.models import (
-    SCORED_DATA_LIST,
-    EnvIdentifier,
-    RegisterEnv,
-    Registration,
-    ScoredData,
-)
 from atroposlib.api.settings import APISettings
 from atroposlib.api.state import InvalidGroups, QueueFull, RunState, UnknownEnv
 from atroposlib.api.store import open_store
+from atroposlib.protocol import GROUPS, EnvIdentifier, RegisterEnv, Registration, ScoredData
 
 logger = logging.getLogger("atroposlib.api")
 
@@ -154,7 +148,7 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
         body = await request.body()
         try:
             if as_list:
-                groups = SCORED_DATA_LIST.validate_json(body)
+                groups = GROUPS.validate_json(body)
             else:
                 groups = [ScoredData.model_validate_json(body)]
         except ValidationError as exc:

@@ -24,15 +24,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from atroposlib.api.models import (
-    EMPTY_EXAMPLE,
-    RegisterEnv,
-    Registration,
-    ScoredData,
-    group_errors,
-)
+from atroposlib.api.models import group_errors
 from atroposlib.api.packing import find_subset_summing_to, plan_batch
 from atroposlib.api.store import GroupRow, GroupStore, WriteSet
+from atroposlib.protocol import EMPTY_EXAMPLE, RegisterEnv, Registration, ScoredData
 
 logger = logging.getLogger("atroposlib.api")
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import EvalHandlingEnum
+from atroposlib.protocol import RegisterEnv
 
 logger = logging.getLogger("atroposlib.envs")
 
@@ -91,14 +92,14 @@ class EnvRuntime:
 
     async def _register(self) -> bool:
         env, config = self.env, self.env.config
-        registration = {
-            "max_token_length": config.max_token_length,
-            "desired_name": config.wandb_name or env.name or type(env).__name__,
-            "weight": config.inference_weight,
-            "group_size": config.group_size,
-            "min_batch_allocation": config.min_batch_allocation,
-        }
-        answer = await self._until_stopped(self.client.register_env(registration))
+        registration = RegisterEnv(
+            max_token_length=config.max_token_length,
+            desired_name=config.wandb_name or env.name or type(env).__name__,
+            weight=config.inference_weight,
+            group_size=config.group_size,
+            min_batch_allocation=config.min_batch_allocation,
+        )
+        answer = await self._until_stopped(self.client.register_env(registration.model_dump()))
         if answer is None:
             return False
         env.env_id = answer["env_id"]

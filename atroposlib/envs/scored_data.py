@@ -1,64 +1,21 @@
-"""The shapes environments build: a scored group of rollouts, or one scored rollout.
+"""Building groups: from single rollouts, or from one prompt's chat samples.
 
-TypedDicts (plain dicts at runtime) with the trajectory API's field names.
+The shapes (`ScoredDataGroup`, `ScoredDataItem`) are defined in `atroposlib.protocol`.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any
 
+from atroposlib.protocol import ITEM_FIELDS, ScoredDataGroup, ScoredDataItem
 
-class ScoredDataGroup(TypedDict, total=False):
-    tokens: list[list[int]]
-    masks: list[list[int]]
-    scores: list[float]
-    advantages: list[list[float]] | None
-    ref_logprobs: list[list[float]] | None
-    messages: list[Any] | None
-    generation_params: dict[str, Any] | None
-    inference_logprobs: list[list[float]] | None
-    group_overrides: dict[str, Any] | None
-    overrides: list[dict[str, Any]] | None
-    images: Any
-    distill_token_ids: list[list[list[int]]] | None
-    distill_logprobs: list[list[list[float]]] | None
-    env_id: int | None
-
-
-class ScoredDataItem(TypedDict, total=False):
-    tokens: list[int]
-    masks: list[int]
-    scores: float
-    advantages: list[float] | None
-    ref_logprobs: list[float] | None
-    messages: Any
-    inference_logprobs: list[float] | None
-    group_overrides: dict[str, Any] | None
-    overrides: dict[str, Any] | None
-    images: Any
-    distill_token_ids: list[list[int]] | None
-    distill_logprobs: list[list[float]] | None
-
-
-# Per-sequence keys copied from items into a group (scores handled apart).
-ITEM_TO_GROUP_KEYS = (
-    "tokens",
-    "masks",
-    "advantages",
-    "ref_logprobs",
-    "messages",
-    "inference_logprobs",
-    "overrides",
-    "images",
-    "distill_token_ids",
-    "distill_logprobs",
-)
+__all__ = ["ScoredDataGroup", "ScoredDataItem", "group_from_chat", "stack_items"]
 
 
 def stack_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
     """A group from single rollouts; optional keys only when every item has them."""
     group: ScoredDataGroup = {"tokens": [], "masks": [], "scores": []}
-    for key in ITEM_TO_GROUP_KEYS:
+    for key in ITEM_FIELDS:
         values = [item.get(key) for item in items]
         if key in ("tokens", "masks") or (values and all(v is not None for v in values)):
             group[key] = values  # type: ignore[literal-required]

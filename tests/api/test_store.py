@@ -7,9 +7,9 @@ import logging
 import pytest
 
 from atroposlib.api import segments
-from atroposlib.api.models import RegisterEnv, Registration, ScoredData
 from atroposlib.api.state import RunState
 from atroposlib.api.store import GroupRow, MemoryStore, SQLiteStore, StateDirLocked, WriteSet
+from atroposlib.protocol import RegisterEnv, Registration, ScoredData
 from tests.api.helpers import REGISTRATION, make_group
 
 

@@ -1,0 +1,175 @@
+"""The wire format of the trajectory API, defined once (PROTOCOL.md).
+
+Every side of the wire imports this module: the API validates posts with these
+models, environments build their groups from the TypedDicts and registration
+models, and the trainer reads `/batch` through `Batch`. It depends on pydantic
+only, so the API stays free of the rest of the library.
+
+Field names and types are the Atropos contract. `ScoredData` (validated) and
+`ScoredDataGroup` (the plain-dict view environments build and upstream code
+imports) list the same fields; a test keeps them equal. Cross-field rules live
+in `atroposlib.api.models` with the API, which is the only side that judges.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+if sys.version_info >= (3, 11):
+    from typing import TypedDict
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import TypedDict
+
+
+class Registration(BaseModel):
+    """What a trainer sends to `/register`."""
+
+    wandb_group: str
+    wandb_project: str
+    batch_size: int = Field(gt=0)
+    max_token_len: int
+    """The token limit on the wire; `atroposlib.token_limit` holds its rule."""
+    checkpoint_dir: str
+    save_checkpoint_interval: int
+    starting_step: int = Field(ge=0)
+    num_steps: int
+
+
+class RegisterEnv(BaseModel):
+    """What an environment sends to `/register-env`."""
+
+    max_token_length: int
+    """The environment's token limit (the same notion as `max_token_len`)."""
+    desired_name: str
+    weight: float = 1.0
+    group_size: int = Field(gt=0)
+    min_batch_allocation: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class EnvIdentifier(BaseModel):
+    env_id: int = Field(ge=0)
+
+
+class ScoredData(BaseModel):
+    """One group: the rollouts of one prompt.
+
+    Strict types: a token must be a JSON integer and a score a JSON number, because
+    the posted JSON itself is what the trainer receives (see `stored_json`), so a
+    coerced "5" would reach it as a string. Unknown keys are kept and handed on.
+    `ser_json_inf_nan="constants"` writes NaN/Infinity like Python's json module.
+    """
+
+    model_config = ConfigDict(strict=True, extra="allow", ser_json_inf_nan="constants")
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: list[list[float]] | None = None
+    ref_logprobs: list[list[float]] | None = None
+    messages: list[list[dict[str, Any]]] | None = None
+    generation_params: dict[str, Any] | None = None
+    inference_logprobs: list[list[float]] | None = None
+    overrides: list[dict[str, Any]] | None = None
+    group_overrides: dict[str, Any] | None = None
+    images: Any | None = None
+    env_id: int | None = None
+    distill_token_ids: list[list[list[int]]] | None = None
+    distill_logprobs: list[list[list[float]]] | None = None
+
+    def stored_json(self, raw: bytes | None = None) -> bytes:
+        """The JSON handed to the trainer: the posted object with absent fields as null.
+
+        Re-serialising a 100 KB group costs more than validating it, so when the raw
+        posted object is at hand it is reused verbatim and only the missing keys are
+        prepended. Without it (list posts) the model is serialised.
+        """
+        if raw is None:
+            return self.model_dump_json().encode()
+        missing = b"".join(
+            _NULL_FIELDS[name] for name in GROUP_FIELDS if name not in self.model_fields_set
+        )
+        return b"{" + missing + raw.strip()[1:]
+
+
+GROUP_FIELDS = tuple(ScoredData.model_fields)
+_NULL_FIELDS = {name: f'"{name}":null,'.encode() for name in GROUP_FIELDS}
+
+PER_SEQUENCE_FIELDS = (
+    "advantages",
+    "ref_logprobs",
+    "messages",
+    "inference_logprobs",
+    "overrides",
+    "distill_token_ids",
+    "distill_logprobs",
+)
+"""Optional fields that hold one entry per sequence."""
+
+ITEM_FIELDS = ("tokens", "masks", *PER_SEQUENCE_FIELDS, "images")
+"""Per-sequence fields a single rollout carries (`scores` is handled apart)."""
+
+
+class Batch(BaseModel):
+    """What `/batch` answers: the groups of one step, or null while none is ready."""
+
+    batch: list[ScoredData] | None
+
+
+GROUPS = TypeAdapter(list[ScoredData])
+"""Validates a list of groups, given as dicts or as `ScoredData`."""
+
+
+EMPTY_EXAMPLE: dict[str, list] = {
+    key: []
+    for key in (
+        "tokens",
+        "masks",
+        "scores",
+        "advantages",
+        "ref_logprobs",
+        "generation_params",
+        "inference_logprobs",
+        "messages",
+        "images",
+    )
+}
+"""What `/latest_example` answers before any group arrived (upstream's shape)."""
+
+
+class ScoredDataGroup(TypedDict, total=False):
+    """A group as a plain dict: what environments build and hand to the API client."""
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: list[list[float]] | None
+    ref_logprobs: list[list[float]] | None
+    messages: list[Any] | None
+    generation_params: dict[str, Any] | None
+    inference_logprobs: list[list[float]] | None
+    overrides: list[dict[str, Any]] | None
+    group_overrides: dict[str, Any] | None
+    images: Any
+    env_id: int | None
+    distill_token_ids: list[list[list[int]]] | None
+    distill_logprobs: list[list[list[float]]] | None
+
+
+class ScoredDataItem(TypedDict, total=False):
+    """One scored rollout; `stack_items` turns several into a group."""
+
+    tokens: list[int]
+    masks: list[int]
+    scores: float
+    advantages: list[float] | None
+    ref_logprobs: list[float] | None
+    messages: Any
+    inference_logprobs: list[float] | None
+    group_overrides: dict[str, Any] | None
+    overrides: dict[str, Any] | None
+    images: Any
+    distill_token_ids: list[list[int]] | None
+    distill_logprobs: list[list[float]] | None

@@ -1,0 +1,77 @@
+"""The wire format is defined once (`atroposlib.protocol`) and every side reads it."""
+
+from __future__ import annotations
+
+import re
+from typing import get_type_hints
+
+from atroposlib.protocol import (
+    GROUP_FIELDS,
+    ITEM_FIELDS,
+    Batch,
+    ScoredData,
+    ScoredDataGroup,
+    ScoredDataItem,
+)
+from tests.support.source import LIBRARY_AND_USERS, REPO, imported_modules
+
+
+def test_the_dict_view_lists_exactly_the_models_fields():
+    assert set(get_type_hints(ScoredDataGroup)) == set(ScoredData.model_fields)
+    item_keys = set(get_type_hints(ScoredDataItem))
+    assert item_keys == {*ITEM_FIELDS, "scores", "group_overrides"}
+    assert item_keys <= set(GROUP_FIELDS)
+
+
+def test_only_the_protocol_module_spells_the_group_out():
+    """A module naming more than half the fields is a second definition in disguise."""
+    spelled = {}
+    for folder in LIBRARY_AND_USERS:
+        for path in (REPO / folder).rglob("*.py"):
+            text = path.read_text()
+            named = {f for f in GROUP_FIELDS if re.search(rf"\b{f}\b", text)}
+            if len(named) > len(GROUP_FIELDS) // 2:
+                spelled[str(path.relative_to(REPO))] = len(named)
+    assert spelled == {"atroposlib/protocol.py": len(GROUP_FIELDS)}
+
+
+def test_the_protocol_depends_on_pydantic_only():
+    allowed = ("__future__", "sys", "typing", "typing_extensions", "pydantic")
+    found = imported_modules(REPO / "atroposlib" / "protocol.py")
+    assert {m for m in found if not m.startswith(allowed)} == set()
+
+
+API_MAY_IMPORT = ("atroposlib.api", "atroposlib.protocol", "atroposlib.token_limit")
+
+
+def test_the_api_depends_only_on_the_protocol_and_the_token_rule():
+    outside = set()
+    for path in (REPO / "atroposlib" / "api").glob("*.py"):
+        outside |= {
+            m
+            for m in imported_modules(path)
+            if m.startswith(("atroposlib", "example_trainer")) and not m.startswith(API_MAY_IMPORT)
+        }
+    assert outside == set()
+
+
+def test_a_batch_answer_reads_as_groups_with_absent_fields_null():
+    posted = b'{"tokens": [[1, 2]], "masks": [[-100, 2]], "scores": [1.0], "note": "kept"}'
+    stored = ScoredData.model_validate_json(posted).stored_json(posted)
+    batch = Batch.model_validate_json(b'{"batch": [' + stored + b"]}").batch
+    assert batch is not None and len(batch) == 1
+    group = batch[0]
+    assert (group.tokens, group.masks, group.scores) == ([[1, 2]], [[-100, 2]], [1.0])
+    assert group.advantages is None and group.inference_logprobs is None
+    assert group.model_extra == {"note": "kept"}
+    assert Batch.model_validate_json(b'{"batch": null}').batch is None
+
+
+def test_a_group_that_breaks_the_types_is_refused_by_the_reader_too():
+    import pydantic
+    import pytest
+
+    with pytest.raises(pydantic.ValidationError, match="tokens"):
+        Batch.model_validate_json(
+            b'{"batch": [{"tokens": [["5"]], "masks": [[1]], "scores": [1.0]}]}'
+        )
