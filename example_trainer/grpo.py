@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import logging
 import random
 import shlex
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 from atroposlib.protocol import ScoredData
+from atroposlib.trainer_contract import EventKind, RunRecords
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 from example_trainer.api import TrajectoryAPI
@@ -36,6 +36,9 @@ from example_trainer.distributed import init_data_parallel
 from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
 
 logger = logging.getLogger("example_trainer")
+
+# what atropos-launch checks this trainer's flags against (atroposlib.trainer_contract)
+LAUNCH_CONFIG = TrainingConfig
 
 
 def pick_device(name: str) -> torch.device:
@@ -124,7 +127,7 @@ class Trainer:
             kl_coef=config.kl_coef,
             normalization=config.loss_normalization,
         )
-        self.metrics_path = Path(config.save_path) / "metrics.jsonl"
+        self.records = RunRecords(config.save_path)
         self.engine = None
         self._wandb_run = None
 
@@ -153,6 +156,7 @@ class Trainer:
         Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
         self.engine = EngineProcess(engine_config)
         self.engine.start(self.latest_checkpoint)
+        self.records.event(EventKind.ENGINE_STARTED, self.step, model=self.latest_checkpoint)
 
     def ensure_engine(self) -> float:
         """Restart a dead engine from the latest checkpoint; returns seconds spent."""
@@ -163,8 +167,13 @@ class Trainer:
             self.latest_checkpoint,
             self.engine.log_tail(10),
         )
+        return self._restart_engine(self.latest_checkpoint, "engine died")
+
+    def _restart_engine(self, model: str, reason: str) -> float:
+        """Restart the engine on `model`, record it, and return the seconds it took."""
         started = time.perf_counter()
-        self.engine.restart(self.latest_checkpoint)
+        self.engine.restart(model)
+        self.records.event(EventKind.ENGINE_RESTARTED, self.step, reason=reason, model=model)
         return time.perf_counter() - started
 
     # -------------------------------------------------------------- train
@@ -264,20 +273,17 @@ class Trainer:
             self.scheduler,
         )
         self.latest_checkpoint = str(path)
+        self.records.event(EventKind.CHECKPOINT_SAVED, self.step, path=str(path))
         return path
 
     def checkpoint_and_restart(self) -> float:
         path = self.save()
         if self.engine is None:
             return 0.0
-        started = time.perf_counter()
-        self.engine.restart(path)
-        return time.perf_counter() - started
+        return self._restart_engine(str(path), "new weights")
 
     def log(self, metrics: dict[str, float]) -> None:
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_path, "a") as out:
-            out.write(json.dumps({"step": self.step, **metrics}) + "\n")
+        self.records.metrics(self.step, metrics)
         if self.config.use_wandb:
             self._wandb().log({f"train/{k}": v for k, v in metrics.items()}, step=self.step)
         logger.info(

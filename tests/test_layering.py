@@ -21,3 +21,14 @@ def test_the_scan_sees_imports():
     """The check above can fail: it finds the cli's own imports of the library."""
     found = imported_modules(REPO / "atroposlib" / "cli" / "run_api.py")
     assert "atroposlib.utils.flags" in found
+
+
+def test_the_library_names_the_example_trainer_only_as_the_launchers_default():
+    """The launcher reaches trainers through atroposlib.trainer_contract, not by name."""
+    mentions = [
+        f"{path.relative_to(REPO)}: {line.strip()}"
+        for path in (REPO / "atroposlib").rglob("*.py")
+        for line in path.read_text().splitlines()
+        if "example_trainer" in line
+    ]
+    assert mentions == ['atroposlib/launch/config.py: DEFAULT_TRAINER = "example_trainer.grpo"']

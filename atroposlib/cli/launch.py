@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from atroposlib.launch.config import ConfigError, load_config, plan
+from atroposlib.launch.config import ConfigError, load_config
+from atroposlib.launch.plan import plan
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from atroposlib.launch.config import ProcessPlan
+from atroposlib.launch.plan import ProcessPlan
 from atroposlib.utils.processes import log_tail, spawn, stop_group
 
 Sink = Callable[["Child", str], None]

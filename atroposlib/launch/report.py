@@ -17,8 +17,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from atroposlib.launch.config import Plan
-from atroposlib.launch.status import read_metrics
+from atroposlib.launch.plan import Plan
+from atroposlib.trainer_contract import (
+    EventKind,
+    MetricsRow,
+    TrainerEvent,
+    read_events,
+    read_metrics,
+)
 from atroposlib.utils.machine import machine_facts
 from atroposlib.utils.tiny_model import read_build_record
 
@@ -26,15 +32,15 @@ SAMPLES_PER_END = 3
 WINDOW = 10  # steps at each end whose mean scores are compared
 
 
-def plot(rows: list[dict[str, Any]], out: Path) -> Path:
+def plot(rows: list[MetricsRow], out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in rows]
+    steps = [r.step for r in rows]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    scores = [r.get("score_mean", float("nan")) for r in rows]
+    scores = [r.score_mean for r in rows]
     top.plot(steps, scores, ".", alpha=0.5, label="mean score per step")
     window = max(1, min(10, len(scores) // 4))
     smooth = [
@@ -45,7 +51,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> Path:
     top.set_ylabel("mean score")
     top.legend(loc="best")
     top.grid(alpha=0.3)
-    bottom.plot(steps, [r.get("loss", float("nan")) for r in rows], "-", color="tab:red")
+    bottom.plot(steps, [r.loss for r in rows], "-", color="tab:red")
     bottom.set_ylabel("loss")
     bottom.set_xlabel("trainer step")
     bottom.grid(alpha=0.3)
@@ -129,8 +135,8 @@ def learning_verdict(scores: list[float]) -> tuple[bool | None, str]:
     )
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    scores = [r["score_mean"] for r in rows if "score_mean" in r]
+def summary(rows: list[MetricsRow]) -> dict[str, Any]:
+    scores = [r.score_mean for r in rows]
     if not scores:
         return {"steps": 0}
     first, last = window_means(scores)
@@ -142,6 +148,20 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "learned": learned,
         "verdict": verdict,
     }
+
+
+def event_counts(events: list[TrainerEvent]) -> dict[str, int]:
+    """What the trainer reported doing besides training: engine restarts and checkpoints."""
+    return {
+        "engine_restarts": sum(e.kind is EventKind.ENGINE_RESTARTED for e in events),
+        "checkpoints_saved": sum(e.kind is EventKind.CHECKPOINT_SAVED for e in events),
+    }
+
+
+def run_numbers(plan: Plan) -> dict[str, Any]:
+    """The summary of the trainer's records: learning verdict and event counts."""
+    numbers = summary(read_metrics(plan.metrics_path))
+    return {**numbers, **event_counts(read_events(plan.events_path))}
 
 
 def run_facts(plan: Plan) -> dict[str, Any]:
@@ -179,9 +199,10 @@ def _verdict_html(numbers: dict[str, Any]) -> str:
 def write_report(plan: Plan, config_text: str) -> Path:
     run_dir = plan.run_dir
     rows = read_metrics(plan.metrics_path)
-    if plan.metrics_path.exists():
-        shutil.copyfile(plan.metrics_path, run_dir / "metrics.jsonl")
-    numbers = summary(rows)
+    for records in (plan.metrics_path, plan.events_path):
+        if records.exists():
+            shutil.copyfile(records, run_dir / records.name)
+    numbers = run_numbers(plan)
     facts = run_facts(plan)
     (run_dir / "summary.json").write_text(json.dumps({**numbers, **facts}, indent=2))
     image = ""

@@ -1,13 +1,13 @@
 """The live status line of a run, read from what the processes already publish.
 
 Sources: the API's `/status` (step, queue) and `/metrics` (groups received,
-for groups/s), and the trainer's metrics jsonl (recent mean score). Reading
+for groups/s), and the trainer's records (`atroposlib.trainer_contract`): its
+metrics rows (recent mean score) and its events (engine restarts). Reading
 never raises: a process that is starting or gone just leaves a field blank.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import deque
@@ -16,20 +16,10 @@ from pathlib import Path
 
 import httpx
 
+from atroposlib.trainer_contract import EventKind, MetricsRow, RecordTail, TrainerEvent
+
 RATE_WINDOW_S = 10.0
 GROUPS_RECEIVED = re.compile(r"^atropos_groups_received_total\s+([0-9.eE+-]+)$", re.MULTILINE)
-
-
-def read_metrics(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line being written
-    return rows
 
 
 @dataclass
@@ -55,18 +45,20 @@ class Snapshot:
 
 
 class StatusReader:
-    def __init__(self, api_url: str, metrics_path: Path, total_steps: int) -> None:
+    def __init__(
+        self, api_url: str, metrics_path: Path, events_path: Path, total_steps: int
+    ) -> None:
         self.http = httpx.Client(base_url=api_url, timeout=1.0)
-        self.metrics_path = metrics_path
         self.total = total_steps
         # (time, groups received) over the last RATE_WINDOW_S: groups arrive in bursts
         self.counts: deque[tuple[float, float]] = deque()
         self.scores: deque[float] = deque(maxlen=10)
-        self.metrics_offset = 0  # the metrics file is read once, a line at a time
+        self.engine_restarts = 0
+        self.metrics = RecordTail(metrics_path, MetricsRow)  # each file is read once
+        self.events = RecordTail(events_path, TrainerEvent)
 
-    def read(self, engine_restarts: int, env_restarts: int) -> Snapshot:
-        snap = Snapshot(total=self.total, engine_restarts=engine_restarts)
-        snap.env_restarts = env_restarts
+    def read(self, env_restarts: int) -> Snapshot:
+        snap = Snapshot(total=self.total, env_restarts=env_restarts)
         try:
             status = self.http.get("/status").json()
             snap.step, snap.queue = status.get("current_step"), status.get("queue_size")
@@ -81,26 +73,14 @@ class StatusReader:
                     snap.groups_per_s = (last_n - first_n) / (last_t - first_t)
         except (httpx.HTTPError, ValueError):
             pass
-        self._read_new_scores()
+        self.scores.extend(row.score_mean for row in self.metrics.read_new())
+        self.engine_restarts += sum(
+            event.kind is EventKind.ENGINE_RESTARTED for event in self.events.read_new()
+        )
+        snap.engine_restarts = self.engine_restarts
         if self.scores:
             snap.recent_score = sum(self.scores) / len(self.scores)
         return snap
-
-    def _read_new_scores(self) -> None:
-        if not self.metrics_path.exists():
-            return
-        with open(self.metrics_path, "rb") as metrics:
-            metrics.seek(self.metrics_offset)
-            for line in metrics:
-                if not line.endswith(b"\n"):
-                    break  # being written; read it next time
-                self.metrics_offset += len(line)
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if "score_mean" in row:
-                    self.scores.append(row["score_mean"])
 
     def close(self) -> None:
         self.http.close()

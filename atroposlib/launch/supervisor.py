@@ -25,9 +25,9 @@ from rich.panel import Panel
 from rich.text import Text
 
 from atroposlib.launch.children import Child
-from atroposlib.launch.config import Plan
-from atroposlib.launch.report import summary, write_report
-from atroposlib.launch.status import StatusReader, read_metrics
+from atroposlib.launch.plan import Plan
+from atroposlib.launch.report import run_numbers, write_report
+from atroposlib.launch.status import StatusReader
 
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan"]
 STATUS_EVERY_S = 1.0
@@ -65,9 +65,10 @@ class Launcher:
         self.engine = make(plan.engine) if plan.engine else None
         self.trainer = make(plan.trainer)
         self.environments = [make(p) for p in plan.environments]
-        self.engine_starts = 0
         self.width = max(len(c.name) for c in self.children)
-        self.status = StatusReader(plan.api_url, plan.metrics_path, plan.training_steps)
+        self.status = StatusReader(
+            plan.api_url, plan.metrics_path, plan.events_path, plan.training_steps
+        )
 
     @property
     def children(self) -> list[Child]:
@@ -75,8 +76,6 @@ class Launcher:
 
     # ----------------------------------------------------------------- output
     def _print_line(self, child: Child, line: str) -> None:
-        if child is self.trainer and "starting " in line and " engine: " in line:
-            self.engine_starts += 1
         prefix = Text(f"{child.name:<{self.width}} | ", style=child.color)
         self.console.print(prefix + Text(line), soft_wrap=True)
 
@@ -189,8 +188,7 @@ class Launcher:
         )
 
     def _status_line(self) -> str:
-        restarts = max(0, self.engine_starts - 1)
-        snap = self.status.read(restarts, sum(e.restarts for e in self.environments))
+        snap = self.status.read(sum(e.restarts for e in self.environments))
         return snap.line()
 
     # ------------------------------------------------------------------ stop
@@ -214,9 +212,13 @@ class Launcher:
             restarts = f", {child.restarts} restarts" if child.restarts else ""
             how = " (stopped by the launcher)" if child.stopped else ""
             lines.append(f"  {child.name}: exit code {child.returncode}{how}{restarts}")
-        numbers = summary(read_metrics(self.plan.metrics_path))
+        numbers = run_numbers(self.plan)
         if numbers["steps"]:
             lines.append(f"  steps trained: {numbers['steps']}; {numbers['verdict']}")
+        lines.append(
+            f"  engine restarts: {numbers['engine_restarts']}; "
+            f"checkpoints saved: {numbers['checkpoints_saved']}"
+        )
         style = "green" if outcome.code == 0 and numbers.get("learned") is not False else "red"
         self.console.print(Panel("\n".join(lines), title="atropos-launch", border_style=style))
         if outcome.failed is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from atroposlib.trainer_contract import read_events, read_metrics
 from tests.conftest import free_port
 from tests.envs.test_serve import EnvProcess, serve_args
 
@@ -85,6 +85,16 @@ def test_grpo_loop_checkpoints_restarts_and_resumes(api_factory, tiny_model_path
     assert (save / "step-4" / "trainer_state.pt").exists()
     assert f"--model {save}/step-2" in text and f"--model {save}/step-4" in text
     assert metric_steps(save) == [1, 2, 3, 4]
+    events = [
+        (e.kind.value, e.step, e.detail.get("reason")) for e in read_events(save / "events.jsonl")
+    ]
+    assert events == [
+        ("engine_started", 0, None),
+        ("checkpoint_saved", 2, None),
+        ("engine_restarted", 2, "new weights"),
+        ("checkpoint_saved", 4, None),
+        ("engine_restarted", 4, "new weights"),
+    ]
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
@@ -101,10 +111,7 @@ def test_grpo_loop_checkpoints_restarts_and_resumes(api_factory, tiny_model_path
 
 
 def metric_steps(save: Path) -> list[int]:
-    path = save / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    return [row.step for row in read_metrics(save / "metrics.jsonl")]
 
 
 @pytest.mark.slow
@@ -139,6 +146,8 @@ def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model
             trainer.kill()
     text = (tmp_path / "trainer.log").read_text()
     assert "inference engine died" in text
+    restarts = [e for e in read_events(save / "events.jsonl") if e.kind.value == "engine_restarted"]
+    assert [e.detail["reason"] for e in restarts] == ["engine died"]
     last = metric_steps(save)[-1]
     assert any((save / f"step-{s}" / "trainer_state.pt").exists() for s in (last, last + 1))
     assert engine_processes(port) == []

@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from atroposlib.cli.launch import main
-from atroposlib.launch.config import load_config, plan
-from tests.launch.conftest import REPO, launch_config, write_config
+from atroposlib.launch.config import load_config
+from atroposlib.launch.plan import plan
+from tests.launch.conftest import ARITH_ENV, REPO, launch_config, write_config
 
 
 def run_main(tmp_path, config, capsys) -> tuple[int, str]:
@@ -102,3 +103,53 @@ def test_an_existing_run_directory_is_not_reused(tmp_path, capsys):
     (tmp_path / "r" / "metrics.jsonl").write_text("{}\n")
     code, err = run_main(tmp_path, launch_config(tmp_path / "r"), capsys)
     assert code == 2 and "already holds a run" in err
+
+
+def test_limits_agree_by_default_the_token_limit_reaches_every_process(tmp_path):
+    config = launch_config(tmp_path / "run")
+    config["engine"] = {"engine": "transformers"}
+    resolved = plan(load_config(write_config(tmp_path / "c.yaml", config)), tmp_path / "c.yaml")
+    seq_len = str(config["trainer"]["args"]["seq_len"])
+    trainer, engine = resolved.trainer.command, resolved.engine.command
+    assert trainer[trainer.index("--seq-len") + 1] == seq_len
+    assert engine[engine.index("--max-model-len") + 1] == seq_len
+    for env in resolved.environments:
+        assert env.command[env.command.index("--env.max_token_length") + 1] == seq_len
+
+
+def test_an_environment_limit_over_the_trainers_is_named(tmp_path, capsys):
+    config = launch_config(tmp_path / "r")
+    config["environments"].append({"script": str(ARITH_ENV), "env": {"max_token_length": 4096}})
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2
+    assert "environments[1] (arith_env): env.max_token_length 4096 is over" in err
+    assert "seq_len 128" in err
+
+
+def test_a_shorter_environment_limit_is_allowed(tmp_path):
+    config = launch_config(tmp_path / "r")
+    config["environments"][0]["env"]["max_token_length"] = 64
+    resolved = plan(load_config(write_config(tmp_path / "c.yaml", config)), tmp_path / "c.yaml")
+    env = resolved.environments[0].command
+    assert env[env.index("--env.max_token_length") + 1] == "64"
+
+
+def test_an_engine_shorter_than_the_trainer_is_named(tmp_path, capsys):
+    config = launch_config(tmp_path / "r")
+    config["engine"] = {"engine": "transformers", "max_model_len": 64}
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and "engine.max_model_len 64 is under the trainer's seq_len 128" in err
+
+
+def test_a_trainer_without_a_declared_config_must_be_given_its_run_length(tmp_path, capsys):
+    config = launch_config(tmp_path / "r")
+    config["trainer"] = {"module": "tests.support.minimal_trainer", "args": {"seq_len": 128}}
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and "trainer.args.training_steps is required" in err
+
+
+def test_an_unknown_trainer_module_is_named(tmp_path, capsys):
+    config = launch_config(tmp_path / "r")
+    config["trainer"]["module"] = "no_such_trainer.main"
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and "trainer module not found: no_such_trainer.main" in err

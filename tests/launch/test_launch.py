@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from atroposlib.launch.status import read_metrics
+from atroposlib.trainer_contract import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -42,13 +42,14 @@ def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
         assert f"{name} " in out  # prefixed lines streamed to the console
     assert (run_dir / "checkpoints" / "step-2" / "model.safetensors").exists()
     assert (run_dir / "checkpoints" / "step-4" / "trainer_state.pt").exists()
-    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
     assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (run_dir / "report.html").read_text()
     assert "data:image/png;base64," in page and "What is" in page  # plot and rollouts
     assert "Sample rollouts: end of training" in page
     numbers = json.loads((run_dir / "summary.json").read_text())
     assert numbers["steps"] == 4 and numbers["learned"] is None and numbers["seed"] == 0
+    assert numbers["engine_restarts"] == 2 and numbers["checkpoints_saved"] == 2
     assert "too few steps to judge learning (4 < 20)" in numbers["verdict"]
     machine = numbers["machine"]
     assert machine["cpu"] and machine["torch_cpu_capability"] and machine["transformers_version"]
@@ -148,4 +149,29 @@ def test_a_standalone_engine_serves_the_environments(launch, tmp_path):
     env = commands["arith_env"]
     assert env[env.index("--openai.base_url") + 1] == f"http://127.0.0.1:{engine_port}/v1"
     assert trained_steps(run_dir) == 2
+    assert run.leftovers() == []
+
+
+def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch, tmp_path):
+    """tests/support/minimal_trainer.py knows nothing of example_trainer; the run still works."""
+    from tests.launch.conftest import launch_config
+
+    run_dir = tmp_path / "run"
+    config = launch_config(run_dir)
+    config["engine"] = {"engine": "transformers", "args": ["--num-threads", "1"]}
+    config["trainer"] = {
+        "module": "tests.support.minimal_trainer",
+        "args": {"training_steps": 3, "seq_len": 128, "batch_size": 8},
+    }
+    run = launch(config)
+    assert run.wait(300) == 0, run.output()[-4000:]
+    out = run.output()
+    assert "starting transformers engine: (not really" in out  # printed, and not counted
+    numbers = json.loads((run_dir / "summary.json").read_text())
+    assert numbers["steps"] == 3
+    assert numbers["engine_restarts"] == 0 and numbers["checkpoints_saved"] == 3
+    assert 0.0 <= numbers["first_10_mean_score"] <= 1.0
+    assert re.search(r"engine restarts: 0; checkpoints saved: 3", re.sub(r"[│\s]+", " ", out))
+    assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert (run_dir / "checkpoints" / "step-3" / "state.json").exists()
     assert run.leftovers() == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from atroposlib.launch.report import learning_verdict, summary
+from atroposlib.trainer_contract import MetricsRow
 
 
 def noisy(mean: float, count: int, seed: int) -> list[float]:
@@ -46,7 +47,7 @@ def test_too_short_a_run_is_not_judged():
 
 
 def test_summary_carries_the_verdict():
-    rows = [{"step": i, "score_mean": 0.2 if i < 10 else 0.8} for i in range(30)]
+    rows = [MetricsRow(step=i, score_mean=0.2 if i <= 10 else 0.8, loss=0.0) for i in range(1, 31)]
     numbers = summary(rows)
     assert numbers["learned"] is True and numbers["first_10_mean_score"] == 0.2
     assert summary([]) == {"steps": 0}

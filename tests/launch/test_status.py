@@ -1,22 +1,31 @@
-"""The status line reads the trainer's metrics incrementally and never fails on a dead API."""
+"""The status line reads the trainer's records incrementally and never fails on a dead API."""
 
 from __future__ import annotations
 
-import json
-
 from atroposlib.launch.status import StatusReader
+from atroposlib.trainer_contract import EventKind, RunRecords
 
 
-def test_recent_score_follows_the_metrics_file_as_it_grows(tmp_path):
-    metrics = tmp_path / "metrics.jsonl"
-    reader = StatusReader("http://127.0.0.1:9", metrics, total_steps=20)  # nothing listens
-    assert reader.read(0, 0).recent_score is None  # no file yet
-    rows = "".join(json.dumps({"step": i, "score_mean": i / 10}) + "\n" for i in range(1, 13))
-    metrics.write_text(rows + '{"step": 13, "sco')  # the last line is still being written
-    snap = reader.read(engine_restarts=2, env_restarts=0)
+def test_recent_score_and_restarts_follow_the_trainer_records(tmp_path):
+    records = RunRecords(tmp_path)
+    reader = StatusReader(
+        "http://127.0.0.1:9", records.metrics_path, records.events_path, total_steps=20
+    )  # nothing listens on port 9
+    assert reader.read(env_restarts=0).recent_score is None  # no files yet
+    for step in range(1, 13):
+        records.metrics(step, {"score_mean": step / 10, "loss": 0.0})
+    records.event(EventKind.ENGINE_STARTED, 0)
+    records.event(EventKind.CHECKPOINT_SAVED, 2, path="step-2")
+    records.event(EventKind.ENGINE_RESTARTED, 2, reason="new weights")
+    with open(records.metrics_path, "a") as out:
+        out.write('{"step": 13, "loss": 0.0, "sco')  # the last line is still being written
+    snap = reader.read(env_restarts=0)
     assert snap.recent_score == sum(i / 10 for i in range(3, 13)) / 10
-    assert snap.step is None and "engine restarts 2" in snap.line()
-    with open(metrics, "a") as out:
+    assert snap.step is None and "engine restarts 1" in snap.line()
+    with open(records.metrics_path, "a") as out:
         out.write('re_mean": 1.3}\n')
-    assert reader.read(0, 0).recent_score == sum(i / 10 for i in range(4, 14)) / 10
+    records.event(EventKind.ENGINE_RESTARTED, 4, reason="engine died")
+    snap = reader.read(env_restarts=1)
+    assert snap.recent_score == sum(i / 10 for i in range(4, 14)) / 10
+    assert "engine restarts 2" in snap.line() and "env restarts 1" in snap.line()
     reader.close()

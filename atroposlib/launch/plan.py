@@ -1,0 +1,385 @@
+"""The plan of a run: every command resolved from the YAML, checked before anything starts.
+
+Design: `plan` decides each shared value once (ports, URLs, the run directory,
+the policy path, the token limit) and builds each process's command from it,
+one small function per process. The trainer is reached only through
+`atroposlib.trainer_contract`: its shared settings are `LaunchSettings`, and its
+own flags are checked against the `LAUNCH_CONFIG` its module exposes, if any.
+Every mistake that can be found before anything starts (an unknown key, a
+missing script, a port in use, a bad trainer flag, limits that disagree) is a
+`ConfigError` naming it, so a run never half-starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from atroposlib.api.settings import APISettings
+from atroposlib.launch.config import (
+    ConfigError,
+    EnvironmentSection,
+    LaunchConfig,
+    describe_errors,
+)
+from atroposlib.trainer_contract import (
+    LAUNCH_CONFIG_ATTRIBUTE,
+    LaunchSettings,
+    events_path,
+    metrics_path,
+)
+
+TINY_MODEL = "tiny"
+# the settings the launcher owns outright; a trainer.args entry for them is ignored
+LAUNCHER_OWNED = ("save_path", "atropos_url")
+
+
+@dataclass
+class ProcessPlan:
+    name: str
+    command: list[str]
+    health_url: str | None = None
+    max_restarts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+
+
+@dataclass
+class Plan:
+    """Everything resolved: the commands to run, in start order, and where things go."""
+
+    config: LaunchConfig
+    run_dir: Path
+    api_url: str
+    engine_url: str
+    model: str
+    training_steps: int
+    api: ProcessPlan
+    trainer: ProcessPlan
+    engine: ProcessPlan | None = None
+    environments: list[ProcessPlan] = field(default_factory=list)
+
+    @property
+    def checkpoints(self) -> Path:
+        """The trainer's save path: checkpoints, metrics and events."""
+        return self.run_dir / "checkpoints"
+
+    @property
+    def metrics_path(self) -> Path:
+        return metrics_path(self.checkpoints)
+
+    @property
+    def events_path(self) -> Path:
+        return events_path(self.checkpoints)
+
+    @property
+    def rollouts_dir(self) -> Path:
+        return self.run_dir / "rollouts"
+
+
+@dataclass
+class Shared:
+    """The values every process must agree on, decided once."""
+
+    run_dir: Path
+    python: str
+    model: str
+    served: str
+    api_url: str
+    engine_port: int
+
+    @property
+    def engine_url(self) -> str:
+        return f"http://127.0.0.1:{self.engine_port}"
+
+
+def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
+    """Resolve paths and ports once, check what can be checked, and build every command."""
+    base = Path(config_path).resolve().parent
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(config.run_dir or f"runs/{Path(config_path).stem}-{stamp}").resolve()
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"run directory {run_dir} already holds a run; pick another run_dir")
+    taken: set[int] = set()
+    api_port = _port(config.api.port, "api", taken)
+    trainer_args = dict(config.trainer.args)
+    requested_engine_port = config.engine.port if config.engine else "auto"
+    if config.engine is None:
+        requested_engine_port = trainer_args.pop("vllm_port", "auto")
+    shared = Shared(
+        run_dir=run_dir,
+        python=config.python,
+        model=resolve_model(config.model),
+        served=config.served_model_name or config.model,
+        api_url=f"http://127.0.0.1:{api_port}",
+        engine_port=_port(requested_engine_port, "engine", taken),
+    )
+    api = _api_plan(config, shared, api_port)
+    trainer, settings = _trainer_plan(config, shared, trainer_args)
+    engine = _engine_plan(config, shared, settings)
+    environments = _environment_plans(config, shared, settings, base)
+    return Plan(
+        config=config,
+        run_dir=run_dir,
+        api_url=shared.api_url,
+        engine_url=shared.engine_url,
+        model=shared.model,
+        training_steps=settings.training_steps,
+        api=api,
+        trainer=trainer,
+        engine=engine,
+        environments=environments,
+    )
+
+
+def _api_plan(config: LaunchConfig, shared: Shared, port: int) -> ProcessPlan:
+    args = {"port": port, "state_dir": str(shared.run_dir / "api-state"), **config.api.args}
+    _validate("api.args", args, APISettings)
+    return ProcessPlan(
+        "api",
+        [shared.python, "-m", "atroposlib.cli.run_api", *flags(args)],
+        health_url=f"{shared.api_url}/health",
+    )
+
+
+def _trainer_plan(
+    config: LaunchConfig, shared: Shared, args: dict[str, Any]
+) -> tuple[ProcessPlan, LaunchSettings]:
+    """The trainer's command, and the settings it got (the others are checked against them)."""
+    module = config.trainer.module
+    declared = _declared_config(module)
+    args = {k: v for k, v in args.items() if k not in LAUNCHER_OWNED}
+
+    def chosen(name: str, default: Any) -> Any:
+        return args.pop(name, default)
+
+    values = {
+        "model_name": chosen("model_name", shared.model),
+        "served_model_name": chosen("served_model_name", shared.served),
+        "atropos_url": shared.api_url,
+        "vllm_port": shared.engine_port,
+        "save_path": str(shared.run_dir / "checkpoints"),
+        "seed": chosen("seed", config.seed),
+        "log_format": chosen("log_format", "text"),
+        "inference_engine": chosen("inference_engine", None),
+    }
+    if config.engine is not None:
+        values["inference_engine"] = "none"  # the launcher runs the engine
+    for name in ("training_steps", "seq_len"):
+        values[name] = args.pop(name) if name in args else _declared_default(declared, name, module)
+    try:
+        settings = LaunchSettings.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(f"trainer.args: {describe_errors(exc)}") from exc
+    every_flag = {**settings.flags(), **args}
+    if declared is not None:
+        _validate("trainer.args", every_flag, declared)
+    nproc = config.trainer.nproc
+    runner = (
+        [shared.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        if nproc > 1
+        else [shared.python]
+    )
+    trainer = ProcessPlan(
+        "trainer",
+        [*runner, "-m", module, *flags(every_flag)],
+        health_url=None if config.engine else f"{shared.engine_url}/health",
+    )
+    return trainer, settings
+
+
+def _engine_plan(
+    config: LaunchConfig, shared: Shared, settings: LaunchSettings
+) -> ProcessPlan | None:
+    section = config.engine
+    if section is None:
+        return None
+    from atroposlib.inference.launcher import EngineConfig, engine_command, resolve_engine
+
+    if "--max-model-len" in section.args:
+        raise ConfigError("engine.args: give the context length as engine.max_model_len")
+    limit = settings.seq_len
+    if section.max_model_len is not None and section.max_model_len < limit:
+        raise ConfigError(
+            f"engine.max_model_len {section.max_model_len} is under the trainer's seq_len "
+            f"{limit}: the engine could not produce the longest sequences the run trains on"
+        )
+    engine_config = EngineConfig(
+        engine=section.engine,
+        served_model_name=shared.served,
+        port=shared.engine_port,
+        python=shared.python,
+        max_model_len=section.max_model_len or limit,
+        extra_args=section.args,
+    )
+    return ProcessPlan(
+        "engine",
+        engine_command(engine_config, resolve_engine(engine_config), shared.model),
+        health_url=f"{engine_config.url}/health",
+    )
+
+
+def _environment_plans(
+    config: LaunchConfig, shared: Shared, settings: LaunchSettings, base: Path
+) -> list[ProcessPlan]:
+    environments = []
+    labels: dict[str, int] = {}
+    limit = settings.seq_len
+    for index, section in enumerate(config.environments):
+        entry = _env_entry(section, base)
+        own_limit = section.env.get("max_token_length")
+        if own_limit is not None and (not isinstance(own_limit, int) or own_limit > limit):
+            raise ConfigError(
+                f"environments[{index}] ({section.label}): env.max_token_length {own_limit} is "
+                f"over the trainer's seq_len {limit}; the API would refuse its longer groups"
+            )
+        for _ in range(section.copies):
+            label = section.label
+            labels[label] = labels.get(label, 0) + 1
+            name = f"{label}-{labels[label]}" if section.copies > 1 or labels[label] > 1 else label
+            env_values = {
+                "rollout_server_url": shared.api_url,
+                "tokenizer_name": shared.model,
+                "total_steps": settings.training_steps,
+                "max_token_length": limit,
+                "use_wandb": False,
+                "include_messages": True,
+                "data_path_to_save_groups": str(shared.run_dir / "rollouts" / f"{name}.jsonl"),
+                **section.env,
+            }
+            openai_values = {
+                "base_url": f"{shared.engine_url}/v1",
+                "model_name": shared.served,
+                **section.openai,
+            }
+            environments.append(
+                ProcessPlan(
+                    name,
+                    [
+                        shared.python,
+                        *entry,
+                        section.subcommand,
+                        *flags(env_values, "--env.", dashes=False),
+                        *flags(openai_values, "--openai.", dashes=False),
+                        *section.args,
+                    ],
+                    max_restarts=section.max_restarts,
+                    # backlogs and spools belong to this run, not to the working directory
+                    env={"ATROPOS_ENV_STATE_DIR": str(shared.run_dir / "env-state" / name)},
+                )
+            )
+    return environments
+
+
+def _declared_config(module: str) -> type[BaseModel] | None:
+    """The trainer's `LAUNCH_CONFIG` (a pydantic model of its flags), if it declares one."""
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ConfigError(f"trainer module not found: {module}")
+    try:
+        loaded = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure is a config problem to name
+        raise ConfigError(f"trainer module {module} fails to import: {exc!r}") from exc
+    declared = getattr(loaded, LAUNCH_CONFIG_ATTRIBUTE, None)
+    if declared is not None and not (
+        isinstance(declared, type) and issubclass(declared, BaseModel)
+    ):
+        raise ConfigError(f"{module}.{LAUNCH_CONFIG_ATTRIBUTE} is not a pydantic model class")
+    return declared
+
+
+def _declared_default(declared: type[BaseModel] | None, name: str, module: str) -> Any:
+    field_info = declared.model_fields.get(name) if declared is not None else None
+    if field_info is None or field_info.is_required():
+        raise ConfigError(
+            f"trainer.args.{name} is required: trainer {module} declares no default for it"
+        )
+    return field_info.default
+
+
+def _validate(where: str, values: dict[str, Any], model: type[BaseModel]) -> BaseModel:
+    unknown = sorted(set(values) - set(model.model_fields))
+    if unknown:
+        raise ConfigError(f"unknown key '{where}.{unknown[0]}' (not a {model.__name__} field)")
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {describe_errors(exc)}") from exc
+
+
+def _env_entry(section: EnvironmentSection, base: Path) -> list[str]:
+    if bool(section.script) == bool(section.module):
+        raise ConfigError(f"environment '{section.label}': give exactly one of script or module")
+    if section.module:
+        if importlib.util.find_spec(section.module.split(".")[0]) is None:
+            raise ConfigError(f"environment module not found: {section.module}")
+        return ["-m", section.module]
+    script = Path(section.script)
+    candidates = [script] if script.is_absolute() else [base / script, Path.cwd() / script]
+    for candidate in candidates:
+        if candidate.is_file():
+            return [str(candidate.resolve())]
+    raise ConfigError(f"environment script not found: {section.script}")
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port(value: int | str, what: str, taken: set[int]) -> int:
+    if value == "auto":
+        port = free_port()
+        while port in taken:
+            port = free_port()
+    else:
+        port = int(value)
+        if port in taken or port_in_use(port):
+            raise ConfigError(f"port {port} ({what}) is already in use")
+    taken.add(port)
+    return port
+
+
+def flags(values: dict[str, Any], prefix: str = "--", dashes: bool = True) -> list[str]:
+    """{'batch_size': 8} -> ['--batch-size', '8']; booleans as true/false."""
+    out = []
+    for key, value in values.items():
+        name = key.replace("_", "-") if dashes else key
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        out += [f"{prefix}{name}", str(value)]
+    return out
+
+
+def resolve_model(model: str) -> str:
+    """'tiny' is the locally built tiny model (built if missing); anything else is as given."""
+    if model == TINY_MODEL:
+        from atroposlib.utils.tiny_model import TinyModelSpec, default_cache_dir, ensure_tiny_model
+
+        target = default_cache_dir() / TinyModelSpec().cache_key()
+        if not (target / "config.json").exists():
+            print(
+                f"[launch] building the tiny model once into {target} (about a minute)", flush=True
+            )
+        return str(ensure_tiny_model())
+    return model

@@ -1,0 +1,158 @@
+"""What `atropos-launch` and a trainer agree on: settings in, metrics rows and events out.
+
+Design: a trainer is a process the launcher starts as `python -m MODULE FLAGS`.
+The contract is three things, all here, so any trainer can satisfy it:
+
+- Settings in. The launcher passes every field of `LaunchSettings` as a
+  `--kebab-case` flag, after the user's own `trainer.args`. A trainer module may
+  expose `LAUNCH_CONFIG`, a pydantic model of all its flags; the launcher then
+  checks the whole set at config time, before anything starts.
+- Metrics out. One `MetricsRow` per optimizer step, appended to
+  `<save_path>/metrics.jsonl` through `RunRecords.metrics`. The launcher's status
+  line and report read `step`, `score_mean` and `loss`; any further fields ride along.
+- Events out. Engine starts and restarts and saved checkpoints, as `TrainerEvent`
+  records in `<save_path>/events.jsonl` through `RunRecords.event`, never as log text.
+
+Both files are append-only JSON lines; a reader skips a line still being written,
+so a trainer that dies mid-write loses at most that line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "events.jsonl"
+LAUNCH_CONFIG_ATTRIBUTE = "LAUNCH_CONFIG"
+
+
+class LaunchSettings(BaseModel):
+    """The values the launcher decides once and hands to the trainer as flags."""
+
+    model_name: str
+    """The policy to train: a local directory or a hub name (the same one every process uses)."""
+    served_model_name: str
+    """The name environments send as `model` to the inference engine."""
+    atropos_url: str
+    """The trajectory API the trainer registers with and pulls batches from."""
+    vllm_port: int
+    """The inference engine's port: the one the trainer starts, or the launcher's own engine."""
+    save_path: str
+    """Where checkpoints, `metrics.jsonl` and `events.jsonl` go."""
+    seed: int
+    """Seed of the trainer's random state."""
+    training_steps: int = Field(ge=1)
+    """Optimizer steps to run; the trainer exits 0 after the last one."""
+    seq_len: int = Field(gt=0)
+    """The run's token limit: the longest sequence the trainer trains on, registered with
+    the API as `max_token_len`. Environments and the engine are checked against it."""
+    log_format: str = "text"
+    """Plain lines: the launcher prefixes each one with the process name."""
+    inference_engine: str | None = None
+    """`"none"` when the launcher runs the engine itself; the trainer must then start none."""
+
+    def flags(self) -> dict[str, Any]:
+        """The settings as flag values (unset optional ones left out)."""
+        return self.model_dump(exclude_none=True)
+
+
+class MetricsRow(BaseModel):
+    """One optimizer step, as the launcher reads it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: int = Field(ge=1)
+    """The step just finished, counting from 1."""
+    score_mean: float
+    """Mean score of the step's rollouts: what the launcher judges learning by."""
+    loss: float
+    """The step's training loss."""
+
+
+class EventKind(str, Enum):
+    ENGINE_STARTED = "engine_started"
+    ENGINE_RESTARTED = "engine_restarted"
+    CHECKPOINT_SAVED = "checkpoint_saved"
+
+
+class TrainerEvent(BaseModel):
+    """Something the launcher counts or shows: an engine (re)start, a checkpoint."""
+
+    kind: EventKind
+    step: int = Field(ge=0)
+    """The trainer's step when it happened."""
+    time: float = Field(default_factory=time.time)
+    detail: dict[str, Any] = Field(default_factory=dict)
+    """Free-form facts, e.g. `{"path": ...}` for a checkpoint or `{"reason": ...}`."""
+
+
+def metrics_path(save_path: str | Path) -> Path:
+    return Path(save_path) / METRICS_FILE
+
+
+def events_path(save_path: str | Path) -> Path:
+    return Path(save_path) / EVENTS_FILE
+
+
+class RunRecords:
+    """The trainer's writer for both files; lines are flushed one at a time."""
+
+    def __init__(self, save_path: str | Path) -> None:
+        self.metrics_path = metrics_path(save_path)
+        self.events_path = events_path(save_path)
+
+    def metrics(self, step: int, values: dict[str, Any]) -> MetricsRow:
+        row = MetricsRow.model_validate({**values, "step": step})
+        _append(self.metrics_path, row)
+        return row
+
+    def event(self, kind: EventKind, step: int, **detail: Any) -> TrainerEvent:
+        record = TrainerEvent(kind=kind, step=step, detail=detail)
+        _append(self.events_path, record)
+        return record
+
+
+def _append(path: Path, record: BaseModel) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as out:
+        out.write(record.model_dump_json() + "\n")
+
+
+Record = TypeVar("Record", bound=BaseModel)
+
+
+class RecordTail:
+    """Reads the complete lines appended since the last call; bad lines are skipped."""
+
+    def __init__(self, path: Path, model: type[Record]) -> None:
+        self.path, self.model, self.offset = path, model, 0
+
+    def read_new(self) -> list[Any]:
+        if not self.path.exists():
+            return []
+        found = []
+        with open(self.path, "rb") as records:
+            records.seek(self.offset)
+            for line in records:
+                if not line.endswith(b"\n"):
+                    break  # being written; read it next time
+                self.offset += len(line)
+                try:
+                    found.append(self.model.model_validate(json.loads(line)))
+                except (json.JSONDecodeError, ValidationError):
+                    continue
+        return found
+
+
+def read_metrics(path: Path) -> list[MetricsRow]:
+    return RecordTail(path, MetricsRow).read_new()
+
+
+def read_events(path: Path) -> list[TrainerEvent]:
+    return RecordTail(path, TrainerEvent).read_new()

@@ -1,0 +1,75 @@
+"""The smallest trainer that keeps `atroposlib.trainer_contract`: it proves the launcher's seam.
+
+It takes the contract's flags (and `--batch-size`), registers with the API,
+pulls `training_steps` batches, and for each writes a metrics row (the mean
+score, a zero loss: it learns nothing) and a checkpoint of its step counter,
+recorded as an event. It also prints the log line the example trainer's engine
+launcher prints, to show that the launcher counts events, not log text.
+It declares no `LAUNCH_CONFIG`, so the launcher passes its flags unchecked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from atroposlib.protocol import Batch, Registration
+from atroposlib.trainer_contract import EventKind, LaunchSettings, RunRecords
+
+POLL_S = 0.2
+BATCH_TIMEOUT_S = 240
+
+
+def parse(argv: list[str] | None) -> tuple[LaunchSettings, int]:
+    parser = argparse.ArgumentParser(prog="minimal-trainer")
+    for name in LaunchSettings.model_fields:
+        parser.add_argument(f"--{name.replace('_', '-')}")
+    parser.add_argument("--batch-size", type=int, required=True)
+    args = vars(parser.parse_args(argv))
+    batch_size = args.pop("batch_size")
+    settings = LaunchSettings.model_validate({k: v for k, v in args.items() if v is not None})
+    return settings, batch_size
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings, batch_size = parse(argv)
+    records = RunRecords(settings.save_path)
+    print("starting transformers engine: (not really; this line must not count)", flush=True)
+    http = httpx.Client(base_url=settings.atropos_url, timeout=30)
+    registration = Registration(
+        wandb_group="minimal",
+        wandb_project="minimal",
+        batch_size=batch_size,
+        max_token_len=settings.seq_len,
+        checkpoint_dir=settings.save_path,
+        save_checkpoint_interval=1,
+        starting_step=0,
+        num_steps=settings.training_steps,
+    )
+    http.post("/register", json=registration.model_dump()).raise_for_status()
+    for step in range(1, settings.training_steps + 1):
+        groups, deadline = None, time.monotonic() + BATCH_TIMEOUT_S
+        while not groups:
+            groups = Batch.model_validate_json(http.get("/batch").content).batch
+            if not groups and time.monotonic() > deadline:
+                print(f"no batch for step {step} in {BATCH_TIMEOUT_S}s", file=sys.stderr)
+                return 1
+            time.sleep(0 if groups else POLL_S)
+        scores = [score for group in groups for score in group.scores]
+        row = records.metrics(step, {"score_mean": statistics.fmean(scores), "loss": 0.0})
+        checkpoint = Path(settings.save_path) / f"step-{step}"
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        (checkpoint / "state.json").write_text(json.dumps({"step": step}))
+        records.event(EventKind.CHECKPOINT_SAVED, step, path=str(checkpoint))
+        print(f"step {step}: {len(scores)} sequences, mean score {row.score_mean:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
