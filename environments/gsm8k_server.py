@@ -26,7 +26,6 @@ from pydantic import Field
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
-from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
 
 SYSTEM_PROMPT = "Solve the problem step by step, then give the final number as \\boxed{ANSWER}."
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -116,21 +115,12 @@ class GSM8KEnv(BaseEnv):
         ]
 
     async def collect_trajectories(self, item: dict[str, str]) -> tuple[dict[str, Any], list]:
-        messages = self._messages(item["question"])
         reference = reference_answer(item["answer"])
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            chat = await managed.chat_completion(
-                messages=messages,
-                n=self.config.group_size,
-                max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        group = group_from_chat(
-            messages,
-            chat.choices,
-            nodes,
-            [score(c.message.content or "", reference) for c in chat.choices],
+        group = await self.sample_group(
+            self._messages(item["question"]),
+            lambda completion: score(completion, reference),
+            max_tokens=self.config.max_tokens,
+            temperature=self.config.temperature,
         )
         return group, []
 

@@ -43,7 +43,6 @@ from pydantic import Field
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
-from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
 from atroposlib.utils.tiny_model import ensure_tiny_model  # noqa: E402
 
 # The system line and the question wording the tiny model was trained on, from the one
@@ -84,6 +83,11 @@ class ModArithmeticEnv(BaseEnv):
     name = "mod_arithmetic"
     env_config_cls = ModArithmeticConfig
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # every sampled score since the last log, including groups dropped for equal scores
+        self.recent_scores: list[float] = []
+
     @classmethod
     def config_init(cls) -> tuple[ModArithmeticConfig, APIServerConfig]:
         config = ModArithmeticConfig(
@@ -113,8 +117,6 @@ class ModArithmeticEnv(BaseEnv):
             pairs, self.config.eval_size
         )
         self.items_served = 0
-        # every sampled score since the last log, including groups dropped for equal scores
-        self.recent_scores: list[float] = []
 
     async def get_next_item(self) -> dict[str, int]:
         self.items_served += 1
@@ -127,21 +129,18 @@ class ModArithmeticEnv(BaseEnv):
             {"role": "user", "content": question_for(item["a"], item["b"])},
         ]
 
+    def score(self, completion: str, item: dict[str, int]) -> float:
+        return score_answer(completion, answer_for(item["a"], item["b"]))
+
     async def collect_trajectories(self, item: dict[str, int]) -> tuple[dict[str, Any], list]:
         """One group: `group_size` samples of the same question, each scored 0 or 1."""
-        messages = self.messages_for(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            chat = await managed.chat_completion(
-                messages=messages,
-                n=self.config.group_size,
-                max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        answer = answer_for(item["a"], item["b"])
-        scores = [score_answer(choice.message.content, answer) for choice in chat.choices]
-        self.recent_scores.extend(scores)
-        group = group_from_chat(messages, chat.choices, nodes, scores)
+        group = await self.sample_group(
+            self.messages_for(item),
+            lambda completion: self.score(completion, item),
+            max_tokens=self.config.max_tokens,
+            temperature=self.config.temperature,
+        )
+        self.recent_scores.extend(group["scores"])
         return group, []
 
     async def wandb_log(self, wandb_metrics: dict | None = None) -> None:

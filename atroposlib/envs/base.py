@@ -32,11 +32,17 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
-from atroposlib.envs.scored_data import ScoredDataGroup, ScoredDataItem, stack_items
+from atroposlib.envs.scored_data import (
+    ScoredDataGroup,
+    ScoredDataItem,
+    group_from_chat,
+    stack_items,
+)
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -127,6 +133,28 @@ class BaseEnv(ABC):
 
     async def postprocess_histories(self, trajectories: Any) -> Any:
         return trajectories
+
+    # ---------------------------------------------------------------- helpers
+    async def sample_group(
+        self,
+        messages: list[dict[str, str]],
+        score: Callable[[str], float],
+        **sampling: Any,
+    ) -> ScoredDataGroup:
+        """`group_size` samples of one chat, each scored by `score(completion_text)`.
+
+        The usual body of a chat environment's `collect_trajectories`: sampling goes
+        through `ManagedServer`, so the group carries the exact token ids, masks and
+        sampling logprobs the engine produced, and each conversation ends with its
+        sample as the assistant turn. `sampling` is passed on (max_tokens, temperature...).
+        """
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            chat = await managed.chat_completion(
+                messages=messages, n=self.config.group_size, **sampling
+            )
+            nodes = managed.get_state()["nodes"]
+        scores = [float(score(choice.message.content or "")) for choice in chat.choices]
+        return group_from_chat(messages, chat.choices, nodes, scores)
 
     @abstractmethod
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
