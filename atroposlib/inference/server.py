@@ -6,74 +6,130 @@ with n, temperature, top_p, max_tokens, stop, seed, logprobs/top_logprobs and
 vLLM's `return_tokens_as_token_ids`, token-id prompts, usage and finish
 reasons, plus vLLM's `/tokenize` and `/detokenize`. Errors use OpenAI's error
 body, `{"error": {"message", "type", "param", "code"}}`.
+
+Request parsing lives in `openai_requests` and answer shapes in
+`atroposlib.utils.openai_shapes`, both pure and tested without a model; the
+route handlers here only parse, submit to the scheduler and build the answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field
 
-from atroposlib.inference.engine import GenerationEngine, GenerationJob, SamplingParams
+from atroposlib.inference.engine import GenerationEngine, GenerationJob, Sample
+from atroposlib.inference.openai_requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    OpenAIError,
+    TokenizeRequest,
+    chat_prompt_ids,
+    chat_sampling,
+    check_model,
+    check_token_ids,
+    completion_prompts,
+    completion_sampling,
+    error_body,
+    tokenize_ids,
+    validation_error_body,
+)
 from atroposlib.inference.scheduler import BatchScheduler
-from atroposlib.utils.openai_shapes import chat_choice, completion_body, text_choice
+from atroposlib.utils.openai_shapes import (
+    chat_choice,
+    chat_logprobs,
+    completion_body,
+    completion_logprobs,
+    text_choice,
+    token_text,
+    usage_body,
+)
 
 
-class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+def chat_choices(
+    samples: list[Sample], logprobs: bool, spell: Callable[[int], str]
+) -> list[dict[str, Any]]:
+    """One chat choice per sample, in order; logprobs only when the request asked for them."""
+    return [
+        chat_choice(
+            index,
+            sample.text,
+            sample.finish_reason,
+            chat_logprobs(sample.token_ids, sample.logprobs, sample.top_logprobs, spell)
+            if logprobs
+            else None,
+        )
+        for index, sample in enumerate(samples)
+    ]
 
 
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    n: int = Field(1, ge=1, le=128)
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    stream: bool = False
-    ignore_eos: bool = False
-    return_tokens_as_token_ids: bool = False
-
-
-class ChatCompletionRequest(_Sampling):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    add_generation_prompt: bool = True
+def text_choices(
+    samples: list[Sample], logprobs: int | None, spell: Callable[[int], str]
+) -> list[dict[str, Any]]:
+    """Text choices are numbered across all prompts; `logprobs=0` still returns token logprobs."""
+    return [
+        text_choice(
+            index,
+            sample.text,
+            sample.finish_reason,
+            completion_logprobs(
+                sample.token_ids, sample.logprobs, sample.top_logprobs, spell, bool(logprobs)
+            )
+            if logprobs is not None
+            else None,
+        )
+        for index, sample in enumerate(samples)
+    ]
 
 
-class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
+def _models_body(served_model_name: str, max_model_len: int) -> dict[str, Any]:
+    """vLLM adds `max_model_len`, which clients read to size their prompts."""
+    model = {
+        "id": served_model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "atroposlib",
+        "max_model_len": max_model_len,
+    }
+    return {"object": "list", "data": [model]}
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
+def _completion_tokens(jobs: list[GenerationJob]) -> int:
+    """`usage.completion_tokens` counts every sample of every prompt, EOS included."""
+    return sum(len(s.token_ids) for job in jobs for s in job.samples)
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+def _metrics_text(scheduler: BatchScheduler) -> str:
+    """Prometheus text, so tests and operators can see how requests were batched."""
+    lines = [
+        "# TYPE atropos_inference_rounds_total counter",
+        f"atropos_inference_rounds_total {scheduler.rounds}",
+        "# TYPE atropos_inference_requests_total counter",
+        f"atropos_inference_requests_total {scheduler.jobs}",
+        "# TYPE atropos_inference_generated_tokens_total counter",
+        f"atropos_inference_generated_tokens_total {scheduler.generated_tokens}",
+    ]
+    return "\n".join(lines) + "\n"
 
-    tokens: list[int]
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every refusal, ours or pydantic's, must reach the client in OpenAI's error body."""
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status, exc.message, exc.param), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(validation_error_body(exc.errors()), status_code=400)
 
 
 def create_inference_app(
@@ -91,70 +147,11 @@ def create_inference_app(
             scheduler.close()
 
     app = FastAPI(title="atroposlib inference server", lifespan=lifespan)
+    _install_error_handlers(app)
     tokenizer = engine.tokenizer
 
-    @app.exception_handler(OpenAIError)
-    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(exc.status, "InvalidRequestError")
-        body = {"message": exc.message, "type": kind, "param": exc.param, "code": exc.status}
-        return JSONResponse({"error": body}, status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        param = ".".join(str(p) for p in first["loc"] if p != "body") or None
-        message = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in exc.errors()
-        )
-        body = {"message": message, "type": "BadRequestError", "param": param, "code": 400}
-        return JSONResponse({"error": body}, status_code=400)
-
-    def check_model(name: str) -> None:
-        if name != served_model_name:
-            raise OpenAIError(404, f"The model `{name}` does not exist.", "model")
-
-    def sampling(
-        request: _Sampling, prompt_len: int, max_tokens: int | None, top: int
-    ) -> SamplingParams:
-        if request.stream:
-            raise OpenAIError(400, "streaming is not supported by this server", "stream")
-        room = engine.max_model_len - prompt_len
-        if room < 1:
-            raise OpenAIError(
-                400,
-                f"prompt has {prompt_len} tokens; this model's maximum context length is "
-                f"{engine.max_model_len}",
-                "messages" if isinstance(request, ChatCompletionRequest) else "prompt",
-            )
-        if max_tokens is not None and max_tokens > room:
-            raise OpenAIError(
-                400,
-                f"max_tokens {max_tokens} + prompt {prompt_len} tokens exceeds the maximum "
-                f"context length {engine.max_model_len}",
-                "max_tokens",
-            )
-        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-        return SamplingParams(
-            max_tokens=max_tokens or room,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            n=request.n,
-            stop=stop,
-            seed=request.seed,
-            top_logprobs=top,
-            ignore_eos=request.ignore_eos,
-        )
-
-    def token_text(token_id: int, as_ids: bool) -> str:
-        return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
-
-    def usage(prompt_tokens: int, jobs: list[GenerationJob]) -> dict[str, int]:
-        completion = sum(len(s.token_ids) for job in jobs for s in job.samples)
-        return {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-        }
+    def spelling(as_ids: bool) -> Callable[[int], str]:
+        return partial(token_text, as_ids=as_ids, decode=tokenizer.decode)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -162,160 +159,50 @@ def create_inference_app(
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        lines = [
-            "# TYPE atropos_inference_rounds_total counter",
-            f"atropos_inference_rounds_total {scheduler.rounds}",
-            "# TYPE atropos_inference_requests_total counter",
-            f"atropos_inference_requests_total {scheduler.jobs}",
-            "# TYPE atropos_inference_generated_tokens_total counter",
-            f"atropos_inference_generated_tokens_total {scheduler.generated_tokens}",
-        ]
-        return PlainTextResponse("\n".join(lines) + "\n")
+        return PlainTextResponse(_metrics_text(scheduler))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": served_model_name,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "atroposlib",
-                    "max_model_len": engine.max_model_len,
-                }
-            ],
-        }
-
-    def chat_prompt_ids(messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
-        flat = []
-        for message in messages:
-            if "role" not in message:
-                raise OpenAIError(400, "every message needs a 'role'", "messages")
-            content = message.get("content") or ""
-            if isinstance(content, list):  # OpenAI content parts
-                content = "".join(
-                    part.get("text", "") for part in content if isinstance(part, dict)
-                )
-            flat.append({**message, "content": content})
-        text = tokenizer.apply_chat_template(
-            flat, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return _models_body(served_model_name, engine.max_model_len)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest) -> dict[str, Any]:
-        check_model(request.model)
-        prompt_ids = chat_prompt_ids(request.messages, request.add_generation_prompt)
-        top = request.top_logprobs or 0
-        limit = request.max_completion_tokens or request.max_tokens
-        job = GenerationJob(prompt_ids, sampling(request, len(prompt_ids), limit, top))
+        check_model(request.model, served_model_name)
+        prompt_ids = chat_prompt_ids(tokenizer, request.messages, request.add_generation_prompt)
+        job = GenerationJob(
+            prompt_ids, chat_sampling(request, len(prompt_ids), engine.max_model_len)
+        )
         await scheduler.submit(job)
-        choices = []
-        for index, sample in enumerate(job.samples):
-            logprobs = None
-            if request.logprobs:
-                content = []
-                for position, (token, value) in enumerate(
-                    zip(sample.token_ids, sample.logprobs, strict=True)
-                ):
-                    text = token_text(token, request.return_tokens_as_token_ids)
-                    alternatives = sample.top_logprobs[position] if sample.top_logprobs else []
-                    content.append(
-                        {
-                            "token": text,
-                            "logprob": value,
-                            "bytes": list(text.encode()),
-                            "top_logprobs": [
-                                {
-                                    "token": token_text(alt, request.return_tokens_as_token_ids),
-                                    "logprob": alt_value,
-                                    "bytes": list(
-                                        token_text(alt, request.return_tokens_as_token_ids).encode()
-                                    ),
-                                }
-                                for alt, alt_value in alternatives
-                            ],
-                        }
-                    )
-                logprobs = {"content": content}
-            choices.append(chat_choice(index, sample.text, sample.finish_reason, logprobs))
-        return completion_body("chat", served_model_name, choices, usage(len(prompt_ids), [job]))
-
-    def completion_prompts(prompt: Any) -> list[list[int]]:
-        if isinstance(prompt, str):
-            prompts = [tokenizer(prompt)["input_ids"]]
-        elif prompt and all(isinstance(p, int) for p in prompt):
-            prompts = [list(prompt)]
-        else:
-            prompts = [
-                tokenizer(item)["input_ids"] if isinstance(item, str) else list(item)
-                for item in prompt
-            ]
-        if not prompts or any(not p for p in prompts):
-            raise OpenAIError(400, "prompt must not be empty", "prompt")
-        vocab = len(tokenizer)
-        if any(not 0 <= t < vocab for ids in prompts for t in ids):
-            raise OpenAIError(400, f"token ids must be in [0, {vocab})", "prompt")
-        return prompts
+        spell = spelling(request.return_tokens_as_token_ids)
+        choices = chat_choices(job.samples, request.logprobs, spell)
+        usage = usage_body(len(prompt_ids), _completion_tokens([job]))
+        return completion_body("chat", served_model_name, choices, usage)
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest) -> dict[str, Any]:
-        check_model(request.model)
+        check_model(request.model, served_model_name)
         if request.echo:
             raise OpenAIError(400, "echo is not supported by this server", "echo")
-        prompts = completion_prompts(request.prompt)
-        top = request.logprobs or 0
+        prompts = completion_prompts(tokenizer, request.prompt)
         jobs = [
-            GenerationJob(ids, sampling(request, len(ids), request.max_tokens, top))
+            GenerationJob(ids, completion_sampling(request, len(ids), engine.max_model_len))
             for ids in prompts
         ]
         await asyncio.gather(*(scheduler.submit(job) for job in jobs))
-        choices = []
-        for job in jobs:
-            for sample in job.samples:
-                logprobs = None
-                if request.logprobs is not None:
-                    as_ids = request.return_tokens_as_token_ids
-                    texts = [token_text(t, as_ids) for t in sample.token_ids]
-                    offsets, at = [], 0
-                    for text in texts:
-                        offsets.append(at)
-                        at += len(text)
-                    logprobs = {
-                        "tokens": texts,
-                        "token_logprobs": sample.logprobs,
-                        "top_logprobs": [
-                            {token_text(alt, as_ids): value for alt, value in alternatives}
-                            for alternatives in sample.top_logprobs
-                        ]
-                        if top
-                        else None,
-                        "text_offset": offsets,
-                    }
-                choices.append(
-                    text_choice(len(choices), sample.text, sample.finish_reason, logprobs)
-                )
-        prompt_tokens = sum(len(p) for p in prompts)
-        return completion_body("text", served_model_name, choices, usage(prompt_tokens, jobs))
+        spell = spelling(request.return_tokens_as_token_ids)
+        samples = [sample for job in jobs for sample in job.samples]
+        choices = text_choices(samples, request.logprobs, spell)
+        usage = usage_body(sum(len(p) for p in prompts), _completion_tokens(jobs))
+        return completion_body("text", served_model_name, choices, usage)
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> dict[str, Any]:
-        if request.messages is not None:
-            ids = chat_prompt_ids(request.messages, request.add_generation_prompt)
-        elif request.prompt is not None:
-            ids = tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)[
-                "input_ids"
-            ]
-        else:
-            raise OpenAIError(400, "give either 'prompt' or 'messages'", "prompt")
+        ids = tokenize_ids(tokenizer, request)
         return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids}
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest) -> dict[str, str]:
-        vocab = len(tokenizer)
-        if any(not 0 <= t < vocab for t in request.tokens):
-            raise OpenAIError(400, f"token ids must be in [0, {vocab})", "tokens")
+        check_token_ids(request.tokens, len(tokenizer), "tokens")
         return {"prompt": tokenizer.decode(request.tokens)}
 
     return app
