@@ -6,8 +6,13 @@ A sequence (prompt and completion tokens together) is bounded by one number:
   environment reads back;
 - `max_token_length`: `BaseEnvConfig` and `/register-env` (the API keeps it per
   environment as `max_context_len`, for weighting);
-- `seq_len`: the example trainer's flag;
+- `seq_len`: the trainer's flag (`LaunchSettings.seq_len` in the trainer contract);
 - `max_model_len`: the inference engine's context length.
+
+`atropos-launch` makes them agree before a run starts (`launch/plan.py`): every
+environment gets the trainer's `seq_len` as `max_token_length` (a smaller one is
+allowed, a larger one is an error naming it), and an engine's `max_model_len` may
+not be smaller.
 
 The names stay, because environments and trainers written for Atropos use them.
 The rule lives here, once: a sequence fits when it holds at most the limit, and
