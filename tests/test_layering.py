@@ -1,6 +1,12 @@
-"""Import boundaries: `atroposlib/cli/` holds console entry points that nothing else imports."""
+"""Import boundaries: `atroposlib/cli/` holds console entry points that nothing else imports,
+and tests share helpers through `tests/support/`, never through test modules or conftest files."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
 
 from tests.support.source import LIBRARY_AND_USERS, REPO, imported_modules
 
@@ -32,3 +38,76 @@ def test_the_library_names_the_example_trainer_only_as_the_launchers_default():
         if "example_trainer" in line
     ]
     assert mentions == ['atroposlib/launch/config.py: DEFAULT_TRAINER = "example_trainer.grpo"']
+
+
+def is_test_module(module: str) -> bool:
+    """`tests.x.test_y`, `tests.conftest`, `test_y`, `conftest` (and names inside them)."""
+    parts = module.split(".")
+    if parts[0] != "tests" and parts[0] != "conftest" and not parts[0].startswith("test_"):
+        return False
+    return any(part == "conftest" or part.startswith("test_") for part in parts)
+
+
+def relative_imports(path: Path, root: Path) -> set[str]:
+    """`from .x import y` in `path`, resolved against its package under `root`."""
+    package = list(path.relative_to(root).parent.parts)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = package[: len(package) - (node.level - 1)] + (node.module or "").split(".")
+            module = ".".join(part for part in base if part)
+            found |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def imported_test_modules(path: Path, root: Path = REPO) -> list[str]:
+    modules = imported_modules(path) | relative_imports(path, root)
+    return sorted(m for m in modules if is_test_module(m))
+
+
+def test_no_test_file_imports_a_test_module_or_a_conftest():
+    """Shared helpers live in tests/support/; conftest files hold fixtures, test files tests."""
+    offenders = [
+        f"{path.relative_to(REPO)} imports {module}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        for module in imported_test_modules(path)
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        *(
+            f"from {module} import {name}\n"
+            for module, name in [
+                ("tests.envs.test_serve", "EnvProcess"),
+                ("tests.conftest", "free_port"),
+                ("tests.launch.conftest", "launch_config"),
+                ("tests.example_trainer", "test_lora"),
+                (".test_lora", "batch"),
+                (".", "conftest"),
+            ]
+        ),
+        "import tests.example_trainer.test_lora\n",
+        "def f():\n    import tests.inference.test_vllm\n",
+    ],
+)
+def test_the_test_import_scan_sees_each_spelling(tmp_path, source):
+    """The check above can fail: each of these imports is reported."""
+    path = tmp_path / "tests" / "example_trainer" / "test_x.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    assert imported_test_modules(path, tmp_path) != []
+
+
+def test_the_test_import_scan_passes_support_modules(tmp_path):
+    path = tmp_path / "tests" / "envs" / "test_x.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "from tests.support.groups import make_group\n"
+        "from tests.tolerances import logprob_tolerance\n"
+        "from .arith_env import ArithEnv\n"
+        "import pytest\n"
+    )
+    assert imported_test_modules(path, tmp_path) == []

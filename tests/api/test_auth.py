@@ -9,8 +9,9 @@ import sys
 import httpx
 
 from atroposlib.api.settings import APISettings, is_loopback
-from tests.api.helpers import REGISTRATION, make_group
-from tests.conftest import ApiProcess, free_port
+from tests.support.groups import REGISTRATION, make_group
+from tests.support.ports import free_port
+from tests.support.processes import ApiProcess
 
 KEY = "s3cret-key"
 

@@ -8,15 +8,20 @@ import time
 import httpx
 import pytest
 
-from tests.api.helpers import make_group, register, register_env, start_trainer, tags_of
-from tests.conftest import ApiProcess
+from tests.support.groups import (
+    drain_batches,
+    make_group,
+    register,
+    register_env,
+    start_trainer,
+    tags_of,
+)
+from tests.support.processes import ApiProcess
+from tests.support.waiting import wait_until
 
 
 def drain(client: httpx.Client) -> list[int]:
-    tags: list[int] = []
-    while (batch := client.get("/batch").json()["batch"]) is not None:
-        tags.extend(tags_of(batch))
-    return tags
+    return [tag for batch in drain_batches(client) for tag in tags_of(batch)]
 
 
 def test_restart_keeps_queue_buffers_envs_and_step(api_factory):
@@ -64,6 +69,7 @@ def test_kill_9_under_load_loses_and_duplicates_nothing(api_factory):
     acknowledged: list[int] = []
     lock = threading.Lock()
     errors: list[str] = []
+    transport_errors: list[int] = []
 
     def poster(first_tag: int, count: int) -> None:
         with httpx.Client(base_url=api.url, timeout=5) as session:
@@ -83,7 +89,7 @@ def test_kill_9_under_load_loses_and_duplicates_nothing(api_factory):
                             errors.append(response.text)
                             return
                     except httpx.TransportError:
-                        pass
+                        transport_errors.append(tag)
                     if time.monotonic() > deadline:
                         errors.append(f"group {tag} never acknowledged")
                         return
@@ -92,13 +98,22 @@ def test_kill_9_under_load_loses_and_duplicates_nothing(api_factory):
     threads = [threading.Thread(target=poster, args=(i * 1000, 150)) for i in range(4)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 60
-    while len(acknowledged) < 150:
-        assert not errors and time.monotonic() < deadline, (len(acknowledged), errors[:3])
-        time.sleep(0.01)
+    wait_until(
+        lambda: errors or len(acknowledged) >= 150,
+        60,
+        "the posters stalled before 150 groups were acknowledged",
+        poll_s=0.01,
+    )
+    assert not errors, errors[:3]
+    refused_before = len(transport_errors)
     api.kill()
     killed_after = len(acknowledged)
-    time.sleep(0.5)
+    # the posters keep retrying against the dead port until run-api is back up
+    wait_until(
+        lambda: len(transport_errors) > refused_before,
+        30,
+        "no poster noticed that run-api was down",
+    )
     api.start()
     for thread in threads:
         thread.join()

@@ -9,7 +9,14 @@ import httpx
 from fastapi.testclient import TestClient
 
 from atroposlib.api.settings import APISettings
-from tests.api.helpers import make_group, register, register_env, start_trainer, tags_of
+from tests.support.groups import (
+    drain_batches,
+    make_group,
+    register,
+    register_env,
+    start_trainer,
+    tags_of,
+)
 
 
 def test_root_and_health(client):
@@ -141,11 +148,9 @@ def test_mixed_group_sizes_pack_into_exact_batches(client):
     start_trainer(client, batch_size=8)
     for tag, size in enumerate([4, 8, 4, 2, 2, 2, 2]):
         client.post("/scored_data", json=make_group(size, tag=tag))
-    batches = []
-    while (batch := client.get("/batch").json()["batch"]) is not None:
-        assert sum(len(g["tokens"]) for g in batch) == 8
-        batches.append(tags_of(batch))
-    assert batches == [[1], [0, 2], [3, 4, 5, 6]]
+    batches = drain_batches(client)
+    assert all(sum(len(g["tokens"]) for g in batch) == 8 for batch in batches)
+    assert [tags_of(batch) for batch in batches] == [[1], [0, 2], [3, 4, 5, 6]]
 
 
 def test_min_batch_allocation_reserves_part_of_each_batch(client):
@@ -163,6 +168,11 @@ def test_min_batch_allocation_reserves_part_of_each_batch(client):
 
 
 def test_status_env_fields(client):
+    """Hand-worked: a trainer taking batches of 8 sequences, and two envs of equal context.
+
+    env 0: groups of 4, weight 1, no minimum share.
+    env 1: groups of 2, weight 3, min_batch_allocation 0.25 (2 sequences of every batch of 8).
+    """
     start_trainer(client, batch_size=8)
     register_env(client, group_size=4, max_token_length=100, weight=1.0)
     register_env(client, group_size=2, max_token_length=100, weight=3.0, min_batch_allocation=0.25)
@@ -172,7 +182,10 @@ def test_status_env_fields(client):
     by_body = client.request("GET", "/status-env", json={"env_id": 0}).json()
     by_query = client.get("/status-env", params={"env_id": 0}).json()
     assert by_body == by_query
-    # own 12 sequences; env 1: ceil(2/4)*4 - floor(8*0.25) = 2 -> (12 + 2) // 4
+    # Queued: env 0 has 3 groups of 4 (12 sequences), env 1 one group of 2. The largest
+    # group queued holds 4. Env 0 has a quarter of the weight (1 of 1 + 3), and a quarter
+    # of each batch is promised to env 1, so three quarters are unallocated. The queue
+    # holds 14 sequences: 3 whole groups of env 0's size.
     assert by_body == {
         "current_step": 0,
         "queue_size": 3,
@@ -181,13 +194,29 @@ def test_status_env_fields(client):
         "max_group_size": 4,
         "env_weight": 0.25,
     }
+    # Env 1 owns 1 queued group of 2, and every one of env 0's 12 sequences counts
+    # against it (env 0 reserves nothing): 14 sequences = 7 groups of 2.
     other = client.get("/status-env", params={"env_id": 1}).json()
-    # env 1 has 2 own sequences; env 0 contributes ceil(12/4)*4 = 12 -> (2 + 12) // 2
     assert other["queue_size"] == 7 and other["self_queue_size"] == 1
-    assert other["env_weight"] == 0.75
+    assert other["env_weight"] == 0.75 and other["unallocated_fraction"] == 0.75
+
+    # Two more groups of env 1: its 6 queued sequences occupy two packs of 4 (8 places, the
+    # second pack half full). Less the 2 places reserved for env 1, 6 count against env 0:
+    # 12 + 6 = 18 sequences = 4 whole groups of 4.
+    for tag in (10, 11):
+        client.post("/scored_data", json=make_group(2, tag=tag, env_id=1))
+    mine = client.get("/status-env", params={"env_id": 0}).json()
+    assert mine["queue_size"] == 4 and mine["self_queue_size"] == 3
+    # Env 1: its own 6 sequences plus env 0's 12 = 18 = 9 groups of 2, 3 of them its own.
+    other = client.get("/status-env", params={"env_id": 1}).json()
+    assert other["queue_size"] == 9 and other["self_queue_size"] == 3
+
     assert client.get("/status-env", params={"env_id": 5}).status_code == 404
+    # Once env 1 disconnects, env 0 is the only connected env: it has all the weight, and
+    # nothing is promised to anyone any more.
     client.post("/disconnect-env", json={"env_id": 1})
-    assert client.get("/status-env", params={"env_id": 0}).json()["env_weight"] == 1.0
+    alone = client.get("/status-env", params={"env_id": 0}).json()
+    assert alone["env_weight"] == 1.0 and alone["unallocated_fraction"] == 1.0
 
 
 def test_posts_before_register_count_after_registration(client):

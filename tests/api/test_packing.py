@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atroposlib.api.packing import (
@@ -15,7 +15,6 @@ from atroposlib.api.packing import (
     plan_batch,
     take_packs,
 )
-from tests.api.helpers import fcfs_greedy
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -120,20 +119,33 @@ def test_plan_batch_single_size_is_oldest_first(g, multiple, extra, envs):
     assert positions == list(range(batch_size // g))
 
 
-@SETTINGS
-@given(pow2_queue(max_groups=24))
-def test_plan_batch_matches_pack_rule_when_packs_fill_a_batch(queue):
-    """With the power-of-two contract the batch is the oldest complete packs."""
-    sizes, batch_size = queue
-    assume(sizes)
-    pack_size = max(sizes)
-    packs = list(iter_packs(sizes, pack_size))
-    complete = sum(sizes[p] for pack in packs for p in pack)
-    positions = plan_batch(sizes, [0] * len(sizes), batch_size)
-    if complete >= batch_size:
-        needed = batch_size // pack_size
-        expected = sorted(p for pack in packs[:needed] for p in pack)
-        assert positions == expected
+# Worked by hand with the pack rule (groups of one size gather into packs as large as the
+# largest group queued; a batch is the oldest complete packs, in the order they complete).
+PACK_RULE_CASES = [
+    # packs of 4: [0] then [1, 2] (two 2s) then [3]; a batch of 8 is the first two packs
+    ([4, 2, 2, 4], 8, [0, 1, 2]),
+    # packs of 4: the 2s at 0 and 2 complete after the 4 at 1
+    ([2, 4, 2, 4], 8, [0, 1, 2]),
+    # packs of 8: [1], then the four 2s at 0, 2, 3, 4; a batch of 8 is the 8 alone
+    ([2, 8, 2, 2, 2, 4], 8, [1]),
+    # packs of 8: [1] completes first, then [0, 2, 3, 4]; the 4 at 5 never completes a pack
+    ([2, 8, 2, 2, 2, 4], 16, [0, 1, 2, 3, 4]),
+    # packs of 4: four 1s complete at 3, the 4 at 4, two 2s at 6; batch of 8: first two packs
+    ([1, 1, 1, 1, 4, 2, 2], 8, [0, 1, 2, 3, 4]),
+    # packs of 4: the 2 at 0 waits for the 2 at 3; the 4s at 1 and 2 come first
+    ([2, 4, 4, 2], 8, [1, 2]),
+    # packs of 16: the 16 at 2 is the only complete pack
+    ([8, 4, 16, 8], 16, [2]),
+    # packs of 16: the 8s at 0 and 3 complete the first pack
+    ([8, 4, 4, 8, 16], 16, [0, 3]),
+    # all groups of one size: the oldest ones
+    ([2, 2, 2, 2, 2], 4, [0, 1]),
+]
+
+
+@pytest.mark.parametrize(("sizes", "batch_size", "expected"), PACK_RULE_CASES)
+def test_plan_batch_takes_the_oldest_complete_packs(sizes, batch_size, expected):
+    assert plan_batch(sizes, [0] * len(sizes), batch_size) == expected
 
 
 def drain(sizes: list[int], batch_size: int, envs: list[int] | None = None):
@@ -280,15 +292,35 @@ def test_find_subset_exists_iff_brute_force(sizes, target):
         assert result == []
 
 
-@SETTINGS
-@given(st.lists(st.integers(1, 10), max_size=14), st.integers(1, 40))
-def test_find_subset_prefers_fcfs_pick(sizes, target):
-    greedy = fcfs_greedy(sizes, target)
+# Worked by hand: first come, first served (take each group that still fits) when that lands
+# exactly on the target; otherwise some other exact combination.
+FCFS_CASES = [
+    ([1, 2, 3, 4], 6, [0, 1, 2]),  # 1 + 2 + 3
+    ([4, 3, 2, 1], 6, [0, 2]),  # 4; 3 does not fit (7); 2 lands on 6
+    ([5, 4, 1], 6, [0, 2]),  # 5, 4 does not fit, then 1
+    ([10, 3, 3], 6, [1, 2]),  # the 10 never fits
+    ([2, 2, 2, 2], 8, [0, 1, 2, 3]),
+    ([7], 7, [0]),
+]
+NOT_FCFS_CASES = [
+    # FCFS takes 3 and 2 (5), then neither 2 nor 4 fits; 2 + 4 is exact
+    ([3, 2, 2, 4], 6),
+    # FCFS takes 4 and 1 (5), then neither 2 nor 3 fits; 4 + 2 and 1 + 2 + 3 are exact
+    ([4, 1, 2, 3], 6),
+    # FCFS takes 5 and cannot add a 3; 3 + 3 is exact
+    ([5, 3, 3], 6),
+]
+
+
+@pytest.mark.parametrize(("sizes", "target", "expected"), FCFS_CASES)
+def test_find_subset_takes_the_first_come_first_served_pick(sizes, target, expected):
+    assert find_subset_summing_to(sizes, target) == expected
+
+
+@pytest.mark.parametrize(("sizes", "target"), NOT_FCFS_CASES)
+def test_find_subset_finds_another_exact_pick_when_fcfs_misses(sizes, target):
     result = find_subset_summing_to(sizes, target)
-    if greedy is not None:
-        assert result == greedy
-    elif result:
-        assert sum(sizes[p] for p in result) == target
+    assert result == sorted(set(result)) and sum(sizes[p] for p in result) == target
 
 
 def test_find_subset_examples():

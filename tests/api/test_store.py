@@ -10,7 +10,7 @@ from atroposlib.api import segments
 from atroposlib.api.state import RunState
 from atroposlib.api.store import GroupRow, MemoryStore, SQLiteStore, StateDirLocked, WriteSet
 from atroposlib.protocol import RegisterEnv, Registration, ScoredData
-from tests.api.helpers import REGISTRATION, make_group
+from tests.support.groups import REGISTRATION, make_group
 
 
 def rows(*specs: tuple[int, int]) -> WriteSet:

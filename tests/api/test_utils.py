@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +13,6 @@ from atroposlib.api.utils import (
     grab_batch_with_minimum_allocations,
     grab_exact_from_heterogeneous_queue,
 )
-from tests.api.helpers import fcfs_greedy
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -251,115 +251,158 @@ def test_minimum_allocations_property(g, multiple, fraction, envs):
     assert from_env1 >= min(needed, envs.count(1) * g)
 
 
-# ------------------------------------------------ differential vs. Atropos model
-def atropos_find_groups(sizes: list[int], target: int) -> list[int]:
-    """Reference model of Atropos's choice: FCFS when exact, else a DP table traced back
-    from the newest group, taking a group whenever the rest stays reachable without it."""
-    picked = fcfs_greedy(sizes, target)
-    if picked is not None:
-        return picked
-    table = [{0}]
-    for s in sizes:
-        table.append(table[-1] | {x + s for x in table[-1] if x + s <= target})
-    if target not in table[-1]:
-        return []
-    chosen, left = [], target
-    for i in range(len(sizes), 0, -1):
-        if sizes[i - 1] <= left and left - sizes[i - 1] in table[i - 1]:
-            chosen.append(i - 1)
-            left -= sizes[i - 1]
-    return sorted(chosen)
+# --------------------------------------------------- frozen answers of upstream Atropos
+# Each case below was produced by running upstream Atropos's own function (copied out of
+# NousResearch/atropos at commit 296a0bc55760e43b9c0743c052f8d6c2732606d1,
+# atroposlib/api/utils.py) on the input shown, with groups built as `make_queue` builds them.
+# They are frozen here as literals: nothing in this file recomputes them.
+
+# (sizes, target, upstream's indices)
+UPSTREAM_FIND_GROUPS = [
+    ([], 4, []),
+    ([2, 2, 4], 4, [0, 1]),
+    ([4, 2, 2], 4, [0]),
+    ([1, 8, 3], 4, [0, 2]),  # first come, first served skips the 8 and keeps going
+    ([5, 1, 3], 4, [1, 2]),
+    ([3, 3], 4, []),
+    ([8], 4, []),  # a group larger than the target
+    ([2, 2, 4], 0, []),
+    ([3, 2, 2, 2], 4, [2, 3]),  # FCFS takes the 3 and gets stuck; the newest pair is traced
+    ([3, 3, 2, 2], 4, [2, 3]),
+    ([6, 1, 5, 2, 3], 10, [2, 3, 4]),
+    ([7, 2, 2, 3, 3], 10, [1, 2, 3, 4]),
+    ([1, 1, 1], 3, [0, 1, 2]),
+    ([2, 5, 4, 1], 9, [1, 2]),
+]
 
 
-def atropos_min_alloc(sizes, envs, batch_size, configs):
-    """Reference model of Atropos's grab_batch_with_minimum_allocations (positions or None);
-    only called with at least one allocation."""
-    allocations = {
-        c["registered_id"]: c["min_batch_allocation"]
-        for c in configs
-        if c.get("connected") and c.get("min_batch_allocation") is not None
-    }
-    top = max(sizes)
-    bins: dict = {}
-    packable: dict = {}
-    for i, (s, e) in enumerate(zip(sizes, envs, strict=True)):
-        if e is None:
-            continue
-        packable.setdefault(e, [])
-        members = bins.setdefault((e, s), [])
-        members.append(i)
-        if len(members) * s == top:
-            packable[e].extend(members)
-            bins[(e, s)] = []
-    need = {}
-    for e, frac in allocations.items():
-        n = int(batch_size * frac)
-        if n > 0:
-            if not packable.get(e):
-                return None
-            need[e] = n
-    if sum(need.values()) > batch_size:
-        scale = batch_size / sum(need.values())
-        need = {e: max(min(sizes[i] for i in packable[e]), int(n * scale)) for e, n in need.items()}
-    chosen, total = [], 0
-    for e, n in need.items():
-        got = 0
-        for i in packable[e]:
-            if got >= n:
-                break
-            if total + sizes[i] <= batch_size:
-                chosen.append(i)
-                got += sizes[i]
-                total += sizes[i]
-    pool = sorted(i for e in packable for i in packable[e] if i not in chosen)
-    for i in pool:
-        if total == batch_size:
-            break
-        if total + sizes[i] <= batch_size:
-            chosen.append(i)
-            total += sizes[i]
-    return chosen if total == batch_size else None
+@pytest.mark.parametrize(("sizes", "target", "expected"), UPSTREAM_FIND_GROUPS)
+def test_find_groups_gives_upstreams_answer(sizes, target, expected):
+    assert find_groups_summing_to_target(make_queue(sizes), target) == expected
 
 
-@SETTINGS
-@given(st.lists(st.integers(1, 9), max_size=12), st.integers(0, 30))
-def test_find_groups_matches_atropos_model(sizes, target):
-    assert find_groups_summing_to_target(make_queue(sizes), target) == atropos_find_groups(
-        sizes, target
-    )
-
-
-def test_find_groups_dp_traces_back_from_newest():
-    # FCFS takes the 3 and then nothing fits; Atropos's DP traceback keeps the newest pair.
-    assert find_groups_summing_to_target(make_queue([3, 2, 2, 2]), 4) == [2, 3]
-
-
-@SETTINGS
-@given(
-    pow2_queue(max_groups=16),
-    st.lists(st.sampled_from([0, 1, 2, None]), min_size=16, max_size=16),
-    st.lists(
-        st.tuples(
-            st.integers(0, 3),
-            st.sampled_from([None, 0.0, 0.1, 0.25, 0.5, 0.75, 1.0]),
-            st.booleans(),
-        ),
-        min_size=1,
-        max_size=3,
+# (case, sizes, env ids, batch_size, [(registered_id, min_batch_allocation, connected)],
+#  upstream's batch tags in its order, upstream's remaining tags)
+UPSTREAM_MIN_ALLOC = [
+    ("empty queue", [], [], 8, [(1, 0.5, True)], None, []),
+    ("one env, no minimum", [2] * 6, [0] * 6, 8, [(0, None, True)], [0, 1, 2, 3], [4, 5]),
+    ("one env, all of it", [2] * 6, [0] * 6, 8, [(0, 1.0, True)], [0, 1, 2, 3], [4, 5]),
+    (
+        "env 1 gets half",
+        [2] * 8,
+        [0, 0, 0, 0, 1, 1, 1, 1],
+        8,
+        [(0, None, True), (1, 0.5, True)],
+        [4, 5, 0, 1],
+        [2, 3, 6, 7],
     ),
+    (
+        "a minimum but nothing queued",
+        [2] * 8,
+        [0] * 8,
+        8,
+        [(0, None, True), (1, 0.25, True)],
+        None,
+        [0, 1, 2, 3, 4, 5, 6, 7],
+    ),
+    (
+        "a disconnected env's minimum is ignored",
+        [2] * 8,
+        [0] * 8,
+        8,
+        [(0, None, True), (1, 0.25, False)],
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+    ),
+    ("a minimum below one sequence", [2] * 4, [0] * 4, 8, [(1, 0.1, True)], [0, 1, 2, 3], []),
+    (
+        "minimums summing over 1: 0.125 + 1.0",
+        [2] * 6,
+        [0, 2, 2, 2, 2, 1],
+        8,
+        [(0, None, True), (1, 0.125, True), (2, 1.0, True)],
+        [5, 1, 2, 3],
+        [0, 4],
+    ),
+    (
+        "minimums summing over 1: 0.75 + 0.75",
+        [2] * 8,
+        [0, 1, 0, 1, 0, 1, 0, 1],
+        8,
+        [(0, 0.75, True), (1, 0.75, True)],
+        [0, 2, 1, 3],
+        [4, 5, 6, 7],
+    ),
+    (
+        "a group larger than the batch",
+        [16, 4, 4, 4, 4],
+        [0, 1, 1, 1, 1],
+        8,
+        [(1, 0.5, True)],
+        [1, 2],
+        [0, 3, 4],
+    ),
+    (
+        "only a group larger than the batch is packable",
+        [16, 4, 4],
+        [0, 0, 0],
+        8,
+        [(0, 0.5, True)],
+        None,
+        [0, 1, 2],
+    ),
+    (
+        "mixed sizes in one env",
+        [2, 4, 2, 4, 2, 2],
+        [0, 1, 0, 1, 1, 1],
+        8,
+        [(0, None, True), (1, 0.5, True)],
+        [1, 0, 2],
+        [3, 4, 5],
+    ),
+    (
+        "a minimum for an env without a complete pack",
+        [4, 2, 4, 4],
+        [0, 1, 0, 0],
+        8,
+        [(1, 0.25, True)],
+        None,
+        [0, 1, 2, 3],
+    ),
+    (
+        "groups without an env id",
+        [2, 2, 2, 2, 2],
+        [None, 0, None, 0, 0],
+        4,
+        [(0, 0.5, True)],
+        [1, 3],
+        [0, 2, 4],
+    ),
+    (
+        "three envs, two minimums",
+        [1, 2, 2, 1, 2, 2, 1, 1],
+        [0, 1, 2, 0, 1, 2, 2, 0],
+        4,
+        [(0, 0.25, True), (2, 0.5, True)],
+        [0, 2, 3],
+        [1, 4, 5, 6, 7],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "envs", "batch_size", "configs", "expected_batch", "expected_rest"),
+    [pytest.param(*case[1:], id=case[0]) for case in UPSTREAM_MIN_ALLOC],
 )
-def test_minimum_allocations_matches_atropos_model(queue_spec, envs, raw_configs):
-    sizes, batch_size = queue_spec
-    envs = envs[: len(sizes)]
-    configs = [env(i, frac, connected) for i, frac, connected in raw_configs]
+def test_minimum_allocations_give_upstreams_answer(
+    sizes, envs, batch_size, configs, expected_batch, expected_rest
+):
     queue = make_queue(sizes, envs)
-    batch, rest = grab_batch_with_minimum_allocations(queue, batch_size, configs)
-    has_allocation = any(c["connected"] and c["min_batch_allocation"] is not None for c in configs)
-    if not sizes or not has_allocation:
-        expected_batch, _ = grab_exact_from_heterogeneous_queue(queue, batch_size)
-        assert tags(batch) == tags(expected_batch)
-    else:
-        assert tags(batch) == atropos_min_alloc(sizes, envs, batch_size, configs)
+    batch, rest = grab_batch_with_minimum_allocations(
+        queue, batch_size, [env(i, fraction, connected) for i, fraction, connected in configs]
+    )
+    assert tags(batch) == expected_batch
+    assert tags(rest) == expected_rest
     if batch is None:
         assert rest is queue
     else:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.api.helpers import make_group, register_env, start_trainer
-from tests.conftest import ApiProcess
+from tests.support.groups import make_group, register_env, start_trainer
+from tests.support.processes import ApiProcess
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from atroposlib.envs.api_client import TrajectoryClient
-from tests.api.helpers import make_group, start_trainer
+from tests.support.groups import make_group, start_trainer
 
 
 def test_close_while_the_background_flusher_runs(api, client, tmp_path):

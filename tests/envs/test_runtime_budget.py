@@ -16,15 +16,19 @@ import httpx
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.runtime import EnvRuntime
-from tests.api.helpers import make_group, register_env, start_trainer
+from tests.support.groups import make_group, register_env, start_trainer
+from tests.support.waiting import wait_until_async
 
 
 class LateDeliveryClient(TrajectoryClient):
     """Delivers spooled groups after the API answered /status-env, before the caller reads it."""
 
+    polls = 0
+
     async def status_env(self, env_id: int) -> dict:
         status = await super().status_env(env_id)
         await self.flush()
+        self.polls += 1
         return status
 
 
@@ -63,7 +67,10 @@ def test_group_delivered_during_status_poll_still_counts(api, tmp_path: Path):
         runtime.client.send([make_group(2, tag=2, env_id=env_id)])
         runtime.client._flusher.cancel()
         loop = asyncio.create_task(runtime._loop())
-        await asyncio.sleep(1.5)
+        # a second poll starts only after the first one's answer was acted on
+        await wait_until_async(
+            lambda: runtime.client.polls >= 2 or loop.done(), 30, "the loop polled only once"
+        )
         runtime.stopping.set()
         await loop
         delivered = runtime.client.counters["groups_delivered"]

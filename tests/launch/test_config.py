@@ -11,7 +11,8 @@ import pytest
 from atroposlib.cli.launch import main
 from atroposlib.launch.config import load_config
 from atroposlib.launch.plan import plan
-from tests.launch.conftest import ARITH_ENV, REPO, launch_config, write_config
+from tests.support.launch import ARITH_ENV, launch_config, write_config
+from tests.support.source import REPO
 
 
 def run_main(tmp_path, config, capsys) -> tuple[int, str]:

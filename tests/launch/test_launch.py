@@ -11,6 +11,8 @@ import signal
 import pytest
 
 from atroposlib.trainer_contract import read_metrics
+from tests.support.launch import launch_config
+from tests.support.source import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +23,6 @@ def trained_steps(run_dir) -> int:
 
 def long_run(launch, run_dir, until_steps: int, steps: int = 50):
     """A run of `steps` (no engine restarts), once the trainer has done `until_steps`."""
-    from tests.launch.conftest import launch_config
-
     config = launch_config(run_dir, steps=steps)
     config["trainer"]["args"]["vllm_restart_interval"] = 100
     run = launch(config)
@@ -31,8 +31,6 @@ def long_run(launch, run_dir, until_steps: int, steps: int = 50):
 
 
 def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
-    from tests.launch.conftest import launch_config
-
     run_dir = tmp_path / "run"
     run = launch(launch_config(run_dir, steps=4))
     assert run.wait(300) == 0, run.output()[-4000:]
@@ -63,8 +61,6 @@ def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
 
 def test_a_run_that_does_not_learn_says_so(launch, tmp_path):
     """Every sample scores 0.5, so nothing can be learned: the panel and report say it."""
-    from tests.launch.conftest import launch_config
-
     run_dir = tmp_path / "run"
     config = launch_config(run_dir, steps=20)
     config["trainer"]["args"]["vllm_restart_interval"] = 100
@@ -118,8 +114,6 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     """configs/quickstart_cpu.yaml as shipped (seed 0): the late mean score beats the early one."""
     import yaml
 
-    from tests.launch.conftest import REPO
-
     config = yaml.safe_load((REPO / "configs" / "quickstart_cpu.yaml").read_text())
     config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
     config["run_dir"] = str(tmp_path / "run")
@@ -134,8 +128,6 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
 
 def test_a_standalone_engine_serves_the_environments(launch, tmp_path):
     """With an `engine:` section the trainer starts none; envs sample from that engine."""
-    from tests.launch.conftest import launch_config
-
     run_dir = tmp_path / "run"
     config = launch_config(run_dir, steps=2)
     config["engine"] = {"engine": "transformers", "args": ["--num-threads", "1"]}
@@ -154,8 +146,6 @@ def test_a_standalone_engine_serves_the_environments(launch, tmp_path):
 
 def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch, tmp_path):
     """tests/support/minimal_trainer.py knows nothing of example_trainer; the run still works."""
-    from tests.launch.conftest import launch_config
-
     run_dir = tmp_path / "run"
     config = launch_config(run_dir)
     config["engine"] = {"engine": "transformers", "args": ["--num-threads", "1"]}

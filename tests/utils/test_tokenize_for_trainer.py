@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import typing
-
 import pytest
 
 transformers = pytest.importorskip("transformers")
@@ -149,32 +147,3 @@ def test_boundary_merge_falls_back_to_offsets(tok):
 def test_empty_chat_is_rejected(tok):
     with pytest.raises(ValueError):
         tokenize_for_trainer(tok, [])
-
-
-def test_type_definitions_import():
-    from atroposlib.type_definitions import (
-        UUID,
-        AgentStep,
-        GameStep,
-        Item,
-        Message,
-        Observation,
-        number,
-    )
-
-    assert Item is typing.Any
-    assert UUID is str
-    assert isinstance(3, number) and isinstance(0.5, number) and not isinstance("3", number)
-    message: Message = {"role": "user", "content": "hi"}
-    assert message["role"] == "user"
-    assert Message.__required_keys__ == {"role", "content"}
-    assert Message.__optional_keys__ == {"reward"}
-    step: GameStep = {
-        "observation": Observation(text="a maze"),
-        "action": "north",
-        "reward": 1.0,
-        "done": False,
-        "info": {},
-    }
-    assert step["observation"]["text"] == "a maze"
-    assert AgentStep(messages=[message], reward=0.0, done=True)["done"] is True

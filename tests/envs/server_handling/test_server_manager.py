@@ -13,7 +13,9 @@ from atroposlib.envs.server_handling.server_manager import (
     resolve_server_configs,
     slurm_server_configs,
 )
-from tests.conftest import InferenceProcess, free_port
+from tests.support.ports import free_port
+from tests.support.processes import InferenceProcess
+from tests.support.waiting import wait_until_async
 from tests.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance
 
 torch = pytest.importorskip("torch")
@@ -83,11 +85,11 @@ def test_dead_server_leaves_rotation_and_returns(inference_server, tiny_model_pa
         assert not manager.servers[0].server_healthy and manager.servers[1].server_healthy
         revived = InferenceProcess(tiny_model_path, tmp_path, "tiny", port=dead_port)
         try:
-            for _ in range(50):
-                if manager.servers[0].server_healthy:
-                    break
-                await asyncio.sleep(0.2)
-            assert manager.servers[0].server_healthy, "a server that answers again is used again"
+            await wait_until_async(
+                lambda: manager.servers[0].server_healthy,
+                10,
+                "a server that answers again is not used again",
+            )
         finally:
             revived.stop()
         return answers

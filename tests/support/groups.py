@@ -1,4 +1,4 @@
-"""Builders for trajectory API test payloads."""
+"""Trajectory API payloads for tests, and the calls that register a trainer or an env."""
 
 from __future__ import annotations
 
@@ -54,13 +54,12 @@ def tags_of(batch: list[dict[str, Any]]) -> list[int]:
     return [group["tokens"][0][0] for group in batch]
 
 
-def fcfs_greedy(sizes: list[int], target: int) -> list[int] | None:
-    """First come, first served: take each group that still fits; None unless exact."""
-    picked, running = [], 0
-    for position, size in enumerate(sizes):
-        if running + size <= target:
-            picked.append(position)
-            running += size
-            if running == target:
-                return picked
-    return None
+def drain_batches(client: httpx.Client, most: int = 1000) -> list[list[dict[str, Any]]]:
+    """Every batch /batch serves until it answers none; fails instead of looping forever."""
+    batches = []
+    for _ in range(most):
+        batch = client.get("/batch").json()["batch"]
+        if batch is None:
+            return batches
+        batches.append(batch)
+    raise AssertionError(f"/batch still served batches after {most}")
