@@ -20,7 +20,6 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -318,7 +317,7 @@ class Trainer:
             )
         return self._wandb_run
 
-    def next_batch(self, api: TrajectoryAPI | None) -> tuple[list[dict[str, Any]], float]:
+    def next_batch(self, api: TrajectoryAPI | None) -> tuple[list[ScoredData], float]:
         """rank 0 polls the API; every rank gets its batch."""
         batch, waited = self.wait_for_batch(api) if api is not None else (None, 0.0)
         return self.parallel.broadcast((batch, waited))
