@@ -12,9 +12,9 @@ import logging
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.middleware import RequestGuard
 from atroposlib.api.settings import APISettings
-from atroposlib.api.state import InvalidGroups, QueueFull, RunState, UnknownEnv
+from atroposlib.api.state import InvalidGroups, QueueFull, RunState, StepConflict, UnknownEnv
 from atroposlib.api.store import open_store
 from atroposlib.protocol import GROUPS, EnvIdentifier, RegisterEnv, Registration, ScoredData
 
@@ -113,6 +113,11 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
         reject("unknown_env")
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
+    @app.exception_handler(StepConflict)
+    async def _step_conflict(_: Request, exc: StepConflict) -> JSONResponse:
+        reject("step_conflict")
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
     @app.exception_handler(sqlite3.Error)
     @app.exception_handler(OSError)
     async def _store_error(_: Request, exc: Exception) -> JSONResponse:
@@ -177,8 +182,13 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
         return JSONResponse(answer)
 
     @app.get("/batch")
-    async def batch() -> Response:
-        return json_answer(state().next_batch())
+    async def batch(
+        step: Annotated[int | None, Query(ge=1)] = None,
+        committed: Annotated[int | None, Query(ge=0)] = None,
+    ) -> Response:
+        """`step`: lease the batch of that step (asked again, it is served again);
+        `committed`: the trainer's checkpoint holds every step up to this one."""
+        return json_answer(state().next_batch(step, committed))
 
     @app.get("/latest_example")
     async def latest_example() -> Response:

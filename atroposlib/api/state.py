@@ -21,7 +21,7 @@ import math
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from atroposlib.api.models import group_errors
@@ -49,6 +49,10 @@ class QueueFull(Exception):
 
 class UnknownEnv(Exception):
     pass
+
+
+class StepConflict(Exception):
+    """A trainer asked `/batch` for a step the API cannot serve; the message says why."""
 
 
 @dataclass
@@ -86,6 +90,7 @@ class RunState:
         self.step = 0
         self.envs: list[EnvRecord] = []
         self.queue: list[GroupRow] = []
+        self.leases: dict[int, list[GroupRow]] = {}  # step -> its served groups, until released
         self.buffers: dict[int, list[GroupRow]] = {}
         self.queued_sequences = 0
         self.buffered_sequences = 0
@@ -108,7 +113,9 @@ class RunState:
         self.step = int(kv.get("step", 0))
         self.envs = [EnvRecord(**env) for env in kv.get("envs", [])]
         for row in loaded.rows:
-            if row.buffered:
+            if row.served_step is not None:
+                self.leases.setdefault(row.served_step, []).append(row)
+            elif row.buffered:
                 self.buffers.setdefault(row.env_id, []).append(row)
                 self.buffered_sequences += row.size
             else:
@@ -119,11 +126,13 @@ class RunState:
         self.latest = loaded.latest
         if loaded.rows or self.registration:
             logger.info(
-                "restored state: step %d, %d queued groups, %d buffered groups, %d envs",
+                "restored state: step %d, %d queued groups, %d buffered groups, %d envs, "
+                "batches kept for re-serving: steps %s",
                 self.step,
                 len(self.queue),
                 sum(len(b) for b in self.buffers.values()),
                 len(self.envs),
+                sorted(self.leases) or "none",
             )
 
     def _enqueue(self, row: GroupRow) -> None:
@@ -150,9 +159,11 @@ class RunState:
                     "batch_size": registration.batch_size,
                     "max_token_len": registration.max_token_len,
                     "num_steps": registration.num_steps,
+                    "starting_step": registration.starting_step,
                 }
             )
-            self._persist(registration=self.registration.model_dump())
+            self._rewind(registration.starting_step)
+            self._persist(registration=self.registration.model_dump(), step=self.step)
             self.version += 1
         logger.info(
             "trainer registered: batch_size %d, max_token_len %d, num_steps %d",
@@ -161,6 +172,29 @@ class RunState:
             registration.num_steps,
         )
         return {"uuid": uuid.uuid4().int}
+
+    def _rewind(self, step: int) -> None:
+        """A trainer that registers again resumed from `step`: the API's step follows it.
+
+        Kept batches up to `step` are in the checkpoint it resumed from, so they are
+        released; later ones will be served again, in order, when it asks for them.
+        """
+        self._release(step)
+        if step != self.step:
+            logger.warning(
+                "trainer registered again at step %d; the API was at step %d and moves to %d "
+                "(batches kept for re-serving: steps %s)",
+                step,
+                self.step,
+                step,
+                sorted(self.leases) or "none",
+            )
+        self.step = step
+
+    def _release(self, upto: int) -> None:
+        """Forget the kept batches of steps <= `upto`: a trainer checkpoint holds them."""
+        for step in sorted(s for s in self.leases if s <= upto):
+            self.store.remove([row.id for row in self.leases.pop(step)], {})
 
     def register_env(self, request: RegisterEnv) -> dict[str, Any]:
         if not self.started or self.registration is None:
@@ -372,7 +406,16 @@ class RunState:
             self.blocked_reason = None
         return positions
 
-    def next_batch(self) -> bytes | dict[str, Any]:
+    def next_batch(
+        self, step: int | None = None, committed: int | None = None
+    ) -> bytes | dict[str, Any]:
+        """The next batch (upstream: a destructive read), or with `step` a leased one.
+
+        A trainer that names the `step` it wants gets that step's batch, and the same
+        batch again if it asks again (a lost or timed-out answer, or a resume); its
+        groups are kept until the trainer reports a checkpoint at or after that step
+        (`committed`). Without `step` the batch is deleted as it is served, as upstream.
+        """
         if self.registration is None:
             return {
                 "status": "error",
@@ -382,13 +425,28 @@ class RunState:
         if not self.started:
             self.started = True
             self._persist(started=True)
+        if committed is not None:
+            self._release(committed)
+        if step is not None:
+            if step in self.leases:
+                return self._serve_again(step)
+            if step != self.step + 1:
+                raise StepConflict(
+                    f"the API is at step {self.step} and has no kept batch for step {step}; "
+                    f"ask for step {self.step + 1}, or register again with the step you "
+                    "resumed from"
+                )
         positions = self._plan()
         if positions is None:
             return {"batch": None}
         rows = [self.queue[p] for p in positions]
         ids = [r.id for r in rows]
         payload = b'{"batch":[' + b",".join(self.store.bodies(ids)) + b"]}"
-        self.store.remove(ids, {"step": self.step + 1})
+        if step is None:
+            self.store.remove(ids, {"step": self.step + 1})
+        else:
+            self.store.lease(ids, step, {"step": step})
+            self.leases[step] = [replace(r, served_step=step) for r in rows]
         chosen = set(positions)
         self.queue = [r for i, r in enumerate(self.queue) if i not in chosen]
         for row in rows:
@@ -403,6 +461,16 @@ class RunState:
         return payload
 
     # ----------------------------------------------------------------- status
+    def _serve_again(self, step: int) -> bytes:
+        rows = self.leases[step]
+        if step != self.step:
+            self._persist(step=step)
+            self.step = step
+            self.version += 1
+        logger.info("serving the batch of step %d again (%d groups)", step, len(rows))
+        self.counters["batches_served_again"] += 1
+        return b'{"batch":[' + b",".join(self.store.bodies([r.id for r in rows])) + b"]}"
+
     def status(self) -> dict[str, Any]:
         if self.registration is None:
             return {"current_step": 0, "queue_size": 0}
@@ -413,6 +481,7 @@ class RunState:
             "queued_sequences": self.queued_sequences,
             "buffered_groups": sum(len(rows) for rows in self.buffers.values()),
             "batch_blocked": self.blocked_reason is not None,
+            "kept_batch_steps": sorted(self.leases),
             "blocked_reason": self.blocked_reason,
         }
 

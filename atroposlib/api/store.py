@@ -2,8 +2,10 @@
 
 `SQLiteStore` (the default) makes the API durable: every accepted group, the
 per-env buffers, the registration, the env table, the step counter and the
-idempotency answers are committed before the client hears 200, and a batch's
-groups are deleted in the same transaction that advances the step. SQLite runs
+idempotency answers are committed before the client hears 200. A batch's groups
+are either deleted in the same transaction that advances the step (a trainer
+that does not say which step it wants), or leased to their step in that
+transaction and deleted only when the trainer says a checkpoint covers it. SQLite runs
 in WAL mode with synchronous=NORMAL, which survives `kill -9` of the server (the
 WAL is in the OS page cache) at a few tens of microseconds per commit. Group
 bodies are appended to segment files (`segments.py`) and SQLite holds where
@@ -43,6 +45,7 @@ class GroupRow:
     size: int
     order: int
     buffered: bool
+    served_step: int | None = None  # leased to this step, kept until released
 
 
 @dataclass
@@ -85,6 +88,10 @@ class GroupStore(ABC):
         """Delete served groups and update state keys in one transaction."""
 
     @abstractmethod
+    def lease(self, ids: list[int], step: int, kv: dict[str, Any]) -> None:
+        """Mark groups as served for `step` (kept for a re-serve) and update state keys."""
+
+    @abstractmethod
     def prune_idempotency(self, older_than: float) -> None:
         """Forget idempotency answers created before `older_than` (epoch seconds)."""
 
@@ -119,6 +126,9 @@ class MemoryStore(GroupStore):
             del self._bodies[i]
         self._kv.update(kv)
 
+    def lease(self, ids: list[int], step: int, kv: dict[str, Any]) -> None:
+        self._kv.update(kv)
+
     def prune_idempotency(self, older_than: float) -> None:
         pass
 
@@ -134,6 +144,7 @@ CREATE TABLE IF NOT EXISTS groups (
     size INTEGER NOT NULL,
     qorder INTEGER NOT NULL,
     buffered INTEGER NOT NULL,
+    served_step INTEGER,
     segment INTEGER NOT NULL,
     offset INTEGER NOT NULL,
     length INTEGER NOT NULL
@@ -173,6 +184,9 @@ class SQLiteStore(GroupStore):
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(groups)")}
+        if "served_step" not in columns:  # a state dir written before leases existed
+            self._db.execute("ALTER TABLE groups ADD COLUMN served_step INTEGER")
         self.segments = SegmentLog(self.dir / "segments")
         self._where: dict[int, Location] = {}
 
@@ -182,7 +196,7 @@ class SQLiteStore(GroupStore):
     def load(self, idempotency_ttl_s: float) -> LoadedState:
         kv = {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM kv")}
         found = self._db.execute(
-            "SELECT id, env_id, size, qorder, buffered, segment, offset, length "
+            "SELECT id, env_id, size, qorder, buffered, served_step, segment, offset, length "
             "FROM groups ORDER BY qorder, id"
         ).fetchall()
         broken = self.segments.adopt([(seg, off, n) for *_, seg, off, n in found])
@@ -192,16 +206,18 @@ class SQLiteStore(GroupStore):
             with self._transaction() as db:
                 db.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in lost])
         rows = []
-        for index, (i, e, s, o, b, seg, off, n) in enumerate(found):
+        for index, (i, e, s, o, b, served, seg, off, n) in enumerate(found):
             if index not in broken:
-                rows.append(GroupRow(id=i, env_id=e, size=s, order=o, buffered=bool(b)))
+                rows.append(
+                    GroupRow(id=i, env_id=e, size=s, order=o, buffered=bool(b), served_step=served)
+                )
                 self._where[i] = (seg, off, n)
         self.prune_idempotency(time.time() - idempotency_ttl_s)
         idem = {
             k: (bytes(r), c)
             for k, r, c in self._db.execute("SELECT key, response, created FROM idempotency")
         }
-        queued = [row for row in rows if not row.buffered]
+        queued = [row for row in rows if not row.buffered and row.served_step is None]
         latest = self.bodies([queued[-1].id])[0] if queued else None
         return LoadedState(kv=kv, rows=rows, idempotency=idem, latest=latest)
 
@@ -246,6 +262,13 @@ class SQLiteStore(GroupStore):
             self._put_kv(db, kv)
         for i in ids:
             self.segments.release(self._where.pop(i))
+
+    def lease(self, ids: list[int], step: int, kv: dict[str, Any]) -> None:
+        with self._transaction() as db:
+            db.executemany(
+                "UPDATE groups SET served_step = ? WHERE id = ?", [(step, i) for i in ids]
+            )
+            self._put_kv(db, kv)
 
     def prune_idempotency(self, older_than: float) -> None:
         with self._transaction() as db:
