@@ -1,4 +1,4 @@
-"""The trainer's side of the trajectory API: /register with retries, then /batch."""
+"""The trainer's side of the trajectory API: /register with retries, then /batch by step."""
 
 from __future__ import annotations
 
@@ -17,8 +17,28 @@ from example_trainer.config import TrainingConfig
 logger = logging.getLogger("example_trainer")
 
 
+class APIRefused(RuntimeError):
+    """The API answered 4xx: asking again will not help, so the trainer stops and says why."""
+
+
+def _refusal(response: httpx.Response) -> APIRefused:
+    hint = (
+        " (set ATROPOS_API_KEY to the key run-api was started with)"
+        if response.status_code in (401, 403)
+        else ""
+    )
+    return APIRefused(
+        f"{response.request.method} {response.request.url.path} was refused with HTTP "
+        f"{response.status_code}: {response.text[:500]}{hint}"
+    )
+
+
 class TrajectoryAPI:
-    """The trainer's side of the protocol: /register, then /batch."""
+    """The trainer's side of the protocol: /register, then /batch.
+
+    Transport errors and 5xx answers are waited out (the API may be starting or
+    restarting); a 4xx is final and raises `APIRefused` quoting the API's answer.
+    """
 
     def __init__(self, url: str) -> None:
         key = os.environ.get("ATROPOS_API_KEY")
@@ -39,24 +59,43 @@ class TrajectoryAPI:
         delay = 0.5
         while True:
             try:
-                self.http.post("/register", json=payload).raise_for_status()
-                return
-            except httpx.HTTPError as exc:
-                logger.warning("cannot register with the API (%s); retrying in %.0fs", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 10)
+                response = self.http.post("/register", json=payload)
+            except httpx.TransportError as exc:
+                why = f"cannot reach the API ({exc})"
+            else:
+                if response.is_success:
+                    return
+                if response.status_code < 500:
+                    raise _refusal(response)
+                why = f"the API answered HTTP {response.status_code}: {response.text[:200]}"
+            logger.warning("%s; registering again in %.1fs", why, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 10)
 
-    def batch(self) -> list[ScoredData] | None:
-        """The next step's groups, or None while the API has none (or cannot be read)."""
+    def batch(
+        self, step: int | None = None, committed: int | None = None
+    ) -> list[ScoredData] | None:
+        """The groups of `step`, or None while the API has none (or cannot be reached).
+
+        Naming the step makes the API keep the batch until `committed` (the step of the
+        trainer's latest checkpoint) covers it, so a lost answer or a resume gets the
+        same batch again instead of skipping it.
+        """
+        params = {k: v for k, v in (("step", step), ("committed", committed)) if v is not None}
         try:
-            response = self.http.get("/batch")
-            response.raise_for_status()
-            return Batch.model_validate_json(response.content).batch
-        except httpx.HTTPError as exc:
+            response = self.http.get("/batch", params=params)
+        except httpx.TransportError as exc:
             logger.warning("/batch failed: %s", exc)
+            return None
+        if response.status_code >= 500:
+            logger.warning("/batch answered HTTP %d: %s", response.status_code, response.text[:200])
+            return None
+        if not response.is_success:
+            raise _refusal(response)
+        try:
+            return Batch.model_validate_json(response.content).batch
         except ValidationError as exc:
-            logger.error("/batch answered a malformed batch: %s", exc)
-        return None
+            raise APIRefused(f"/batch answered a malformed batch: {exc}") from exc
 
     def status(self) -> dict[str, Any] | str:
         """The API's /status, or why it could not be read (for "still waiting" notes)."""

@@ -1,0 +1,44 @@
+"""The trainer's API client: a 4xx stops it with the API's words; outages are waited out."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from example_trainer.api import APIRefused, TrajectoryAPI
+from example_trainer.config import TrainingConfig
+from tests.support.groups import make_group
+from tests.support.ports import free_port
+
+
+def config(tmp_path) -> TrainingConfig:
+    return TrainingConfig(model_name="unused", batch_size=8, seq_len=64, save_path=str(tmp_path))
+
+
+def test_a_wrong_key_stops_registration_with_the_answer_and_a_hint(api_factory, tmp_path):
+    api = api_factory("--api-key", "right-key")
+    client = TrajectoryAPI(api.url)  # no ATROPOS_API_KEY in the test environment
+    with pytest.raises(APIRefused, match=r"HTTP 401.*ATROPOS_API_KEY"):
+        client.register(config(tmp_path), starting_step=0)
+
+
+def test_batches_by_step_are_served_again_and_a_bad_step_is_refused(api_factory, tmp_path):
+    api = api_factory()
+    client = TrajectoryAPI(api.url)
+    client.register(config(tmp_path), starting_step=0)
+    for tag in (1, 2):
+        assert client.http.post("/scored_data", json=make_group(4, tag=tag)).status_code == 200
+    first = client.batch(step=1, committed=0)
+    assert first is not None and [g.tokens[0][0] for g in first] == [1, 2]
+    again = client.batch(step=1, committed=0)
+    assert again is not None and [g.tokens[0][0] for g in again] == [1, 2]
+    with pytest.raises(APIRefused, match=r"HTTP 409.*the API is at step 1"):
+        client.batch(step=7, committed=0)
+
+
+def test_an_unreachable_api_is_a_warning_and_no_batch(tmp_path, caplog):
+    client = TrajectoryAPI(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    with caplog.at_level(logging.WARNING, logger="example_trainer"):
+        assert client.batch(step=1) is None
+    assert "/batch failed" in caplog.text
