@@ -98,60 +98,80 @@ def plan_batch(
     sizes: Sequence[int],
     env_ids: Sequence[int | None],
     batch_size: int,
-    min_sequences: dict[int, int] | None = None,
+    allocations: dict[int, float] | None = None,
 ) -> list[int] | None:
     """Positions (ascending, i.e. oldest first) of the groups of the next batch, or None.
 
-    `min_sequences` maps env id -> sequences that env must get in the batch when it
-    has them queued in complete packs.
+    `allocations` maps env id -> the share of every batch that env must get
+    (`min_batch_allocation`). As upstream, a minimum is a guarantee: while an env
+    with one has no complete pack queued, no batch is served, and the exact-subset
+    fallback is not used.
     """
     if batch_size <= 0 or sum(sizes) < batch_size:
         return None
-    pack_size = max(sizes)
-    chosen = None
-    if min_sequences:
-        chosen = _plan_with_minimums(sizes, env_ids, batch_size, pack_size, min_sequences)
-    if chosen is None:
-        chosen = take_packs(iter_packs(sizes, pack_size), sizes, batch_size)
+    if allocations:
+        chosen = plan_with_minimum_allocations(sizes, env_ids, batch_size, allocations)
+        return sorted(chosen) if chosen is not None else None
+    chosen = take_packs(iter_packs(sizes, max(sizes)), sizes, batch_size)
     if chosen is None:
         chosen = find_subset_summing_to(sizes[:FALLBACK_WINDOW], batch_size) or None
     return sorted(chosen) if chosen is not None else None
 
 
-def _plan_with_minimums(
+def plan_with_minimum_allocations(
     sizes: Sequence[int],
     env_ids: Sequence[int | None],
     batch_size: int,
-    pack_size: int,
-    min_sequences: dict[int, int],
+    allocations: dict[int, float],
 ) -> list[int] | None:
-    """Reserved packs for each env with a minimum first, then the oldest packs of anyone."""
-    packs = list(iter_packs(sizes, pack_size, keys=env_ids))
-    required = {env: n for env, n in min_sequences.items() if n > 0}
-    reserved_total = sum(required.values())
-    if reserved_total > batch_size:  # over-subscribed: scale down, keep at least one pack each
-        required = {
-            env: max(pack_size, n * batch_size // reserved_total) for env, n in required.items()
+    """Upstream's `grab_batch_with_minimum_allocations` over sizes: positions in pick order.
+
+    Only groups that complete a per-env pack are eligible. Each env with a positive
+    minimum first gets its packs up to `int(batch_size * share)` sequences (scaled
+    down when the shares sum past 1, keeping at least one group each); the rest is
+    filled oldest first. None when an env with a minimum has nothing packable, or
+    when the picks do not land exactly on `batch_size`.
+    """
+    if not sizes:
+        return None
+    present = {env for env in env_ids if env is not None}
+    packable: dict[int, list[int]] = {}
+    for pack in iter_packs(sizes, max(sizes), keys=env_ids):
+        if env_ids[pack[0]] is not None:
+            packable.setdefault(env_ids[pack[0]], []).extend(pack)
+    minimums: dict[int, int] = {}
+    for env, share in allocations.items():
+        needed = int(batch_size * share)
+        if needed <= 0:
+            continue
+        if env not in present or not packable.get(env):
+            return None
+        minimums[env] = needed
+    requested = sum(minimums.values())
+    if requested > batch_size:
+        scale = batch_size / requested
+        minimums = {
+            env: max(min(sizes[p] for p in packable[env]), int(needed * scale))
+            for env, needed in minimums.items()
         }
-    taken = [False] * len(packs)
+    chosen: list[int] = []
+    taken: set[int] = set()
     total = 0
-    for env, need in required.items():
+    for env, needed in minimums.items():
         got = 0
-        for index, pack in enumerate(packs):
-            if got >= need:
+        for position in packable[env]:
+            if got >= needed:
                 break
-            if taken[index] or env_ids[pack[0]] != env:
-                continue
-            if total + pack_size <= batch_size:
-                taken[index] = True
-                got += pack_size
-                total += pack_size
-    for index in range(len(packs)):
+            if total + sizes[position] <= batch_size:
+                chosen.append(position)
+                taken.add(position)
+                got += sizes[position]
+                total += sizes[position]
+    eligible = sorted(p for positions in packable.values() for p in positions if p not in taken)
+    for position in eligible:
         if total >= batch_size:
             break
-        if not taken[index] and total + pack_size <= batch_size:
-            taken[index] = True
-            total += pack_size
-    if total != batch_size:
-        return None
-    return [position for index, pack in enumerate(packs) if taken[index] for position in pack]
+        if total + sizes[position] <= batch_size:
+            chosen.append(position)
+            total += sizes[position]
+    return chosen if total == batch_size else None

@@ -372,13 +372,17 @@ class RunState:
         self.store.prune_idempotency(cutoff)
 
     # ---------------------------------------------------------------- batches
-    def min_sequences_by_env(self) -> dict[int, int]:
-        batch_size = self.registration.batch_size if self.registration else 0
+    def min_allocations(self) -> dict[int, float]:
+        """Connected envs' `min_batch_allocation`: the share of each batch they must get."""
         return {
-            env.registered_id: int(batch_size * env.min_batch_allocation)
+            env.registered_id: env.min_batch_allocation
             for env in self.envs
             if env.connected and env.min_batch_allocation is not None
         }
+
+    def min_sequences_by_env(self) -> dict[int, int]:
+        batch_size = self.registration.batch_size if self.registration else 0
+        return {env: int(batch_size * share) for env, share in self.min_allocations().items()}
 
     def _plan(self) -> list[int] | None:
         batch_size = self.registration.batch_size
@@ -390,7 +394,7 @@ class RunState:
             [r.size for r in self.queue],
             [r.env_id for r in self.queue],
             batch_size,
-            self.min_sequences_by_env(),
+            self.min_allocations(),
         )
         if positions is None:
             self._no_batch_version = self.version
@@ -399,6 +403,11 @@ class RunState:
                 f"{dict(sorted(self.size_counts.items()))}, but no set of whole groups "
                 f"sums to batch_size {batch_size}"
             )
+            if self.min_allocations():
+                reason = (
+                    f"the minimum shares {self.min_allocations()} (env id: min_batch_allocation) "
+                    f"cannot be met from the queue: {reason}"
+                )
             if reason != self.blocked_reason:
                 logger.warning("no batch can be formed: %s", reason)
             self.blocked_reason = reason

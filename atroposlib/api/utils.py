@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from atroposlib.api.packing import find_subset_summing_to, iter_packs, take_packs
+from atroposlib.api.packing import (
+    find_subset_summing_to,
+    iter_packs,
+    plan_with_minimum_allocations,
+    take_packs,
+)
 
 
 def _sizes(groups: list[dict[str, Any]]) -> list[int]:
@@ -61,50 +66,9 @@ def grab_batch_with_minimum_allocations(
     if not allocations:
         return grab_exact_from_heterogeneous_queue(queue, batch_size)
 
-    sizes = _sizes(queue)
-    env_ids = [group.get("env_id") for group in queue]
-    present = {env for env in env_ids if env is not None}
-    packable: dict[Any, list[int]] = {}
-    for pack in iter_packs(sizes, max(sizes), keys=env_ids):
-        if env_ids[pack[0]] is not None:
-            packable.setdefault(env_ids[pack[0]], []).extend(pack)
-
-    minimums: dict[Any, int] = {}
-    for env, fraction in allocations.items():
-        needed = int(batch_size * fraction)
-        if needed <= 0:
-            continue
-        if env not in present or not packable.get(env):
-            return None, queue
-        minimums[env] = needed
-    requested = sum(minimums.values())
-    if requested > batch_size:
-        scale = batch_size / requested
-        minimums = {
-            env: max(min(sizes[p] for p in packable[env]), int(needed * scale))
-            for env, needed in minimums.items()
-        }
-
-    chosen: list[int] = []
-    taken: set[int] = set()
-    total = 0
-    for env, needed in minimums.items():
-        got = 0
-        for position in packable[env]:
-            if got >= needed:
-                break
-            if total + sizes[position] <= batch_size:
-                chosen.append(position)
-                taken.add(position)
-                got += sizes[position]
-                total += sizes[position]
-    eligible = sorted(p for positions in packable.values() for p in positions if p not in taken)
-    for position in eligible:
-        if total >= batch_size:
-            break
-        if total + sizes[position] <= batch_size:
-            chosen.append(position)
-            total += sizes[position]
-    if total != batch_size:
+    chosen = plan_with_minimum_allocations(
+        _sizes(queue), [group.get("env_id") for group in queue], batch_size, allocations
+    )
+    if chosen is None:
         return None, queue
     return _split(queue, chosen)

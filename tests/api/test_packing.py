@@ -209,7 +209,7 @@ def test_plan_batch_fallback_respects_window():
     assert plan_batch(sizes, [0] * len(sizes), 4) == [0, FALLBACK_WINDOW - 1]
 
 
-# ----------------------------------------------------------- min_sequences
+# ------------------------------------------------------ min allocations
 @SETTINGS
 @given(
     st.sampled_from([1, 2, 4]),
@@ -226,7 +226,7 @@ def test_min_sequences_reserves_env_share(g, multiple, data):
     envs = envs + [0] * max(0, multiple - len(envs))
     envs = data.draw(st.permutations(envs), label="order")
     sizes = [g] * len(envs)
-    positions = plan_batch(sizes, envs, batch_size, {1: m, 0: 0})
+    positions = plan_batch(sizes, envs, batch_size, {1: m / batch_size, 0: 0.0})
     assert positions is not None
     assert_valid_batch(positions, sizes, batch_size)
     from_a = sum(sizes[p] for p in positions if envs[p] == 1)
@@ -240,29 +240,30 @@ def test_min_sequences_reserves_env_share(g, multiple, data):
 
 @SETTINGS
 @given(pow2_queue(max_groups=12), st.data())
-def test_min_sequences_never_breaks_exactness_or_existence(queue, data):
+def test_min_allocations_give_an_exact_batch_or_none(queue, data):
     sizes, batch_size = queue
     envs = data.draw(st.lists(st.integers(0, 2), min_size=len(sizes), max_size=len(sizes)))
-    minimums = data.draw(
-        st.dictionaries(st.integers(0, 3), st.integers(0, 2 * batch_size), max_size=3)
+    shares = data.draw(
+        st.dictionaries(st.integers(0, 3), st.sampled_from([0.0, 0.25, 0.5, 1.0]), max_size=3)
     )
-    positions = plan_batch(sizes, envs, batch_size, minimums)
-    if exact_subset_exists(sizes, batch_size):
-        assert positions is not None
+    positions = plan_batch(sizes, envs, batch_size, shares)
+    if positions is not None:
         assert_valid_batch(positions, sizes, batch_size)
-    else:
+    if not exact_subset_exists(sizes, batch_size):
         assert positions is None
+    if any(share > 0 and env not in envs for env, share in shares.items()):
+        assert positions is None  # a guarantee: no batch without that env's share
 
 
-def test_min_sequences_example_env_reserved_from_back_of_queue():
+def test_min_allocation_example_env_reserved_from_back_of_queue():
     sizes = [2] * 8
     envs = [0, 0, 0, 0, 1, 1, 1, 1]
     assert plan_batch(sizes, envs, 8) == [0, 1, 2, 3]
-    assert plan_batch(sizes, envs, 8, {1: 4}) == [0, 1, 4, 5]
-    assert plan_batch(sizes, envs, 8, {1: 3}) == [0, 1, 4, 5]
-    assert plan_batch(sizes, envs, 8, {1: 8}) == [4, 5, 6, 7]
-    # An env with a minimum but nothing queued does not stall the server.
-    assert plan_batch(sizes, envs, 8, {2: 4}) == [0, 1, 2, 3]
+    assert plan_batch(sizes, envs, 8, {1: 0.5}) == [0, 1, 4, 5]
+    assert plan_batch(sizes, envs, 8, {1: 0.375}) == [0, 1, 4, 5]  # 3 sequences: two groups
+    assert plan_batch(sizes, envs, 8, {1: 1.0}) == [4, 5, 6, 7]
+    # An env with a minimum but nothing queued blocks the batch, as upstream's does.
+    assert plan_batch(sizes, envs, 8, {2: 0.5}) is None
 
 
 # ------------------------------------------------------- take_packs / iter
@@ -342,3 +343,12 @@ def test_min_sequences_oversubscribed_keeps_a_pack_for_each_env():
     envs = [0, 2, 2, 1]
     assert plan_batch(sizes, envs, 8, {1: 1, 2: 100}) == [1, 3]
     assert plan_batch(sizes, envs, 8, {2: 100}) == [1, 2]
+
+
+def test_a_minimum_allocation_is_a_guarantee_as_upstream():
+    """A3: env 0 must get half of every batch; while it has nothing queued, no batch."""
+    assert plan_batch([4, 4], [1, 1], 8) == [0, 1]
+    assert plan_batch([4, 4], [1, 1], 8, {0: 0.5}) is None
+    assert plan_batch([4, 4, 4], [1, 1, 0], 8, {0: 0.5}) == [0, 2]
+    # env 0's groups of 2 fill its 4 sequences before the oldest pack of env 1
+    assert plan_batch([4, 2, 4, 2], [1, 0, 1, 0], 8, {0: 0.5}) == [0, 1, 3]
