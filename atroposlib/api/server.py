@@ -46,6 +46,7 @@ class ApiService:
             store,
             max_queued_sequences=self.settings.max_queued_sequences,
             idempotency_ttl_s=self.settings.idempotency_ttl_s,
+            env_timeout_s=self.settings.env_timeout_s,
         )
         self.metrics = ApiMetrics(self.state)
         where = "memory (ephemeral)" if store.kind == "memory" else self.settings.state_dir
@@ -205,6 +206,7 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
                 env_id = EnvIdentifier.model_validate_json(await request.body() or b"{}").env_id
             except ValidationError as exc:
                 return _validation_answer(exc)
+        state().heard_from(env_id)
         return JSONResponse(state().status_env(env_id))
 
     @app.get("/info")

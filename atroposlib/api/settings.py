@@ -41,6 +41,13 @@ class APISettings(BaseModel):
         3600.0, gt=0, description="How long an Idempotency-Key answer is remembered."
     )
     retry_after_s: int = Field(2, ge=1, description="Retry-After seconds sent with 503 answers.")
+    env_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="An env that has not polled /status-env for this long counts as gone: it "
+        "stops diluting the others' weights and its min_batch_allocation stops holding batches "
+        "(it counts again on its next poll).",
+    )
     gzip_responses: bool = Field(
         False,
         description="Gzip responses over 1 KB for clients that accept it (saves bandwidth to a "

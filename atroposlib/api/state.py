@@ -21,9 +21,10 @@ import math
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from atroposlib.api.env_table import EnvTable
 from atroposlib.api.models import group_errors
 from atroposlib.api.packing import find_subset_summing_to, plan_batch
 from atroposlib.api.store import GroupRow, GroupStore, WriteSet
@@ -55,27 +56,16 @@ class StepConflict(Exception):
     """A trainer asked `/batch` for a step the API cannot serve; the message says why."""
 
 
-@dataclass
-class EnvRecord:
-    registered_id: int
-    desired_name: str
-    real_name: str
-    max_context_len: int
-    weight: float
-    group_size: int
-    min_batch_allocation: float | None
-    connected: bool = True
-    last_update: float = 0.0
-
-
 class RunState:
     def __init__(
         self,
         store: GroupStore,
         max_queued_sequences: int = 1_000_000,
         idempotency_ttl_s: float = 3600.0,
+        env_timeout_s: float = 120.0,
     ) -> None:
         self.store = store
+        self.env_timeout_s = env_timeout_s
         self.max_queued_sequences = max_queued_sequences
         self.idempotency_ttl_s = idempotency_ttl_s
         self.counters: Counter[str] = Counter()
@@ -88,7 +78,7 @@ class RunState:
         self.registration: Registration | None = None
         self.started = False
         self.step = 0
-        self.envs: list[EnvRecord] = []
+        self.envs = EnvTable(self.env_timeout_s)
         self.queue: list[GroupRow] = []
         self.leases: dict[int, list[GroupRow]] = {}  # step -> its served groups, until released
         self.buffers: dict[int, list[GroupRow]] = {}
@@ -101,7 +91,7 @@ class RunState:
         self.next_id = 1
         self.version = 0
         self.blocked_reason: str | None = None
-        self._no_batch_version = -1
+        self._no_batch_key: tuple | None = None  # the plan inputs that last gave no batch
         self._writes_since_prune = 0
 
     def _load(self) -> None:
@@ -111,7 +101,7 @@ class RunState:
             self.registration = Registration.model_validate(kv["registration"])
         self.started = bool(kv.get("started", False))
         self.step = int(kv.get("step", 0))
-        self.envs = [EnvRecord(**env) for env in kv.get("envs", [])]
+        self.envs = EnvTable(self.env_timeout_s, kv.get("envs", []))
         for row in loaded.rows:
             if row.served_step is not None:
                 self.leases.setdefault(row.served_step, []).append(row)
@@ -145,7 +135,7 @@ class RunState:
         self.store.write(WriteSet(kv=kv))
 
     def _envs_json(self) -> list[dict[str, Any]]:
-        return [asdict(env) for env in self.envs]
+        return self.envs.as_json()
 
     # ----------------------------------------------------------- registration
     def register(self, registration: Registration) -> dict[str, int]:
@@ -199,18 +189,7 @@ class RunState:
     def register_env(self, request: RegisterEnv) -> dict[str, Any]:
         if not self.started or self.registration is None:
             return {"status": "wait for trainer to start"}
-        same_name = sum(1 for env in self.envs if env.desired_name == request.desired_name)
-        env = EnvRecord(
-            registered_id=len(self.envs),
-            desired_name=request.desired_name,
-            real_name=f"{request.desired_name}_{same_name}",
-            max_context_len=request.max_token_length,
-            weight=request.weight,
-            group_size=request.group_size,
-            min_batch_allocation=request.min_batch_allocation,
-            last_update=time.time(),
-        )
-        self.envs.append(env)
+        env = self.envs.add(request)
         self._persist(envs=self._envs_json())
         self.version += 1
         logger.info("env registered: id %d, name %s", env.registered_id, env.real_name)
@@ -226,7 +205,7 @@ class RunState:
         }
 
     def disconnect_env(self, env_id: int) -> dict[str, str]:
-        if not 0 <= env_id < len(self.envs):
+        if not self.envs.knows(env_id):
             return {"status": "failure", "error": f"unknown env_id {env_id}"}
         self.envs[env_id].connected = False
         self._persist(envs=self._envs_json())
@@ -255,7 +234,7 @@ class RunState:
         for index, group in enumerate(groups):
             loc = ("body", index) if as_list else ("body",)
             errors.extend(group_errors(group, loc, max_len))
-            if group.env_id is not None and not 0 <= group.env_id < len(self.envs):
+            if group.env_id is not None and not self.envs.knows(group.env_id):
                 errors.append(
                     {
                         "type": "value_error",
@@ -372,40 +351,41 @@ class RunState:
         self.store.prune_idempotency(cutoff)
 
     # ---------------------------------------------------------------- batches
+    def heard_from(self, env_id: int) -> None:
+        """An env polled: it counts as live (see `env_table`)."""
+        self.envs.heard_from(env_id)
+
     def min_allocations(self) -> dict[int, float]:
-        """Connected envs' `min_batch_allocation`: the share of each batch they must get."""
-        return {
-            env.registered_id: env.min_batch_allocation
-            for env in self.envs
-            if env.connected and env.min_batch_allocation is not None
-        }
+        return self.envs.min_allocations()
 
     def min_sequences_by_env(self) -> dict[int, int]:
         batch_size = self.registration.batch_size if self.registration else 0
         return {env: int(batch_size * share) for env, share in self.min_allocations().items()}
 
+    def _plan_key(self) -> tuple:
+        """What a plan depends on besides the queue's version: whose minimums hold now."""
+        return (self.version, tuple(sorted(self.min_allocations().items())))
+
     def _plan(self) -> list[int] | None:
         batch_size = self.registration.batch_size
-        if self.queued_sequences < batch_size or self._no_batch_version == self.version:
+        if self.queued_sequences < batch_size or self._no_batch_key == self._plan_key():
             if self.queued_sequences < batch_size:
                 self.blocked_reason = None
             return None
+        allocations = self.min_allocations()
         positions = plan_batch(
-            [r.size for r in self.queue],
-            [r.env_id for r in self.queue],
-            batch_size,
-            self.min_allocations(),
+            [r.size for r in self.queue], [r.env_id for r in self.queue], batch_size, allocations
         )
         if positions is None:
-            self._no_batch_version = self.version
+            self._no_batch_key = self._plan_key()
             reason = (
                 f"{self.queued_sequences} sequences queued in groups of sizes "
                 f"{dict(sorted(self.size_counts.items()))}, but no set of whole groups "
                 f"sums to batch_size {batch_size}"
             )
-            if self.min_allocations():
+            if allocations:
                 reason = (
-                    f"the minimum shares {self.min_allocations()} (env id: min_batch_allocation) "
+                    f"the minimum shares {allocations} (env id: min_batch_allocation) "
                     f"cannot be met from the queue: {reason}"
                 )
             if reason != self.blocked_reason:
@@ -496,22 +476,17 @@ class RunState:
 
     def _plan_if_stale(self) -> None:
         """Refresh `blocked_reason` without serving anything."""
-        if self.registration is not None and self._no_batch_version != self.version:
+        if self.registration is not None and self._no_batch_key != self._plan_key():
             if self._plan() is not None:
                 self.blocked_reason = None
 
     def status_env(self, env_id: int) -> dict[str, Any]:
-        if not 0 <= env_id < len(self.envs):
+        if not self.envs.knows(env_id):
             raise UnknownEnv(f"unknown env_id {env_id}; register with /register-env")
         env = self.envs[env_id]
-        total = sum(e.max_context_len * max(0.0, e.weight) for e in self.envs if e.connected)
-        weight = env.max_context_len * env.weight / total if total > 0 else 0.0
+        weight = self.envs.weight_of(env_id)
         min_sequences = self.min_sequences_by_env()
-        allocated = sum(
-            e.min_batch_allocation
-            for e in self.envs
-            if e.connected and e.min_batch_allocation is not None
-        )
+        allocated = sum(self.min_allocations().values())
         max_group_size = max([1, *(s for s, c in self.size_counts.items() if c > 0)])
         own_sizes = self.env_sizes.get(env_id, Counter())
         # like upstream, count in the largest group this env has queued when that exceeds

@@ -1,0 +1,101 @@
+"""The environments a run knows: who registered, who is live, what share each gets.
+
+Design: liveness is a heartbeat kept in memory only. Every `/status-env` poll
+marks its env as heard from; an env silent for longer than `timeout_s` (killed
+without `/disconnect-env`, or its machine gone) stops counting in the weights
+and its `min_batch_allocation` stops holding batches, until it polls again.
+The table itself (ids, names, weights, sizes) is persisted by `RunState`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from atroposlib.protocol import RegisterEnv
+
+logger = logging.getLogger("atroposlib.api")
+
+
+@dataclass
+class EnvRecord:
+    registered_id: int
+    desired_name: str
+    real_name: str
+    max_context_len: int
+    weight: float
+    group_size: int
+    min_batch_allocation: float | None
+    connected: bool = True
+    last_update: float = 0.0
+
+
+class EnvTable:
+    def __init__(self, timeout_s: float, records: list[dict[str, Any]] | None = None) -> None:
+        self.timeout_s = timeout_s
+        self.records = [EnvRecord(**record) for record in records or []]
+        now = time.monotonic()  # restored envs get a full timeout to poll again
+        self.last_heard = {env.registered_id: now for env in self.records}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, env_id: int) -> EnvRecord:
+        return self.records[env_id]
+
+    def knows(self, env_id: int) -> bool:
+        return 0 <= env_id < len(self.records)
+
+    def as_json(self) -> list[dict[str, Any]]:
+        return [asdict(env) for env in self.records]
+
+    def add(self, request: RegisterEnv) -> EnvRecord:
+        same_name = sum(1 for env in self.records if env.desired_name == request.desired_name)
+        env = EnvRecord(
+            registered_id=len(self.records),
+            desired_name=request.desired_name,
+            real_name=f"{request.desired_name}_{same_name}",
+            max_context_len=request.max_token_length,
+            weight=request.weight,
+            group_size=request.group_size,
+            min_batch_allocation=request.min_batch_allocation,
+            last_update=time.time(),
+        )
+        self.records.append(env)
+        self.last_heard[env.registered_id] = time.monotonic()
+        return env
+
+    def heard_from(self, env_id: int) -> None:
+        if not self.knows(env_id):
+            return
+        if self._silent(env_id) and self.records[env_id].connected:
+            logger.warning(
+                "env %d polls again after more than %.0fs of silence; it counts again",
+                env_id,
+                self.timeout_s,
+            )
+        self.last_heard[env_id] = time.monotonic()
+
+    def _silent(self, env_id: int) -> bool:
+        return time.monotonic() - self.last_heard.get(env_id, -math.inf) > self.timeout_s
+
+    def live(self) -> list[EnvRecord]:
+        """Connected envs heard from within the timeout."""
+        return [e for e in self.records if e.connected and not self._silent(e.registered_id)]
+
+    def min_allocations(self) -> dict[int, float]:
+        """Live envs' `min_batch_allocation`: the share of each batch they must get."""
+        return {
+            env.registered_id: env.min_batch_allocation
+            for env in self.live()
+            if env.min_batch_allocation is not None
+        }
+
+    def weight_of(self, env_id: int) -> float:
+        """This env's share of the live envs' context-length-weighted total."""
+        env = self.records[env_id]
+        total = sum(e.max_context_len * max(0.0, e.weight) for e in self.live())
+        return env.max_context_len * env.weight / total if total > 0 else 0.0
