@@ -23,7 +23,14 @@ from pydantic import ValidationError
 from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.middleware import RequestGuard
 from atroposlib.api.settings import APISettings
-from atroposlib.api.state import InvalidGroups, QueueFull, RunState, StepConflict, UnknownEnv
+from atroposlib.api.state import (
+    InvalidGroups,
+    QueueFull,
+    RunConflict,
+    RunState,
+    StepConflict,
+    UnknownEnv,
+)
 from atroposlib.api.store import open_store
 from atroposlib.protocol import GROUPS, EnvIdentifier, RegisterEnv, Registration, ScoredData
 
@@ -115,8 +122,10 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
     @app.exception_handler(StepConflict)
-    async def _step_conflict(_: Request, exc: StepConflict) -> JSONResponse:
-        reject("step_conflict")
+    @app.exception_handler(RunConflict)
+    async def _conflict(_: Request, exc: Exception) -> JSONResponse:
+        reject("conflict")
+        logger.error("refused: %s", exc)
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
     @app.exception_handler(sqlite3.Error)

@@ -52,6 +52,10 @@ class UnknownEnv(Exception):
     pass
 
 
+class RunConflict(Exception):
+    """A trainer registered that is not the run this state belongs to; says what to do."""
+
+
 class StepConflict(Exception):
     """A trainer asked `/batch` for a step the API cannot serve; the message says why."""
 
@@ -115,9 +119,11 @@ class RunState:
         self.idempotency = loaded.idempotency
         self.latest = loaded.latest
         if loaded.rows or self.registration:
-            logger.info(
-                "restored state: step %d, %d queued groups, %d buffered groups, %d envs, "
-                "batches kept for re-serving: steps %s",
+            run = self.registration.wandb_group if self.registration else "(unregistered)"
+            logger.warning(
+                "resuming the stored state of run %s: step %d, %d queued groups, %d buffered "
+                "groups, %d envs, batches kept for re-serving: steps %s",
+                run,
                 self.step,
                 len(self.queue),
                 sum(len(b) for b in self.buffers.values()),
@@ -144,6 +150,7 @@ class RunState:
             self.step = registration.starting_step
             self._persist(registration=registration.model_dump(), step=self.step)
         else:
+            self._check_same_run(registration)
             self.registration = self.registration.model_copy(
                 update={
                     "batch_size": registration.batch_size,
@@ -162,6 +169,44 @@ class RunState:
             registration.num_steps,
         )
         return {"uuid": uuid.uuid4().int}
+
+    def _check_same_run(self, registration: Registration) -> None:
+        """The stored state is resumed only by its own run, and only when it asks to.
+
+        A run is its (wandb_group, wandb_project, checkpoint_dir); a trainer of another
+        run, or one that starts from step 0 when this run has trained, would otherwise
+        inherit its step, its queue and its kept batches without a word.
+        """
+        stored = self.registration
+
+        def run(r: Registration) -> str:
+            return f"{r.wandb_group}/{r.wandb_project} (checkpoints in {r.checkpoint_dir})"
+
+        usage = (
+            "start run-api with an empty --state-dir for a new run, or GET /reset_data "
+            "to wipe this one"
+        )
+        if run(stored) != run(registration):
+            raise RunConflict(
+                f"this API's state belongs to run {run(stored)} at step {self.step}; "
+                f"trainer of run {run(registration)} refused: {usage}"
+            )
+        if registration.starting_step == 0 and self.step > 0:
+            raise RunConflict(
+                f"run {run(stored)} is at step {self.step} here, and this trainer starts "
+                f"from step 0: resume it from a checkpoint (its step is sent as "
+                f"starting_step), or {usage}"
+            )
+        logger.warning(
+            "run %s resumes at step %d: %d queued groups, %d buffered, kept batches %s, "
+            "%d envs known",
+            run(stored),
+            registration.starting_step,
+            len(self.queue),
+            sum(len(rows) for rows in self.buffers.values()),
+            sorted(self.leases) or "none",
+            len(self.envs),
+        )
 
     def _rewind(self, step: int) -> None:
         """A trainer that registers again resumed from `step`: the API's step follows it.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.support.groups import make_group, register, tags_of
+from tests.support.groups import REGISTRATION, make_group, register, tags_of
 
 
 def post_groups(client: httpx.Client, tags: range) -> None:
@@ -96,3 +96,24 @@ def test_a_leased_batch_survives_kill_9_of_the_api(api_factory, tmp_path):
         assert batch_tags(client, step=2, committed=1) == [3, 4]  # its answer was lost
         assert batch_tags(client, step=3, committed=2) == [5, 6]
         assert client.get("/status").json()["kept_batch_steps"] == [3]
+
+
+def test_another_runs_trainer_is_refused_instead_of_inheriting_this_one(client):
+    """X1: the stored state is resumed only by its own run, and only when it asks to."""
+    register(client)
+    post_groups(client, range(1, 5))
+    assert batch_tags(client, step=1) == [1, 2]
+    other = client.post("/register", json={**REGISTRATION, "wandb_group": "another"})
+    assert other.status_code == 409
+    assert "belongs to run g/p" in other.json()["detail"]
+    fresh = client.post("/register", json=REGISTRATION)  # same run, but from step 0
+    assert fresh.status_code == 409
+    assert "resume it from a checkpoint" in fresh.json()["detail"]
+    assert client.get("/status").json()["current_step"] == 1  # nothing was inherited or moved
+    register(client, starting_step=1)  # the same run resuming: accepted
+
+
+def test_a_trainer_that_restarts_before_any_batch_registers_again(client):
+    register(client)
+    register(client)  # step 0 both times: nothing to inherit
+    assert client.get("/status").json()["current_step"] == 0
