@@ -7,8 +7,12 @@ So an API outage or restart, or a crash of the environment itself, loses
 nothing: delivery resumes in order when the API answers again, and a group
 that was delivered but not yet deleted is recognised by its key and not queued
 twice. Bodies of 1 KB or more are gzip-compressed; `ATROPOS_API_KEY` is sent as
-a bearer token when set. Connection errors, 5xx and 503 are retried with
-exponential back-off; other 4xx answers are final (logged and counted).
+a bearer token when set. Connection errors, 5xx (503: queue full), 408 and 429
+are retried with exponential back-off. Any other 4xx is final: retrying the same
+body cannot succeed, and holding it would block every later group behind it. A
+refused record is therefore moved, with the API's answer, to a dead-letter file
+beside the spool (`dead-letter.jsonl`) and logged as an ERROR, so it can be
+inspected and re-posted by hand instead of vanishing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import gzip
 import json
 import logging
 import os
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -28,6 +33,7 @@ import httpx
 logger = logging.getLogger("atroposlib.envs")
 
 GZIP_MIN_BYTES = 1024
+RETRYABLE_4XX = {408, 429}  # timeouts and rate limits (a proxy's, say) pass with time
 
 
 class TrajectoryClient:
@@ -38,6 +44,7 @@ class TrajectoryClient:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         max_backoff_s: float = 10.0,
+        dead_letter_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         api_key = api_key if api_key is not None else os.environ.get("ATROPOS_API_KEY")
@@ -45,6 +52,7 @@ class TrajectoryClient:
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s)
         self.spool = Path(spool_dir)
         self.spool.mkdir(parents=True, exist_ok=True)
+        self.dead_letter = Path(dead_letter_path or self.spool.parent / "dead-letter.jsonl")
         self.max_backoff_s = max_backoff_s
         self.counters: Counter[str] = Counter()
         self.records_delivered = 0  # posts answered, accepted or refused
@@ -54,7 +62,13 @@ class TrajectoryClient:
         self._flush_lock = asyncio.Lock()
         self._flusher: asyncio.Task | None = None
         if existing:
-            logger.info("%d undelivered groups in %s will be sent first", len(existing), self.spool)
+            # a spool left by an earlier run is sent to whatever trainer is there now
+            logger.warning(
+                "resuming %d undelivered records from an earlier run in %s; "
+                "they are sent before anything new",
+                len(existing),
+                self.spool,
+            )
 
     # -- plain calls, retried until the API answers -------------------------
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -62,7 +76,7 @@ class TrajectoryClient:
         while True:
             try:
                 response = await self.http.request(method, path, **kwargs)
-                if response.status_code < 500:
+                if response.status_code < 500 and response.status_code not in RETRYABLE_4XX:
                     return response
                 logger.warning("%s %s answered %d; retrying", method, path, response.status_code)
             except httpx.TransportError as exc:
@@ -140,13 +154,34 @@ class TrajectoryClient:
             body = gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
         response = await self._request("POST", record["path"], content=body, headers=headers)
-        if response.status_code == 200:
+        if response.is_success:
             self.counters["groups_delivered"] += 1
-        else:
-            self.counters[f"rejected_{response.status_code}"] += 1
-            logger.error(
-                "the API refused a group (%d): %s", response.status_code, response.text[:500]
-            )
+            return
+        self.counters[f"rejected_{response.status_code}"] += 1
+        self._dead_letter(record, response)
+        logger.error(
+            "the API refused %s (%d): %s; kept in %s",
+            record["path"],
+            response.status_code,
+            response.text[:2000],
+            self.dead_letter,
+        )
+
+    def _dead_letter(self, record: dict[str, Any], response: httpx.Response) -> None:
+        """Append the refused record durably: the spool file is deleted right after."""
+        entry = {
+            "time": time.time(),
+            "path": record["path"],
+            "key": record["key"],
+            "status": response.status_code,
+            "answer": response.text,
+            "payload": record["payload"],
+        }
+        self.dead_letter.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.dead_letter, "a") as out:
+            out.write(json.dumps(entry) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
 
     async def close(self, flush_timeout_s: float = 30.0) -> None:
         try:

@@ -46,6 +46,7 @@ from atroposlib.envs.scored_data import (
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
+    ReasoningConfig,
     ServerBaseline,
 )
 from atroposlib.envs.server_handling.server_manager import ServerManager
@@ -79,7 +80,11 @@ class BaseEnv(ABC):
     ) -> None:
         self.config = config
         self.server = ServerManager(
-            server_configs, server_class=self.server_cls, slurm=slurm, testing=testing
+            server_configs,
+            server_class=self.server_cls,
+            slurm=slurm,
+            testing=testing,
+            reasoning_config=reasoning_config_for(config),
         )
         self.tokenizer = self._load_tokenizer(config.tokenizer_name)
         self.client = None  # TrajectoryClient, set by the serve runtime
@@ -179,27 +184,40 @@ class BaseEnv(ABC):
         log_metrics(self, metrics)
 
     def save_checkpoint(self, step: int, data: dict | None = None) -> None:
-        """Env state as JSON: <checkpoint_dir>/env_checkpoints/<wandb_name>/step-<step>.json."""
-        if not self.checkpoint_dir:
+        """Env state as JSON: <checkpoint_dir>/env_checkpoints/<wandb_name>/step-<step>.json.
+
+        The runtime calls this with no data at each of the trainer's checkpoint steps; an
+        env with state overrides it and passes its state on. No data, no file (upstream's
+        rule), so a resume never restores an empty stand-in.
+        """
+        if not self.checkpoint_dir or data is None:
             return
         folder = self._checkpoint_folder()
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"step-{step}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data if data is not None else {}))
+        tmp.write_text(json.dumps(data))
         tmp.replace(path)
+        logger.info("saved env checkpoint %s", path)
 
     def load_checkpoint(self) -> None:
-        """Restore the newest env checkpoint: its keys become attributes."""
+        """Restore the checkpoint of `curr_step` (the step the trainer resumed at), if any.
+
+        Only that step's file: a newer one belongs to training the trainer has rolled
+        back, and an older one to a different model. Its keys become attributes.
+        """
         if not self.checkpoint_dir:
             return
-        steps = sorted(
-            self._checkpoint_folder().glob("step-*.json"), key=lambda p: int(p.stem.split("-")[1])
+        path = self._checkpoint_folder() / f"step-{self.curr_step}.json"
+        if not path.exists():
+            logger.info("no env checkpoint for step %d at %s", self.curr_step, path)
+            return
+        data = json.loads(path.read_text())
+        for key, value in data.items():
+            setattr(self, key, value)
+        logger.warning(
+            "restored env checkpoint %s (step %d): %s", path, self.curr_step, sorted(data)
         )
-        if steps:
-            for key, value in json.loads(steps[-1].read_text()).items():
-                setattr(self, key, value)
-            logger.info("loaded env checkpoint %s", steps[-1])
 
     async def cleanup(self) -> None:  # noqa: B027 - optional hook
         """Called after each rollout worker finishes."""
@@ -245,7 +263,10 @@ class BaseEnv(ABC):
                 self._drop("too_long", f"a sequence is over max_token_len {limit}")
                 continue
             if self.config.include_messages and not group.get("messages"):
-                group["messages"] = [self.tokenizer.decode(t) for t in group["tokens"]]
+                # one conversation per sequence, as the API's model (and upstream) has it
+                group["messages"] = [
+                    [{"role": "user", "content": self.tokenizer.decode(t)}] for t in group["tokens"]
+                ]
             group["env_id"] = self.env_id
             for tokens, masks in zip(group["tokens"], group["masks"], strict=True):
                 self.completion_lengths.append(sum(1 for m in masks if m != -100) or len(tokens))
@@ -313,3 +334,22 @@ class BaseEnv(ABC):
         from atroposlib.envs.cli import run_cli
 
         run_cli(cls)
+
+
+def reasoning_config_for(config: BaseEnvConfig) -> ReasoningConfig:
+    """The env's thinking settings as the servers take them.
+
+    An effort or a token budget turns thinking on by itself, as upstream's
+    ReasoningConfig does; `custom_thinking_prompt` is carried along but, as
+    upstream, only an env that reads it uses it.
+    """
+    return ReasoningConfig(
+        enabled=bool(
+            config.thinking_mode
+            or config.reasoning_effort is not None
+            or config.max_reasoning_tokens is not None
+        ),
+        effort=config.reasoning_effort,
+        max_tokens=config.max_reasoning_tokens,
+        custom_prompt=config.custom_thinking_prompt,
+    )

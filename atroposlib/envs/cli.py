@@ -181,9 +181,10 @@ async def _process(env: Any) -> None:
     from atroposlib.frontend.jsonl2html import generate_html
 
     await env.setup()
-    out = Path(env.config.data_path_to_save_groups)
+    out = unused_path(env.config.data_path_to_save_groups)
+    env.config.data_path_to_save_groups = str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("")
+    out.touch()
     written, attempts = 0, 0
     with tqdm(total=env.config.total_steps, desc=f"{env.name or type(env).__name__} groups") as bar:
         while written < env.config.total_steps:
@@ -207,6 +208,22 @@ async def _process(env: Any) -> None:
             written += env.stats["groups_sent"] - before
     page = generate_html(str(out))
     print(f"wrote {written} groups to {out} and the viewer {page}")
+
+
+def unused_path(path: str | Path) -> Path:
+    """`path`, or else `name_1.ext`, `name_2.ext`...: an earlier run's output is never truncated.
+
+    Upstream's rule. Only `process` uses it: `serve` appends, so a supervised restart
+    keeps adding to the one file of its env.
+    """
+    original = Path(path)
+    candidate, counter = original, 1
+    while candidate.exists():
+        candidate = original.with_stem(f"{original.stem}_{counter}")
+        counter += 1
+    if candidate != original:
+        logger.info("%s exists; writing groups to %s", original, candidate)
+    return candidate
 
 
 async def _evaluate(env: Any) -> None:

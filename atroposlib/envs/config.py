@@ -42,7 +42,11 @@ class BaseEnvConfig(BaseModel):
     )
     use_wandb: bool = Field(True, description="Log to Weights & Biases (offline without a key).")
     rollout_server_url: str = Field("http://localhost:8000", description="Trajectory API URL.")
-    total_steps: int = Field(1000, description="Stop after the trainer reaches this step.")
+    total_steps: int = Field(
+        1000,
+        description="Stop after the trainer reaches this step; -1 = the trainer's num_steps "
+        "(process: groups to write).",
+    )
     wandb_name: str | None = Field(None, description="Run name (serve: the env class's name).")
     num_rollouts_to_keep: int = Field(32, description="Rollouts kept for the wandb table.")
     num_rollouts_per_group_for_logging: int = Field(
@@ -60,12 +64,21 @@ class BaseEnvConfig(BaseModel):
     min_batch_allocation: float | None = Field(
         None, ge=0.0, le=1.0, description="Share of every batch reserved for this env."
     )
-    worker_timeout: float = Field(600, description="Seconds before a rollout worker is abandoned.")
-    thinking_mode: bool = Field(False, description="Ask the model to think before answering.")
+    worker_timeout: float = Field(
+        600, description="Seconds before a rollout worker is abandoned; 0 or -1 = no timeout."
+    )
+    thinking_mode: bool = Field(
+        False,
+        description="Send reasoning settings with chat requests (on by itself when "
+        "reasoning_effort or max_reasoning_tokens is set).",
+    )
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
         None, description="Reasoning effort for servers that support it."
     )
     max_reasoning_tokens: int | None = Field(
         None, ge=1024, le=32000, description="Reasoning token budget."
     )
-    custom_thinking_prompt: str | None = Field(None, description="System prompt for thinking.")
+    custom_thinking_prompt: str | None = Field(
+        None,
+        description="System prompt for thinking; for envs that read it (BaseEnv does not add it).",
+    )

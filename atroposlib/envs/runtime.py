@@ -6,13 +6,15 @@ register (waiting for the trainer) -> /info -> loop:
   queued work reaches total_steps; keep at most max_batches_offpolicy batches of
   this env's work queued, spooled or in flight (cancelling surplus workers back
   to the backlog); start workers up to max_num_workers scaled by the env weight;
-  abandon workers after worker_timeout.
+  abandon workers after worker_timeout (<= 0: never, upstream's -1).
 
 Failures in user code (collect_trajectories, evaluate, ...) are logged with the
 item and traceback and counted; the loop goes on. SIGINT/SIGTERM stop it
 cleanly: in-flight items go back to a backlog file that the next run reads
 first, spooled groups are delivered (or kept for the next run), and the env
-disconnects.
+disconnects. Whatever a run takes over from an earlier one (spool, backlog, env
+checkpoint) is logged as a WARNING with its count and path: state dirs are per
+working directory, so a new run started by hand in the same place inherits it.
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ class EnvRuntime:
         env.curr_step = answer["starting_step"]
         env.checkpoint_dir = answer.get("checkpoint_dir") or ""
         env.checkpoint_interval = answer.get("checkpoint_interval", -1)
+        if config.total_steps == -1:  # upstream's "as many steps as the trainer runs"
+            config.total_steps = answer.get("num_steps", -1)
+            if config.total_steps == -1:
+                raise ValueError("total_steps is -1 and the trainer registered no num_steps")
+            logger.info("total_steps -1: running to the trainer's num_steps %d", config.total_steps)
         info = await self.client.get_json("/info")
         if config.batch_size == -1:
             config.batch_size = info["batch_size"]
@@ -115,7 +122,8 @@ class EnvRuntime:
             self.last_eval_bucket = env.curr_step // config.steps_per_eval
         if env.checkpoint_interval and env.checkpoint_interval > 0:
             self.last_checkpoint_bucket = env.curr_step // env.checkpoint_interval
-        env.load_checkpoint()
+        if env.curr_step > 0:  # a fresh run (step 0) starts from nothing, as upstream
+            env.load_checkpoint()
         self._restore_backlog()
         logger.info(
             "registered as %s (env_id %d), batch_size %d, step %d",
@@ -196,10 +204,9 @@ class EnvRuntime:
 
     async def _work(self, item: Any) -> None:
         env = self.env
+        timeout = env.config.worker_timeout if env.config.worker_timeout > 0 else None
         try:
-            groups, more = await asyncio.wait_for(
-                env.collect_trajectories(item), env.config.worker_timeout
-            )
+            groups, more = await asyncio.wait_for(env.collect_trajectories(item), timeout)
             groups = await env.postprocess_histories(groups)
             await env.handle_send_to_api(groups, item)
             self.backlog.extend(more or [])
@@ -225,7 +232,8 @@ class EnvRuntime:
             bucket = env.curr_step // env.checkpoint_interval
             if bucket > self.last_checkpoint_bucket:
                 self.last_checkpoint_bucket = bucket
-                env.save_checkpoint(env.curr_step)
+                # the trainer's checkpoint step, which a poll may have seen only later
+                env.save_checkpoint(bucket * env.checkpoint_interval)
         if config.steps_per_eval <= 0:
             return
         bucket = env.curr_step // config.steps_per_eval
@@ -264,9 +272,14 @@ class EnvRuntime:
     # -------------------------------------------------------------- shutdown
     def _restore_backlog(self) -> None:
         if self.backlog_file.exists():
-            self.backlog = json.loads(self.backlog_file.read_text()) + self.backlog
+            restored = json.loads(self.backlog_file.read_text())
+            self.backlog = restored + self.backlog
             self.backlog_file.unlink()
-            logger.info("restored %d backlog items from the last run", len(self.backlog))
+            logger.warning(
+                "restored %d backlog items from an earlier run (%s); they are rolled out first",
+                len(restored),
+                self.backlog_file,
+            )
 
     async def _shutdown(self) -> None:
         for task, item in list(self.workers.items()):

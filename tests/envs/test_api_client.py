@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 
 from atroposlib.envs.api_client import TrajectoryClient
 from tests.support.groups import make_group, start_trainer
@@ -22,3 +24,49 @@ def test_close_while_the_background_flusher_runs(api, client, tmp_path):
     assert asyncio.run(produce()) == 0
     status = client.get("/status").json()
     assert status["queued_sequences"] == 40, "every group arrives exactly once"
+
+
+def test_a_refused_group_is_logged_and_dead_lettered(api, client, tmp_path, caplog):
+    """A 4xx is final, but the group is kept beside the spool with the API's answer."""
+    start_trainer(client, batch_size=4)
+    malformed = {**make_group(2, tag=7), "masks": [[1, 2]]}  # one mask row for two sequences
+
+    async def produce() -> TrajectoryClient:
+        trajectories = TrajectoryClient(api.url, tmp_path / "state" / "spool")
+        trajectories.send([malformed])
+        trajectories.send([make_group(2, tag=8)])
+        await trajectories.close()
+        return trajectories
+
+    with caplog.at_level(logging.INFO, logger="atroposlib.envs"):
+        trajectories = asyncio.run(produce())
+    assert trajectories.pending() == 0
+    assert dict(trajectories.counters) == {"rejected_422": 1, "groups_delivered": 1}
+    dead = tmp_path / "state" / "dead-letter.jsonl"
+    lines = [json.loads(line) for line in dead.read_text().splitlines()]
+    assert len(lines) == 1
+    assert lines[0]["status"] == 422 and lines[0]["path"] == "/scored_data"
+    assert lines[0]["payload"] == malformed and lines[0]["key"]
+    answer = json.loads(lines[0]["answer"])
+    assert answer["detail"], answer
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "422" in errors[0] and lines[0]["answer"][:200] in errors[0]
+    assert str(dead) in errors[0], "the log says where the group went"
+    assert client.get("/status").json()["queued_sequences"] == 2, "the next group still arrives"
+
+
+def test_resuming_a_spool_warns_with_count_and_path(tmp_path, caplog):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    for number in range(3):
+        record = {"path": "/scored_data", "key": f"k{number}", "payload": make_group(2)}
+        (spool / f"{number:012d}.json").write_text(json.dumps(record))
+
+    async def open_client() -> None:
+        await TrajectoryClient("http://127.0.0.1:9", spool).http.aclose()
+
+    with caplog.at_level(logging.INFO, logger="atroposlib.envs"):
+        asyncio.run(open_client())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("3" in m and str(spool) in m for m in warnings), warnings

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import pytest
 
 pytest.importorskip("transformers")
 
+from atroposlib.envs.api_client import TrajectoryClient  # noqa: E402
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline  # noqa: E402
 from tests.envs.arith_env import ArithEnv  # noqa: E402
+from tests.support.groups import register_env, start_trainer  # noqa: E402
 
 
 class RecordingClient:
@@ -70,7 +73,7 @@ def test_same_scores_allowed_when_configured_and_messages_and_jsonl(env, tmp_pat
     env.config.data_path_to_save_groups = str(tmp_path / "out" / "groups.jsonl")
     send(env, group(scores=(1.0, 1.0)))
     sent = env.client.sent[0][0]
-    assert sent["messages"] == [env.tokenizer.decode([5] * 4)] * 2
+    assert sent["messages"] == [[{"role": "user", "content": env.tokenizer.decode([5] * 4)}]] * 2
     saved = [
         json.loads(line) for line in (tmp_path / "out" / "groups.jsonl").read_text().splitlines()
     ]
@@ -82,14 +85,45 @@ def test_same_scores_allowed_when_configured_and_messages_and_jsonl(env, tmp_pat
     )
 
 
-def test_checkpoints_round_trip(env, tmp_path):
+def test_group_without_messages_is_accepted_by_the_api(env, api, client, tmp_path):
+    """include_messages on an env that sets none: the filled-in messages pass the API's model."""
+    start_trainer(client, batch_size=2, max_token_len=64)
+    env.env_id = register_env(client, group_size=2)["env_id"]
+    env.config.include_messages = True
+    env.max_token_len = 64
+
+    async def deliver() -> dict:
+        env.client = TrajectoryClient(api.url, tmp_path / "spool")
+        await env.handle_send_to_api(group())
+        await env.client.close()
+        return dict(env.client.counters)
+
+    counters = asyncio.run(deliver())
+    assert counters == {"groups_delivered": 1}, counters
+    batch = client.get("/batch").json()["batch"]
+    text = env.tokenizer.decode([5] * 4)
+    assert batch[0]["messages"] == [[{"role": "user", "content": text}]] * 2
+
+
+def test_checkpoints_round_trip_at_the_current_step(env, tmp_path, caplog):
+    """Upstream's rule: the checkpoint of the current step, not the newest; None saves nothing."""
     env.checkpoint_dir = str(tmp_path / "ckpt")
     env.wandb_prepend = "arith_0"
     env.save_checkpoint(5, {"iter": 5, "seen": [1, 2]})
     env.save_checkpoint(10, {"iter": 10, "seen": [1, 2, 3]})
-    assert (tmp_path / "ckpt" / "env_checkpoints" / "arith_0" / "step-10.json").exists()
+    env.save_checkpoint(15)  # no data: nothing to write
+    folder = tmp_path / "ckpt" / "env_checkpoints" / "arith_0"
+    assert sorted(p.name for p in folder.iterdir()) == ["step-10.json", "step-5.json"]
+    env.curr_step = 5
+    with caplog.at_level(logging.INFO, logger="atroposlib.envs"):
+        env.load_checkpoint()
+    assert env.iter == 5 and env.seen == [1, 2]
+    restored = [r for r in caplog.records if str(folder / "step-5.json") in r.getMessage()]
+    assert restored and restored[0].levelno >= logging.INFO, "the restore is not logged"
+    assert "iter" in restored[0].getMessage() and "seen" in restored[0].getMessage()
+    env.curr_step = 7  # no checkpoint of this step: nothing changes
     env.load_checkpoint()
-    assert env.iter == 10 and env.seen == [1, 2, 3]
+    assert env.iter == 5
 
 
 def test_evaluate_log_writes_metrics_and_samples(env, tmp_path):
