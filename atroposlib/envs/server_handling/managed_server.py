@@ -14,11 +14,20 @@ sends token ids to a vLLM-compatible server, and records per sample a
 Multi-turn: when a new prompt's text starts with an existing node's full text,
 that node is extended (its tokens, masks and logprobs are kept, the new prompt
 suffix is appended masked), so an agent's whole conversation is one sequence
-whose every assistant turn is trained on.
+whose every assistant turn is trained on. The first sample replaces the node in
+place and further samples (n > 1, or another branch of the same node sampled
+concurrently) are appended.
+
+Like upstream: a fresh prompt is encoded with the tokenizer's special tokens
+(BOS on Llama-style tokenizers) and a doubled BOS (a chat template that writes
+one) is dropped; the suffix of an extended node is encoded without them.
+`tools` / `tool_choice` are dropped (upstream handles them only with a vLLM
+tool-call parser, which this package does not have), with a warning.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +35,12 @@ from openai.types.chat import ChatCompletion
 from openai.types.completion import Completion
 
 from atroposlib.envs.server_handling.server_baseline import APIServer
+from atroposlib.envs.server_handling.vllm_server import encode_prompt
 from atroposlib.utils.openai_shapes import chat_choice, completion_body, text_choice
+
+logger = logging.getLogger("atroposlib.inference")
+
+TOOL_KWARGS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 @dataclass
@@ -39,10 +53,18 @@ class SequenceNode:
 
 
 class ManagedServer:
-    def __init__(self, server: APIServer | Any, tokenizer: Any) -> None:
-        """`server`: an APIServer or a ServerManager (anything with token-level calls)."""
+    warned_about_tools = False  # once per process: a managed server lives for one rollout
+
+    def __init__(self, server: APIServer | Any, tokenizer: Any = None) -> None:
+        """`server`: an APIServer or a ServerManager (anything with token-level calls).
+
+        Without `tokenizer`, the server's is used (`tokenizer_name`, else `model_name`);
+        ValueError if that cannot be loaded.
+        """
         self.server = server
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(server, "tokenizer", None)
+        if self.tokenizer is None:
+            raise ValueError("ManagedServer needs a tokenizer: pass tokenizer=")
         self.nodes: list[SequenceNode] = []
 
     def get_state(self) -> dict[str, Any]:
@@ -54,6 +76,14 @@ class ManagedServer:
     async def chat_completion(
         self, messages: list[dict[str, Any]], **kwargs: Any
     ) -> ChatCompletion:
+        dropped = [name for name in TOOL_KWARGS if kwargs.pop(name, None) is not None]
+        if dropped and not ManagedServer.warned_about_tools:
+            ManagedServer.warned_about_tools = True
+            logger.warning(
+                "ManagedServer has no tool-call parser: %s ignored (the prompt is rendered "
+                "without tools and tool calls stay in the text)",
+                ", ".join(dropped),
+            )
         prompt = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
@@ -69,7 +99,7 @@ class ManagedServer:
     def _model(self, kwargs: dict[str, Any]) -> str:
         return kwargs.get("model", self.server.config.model_name)
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode_suffix(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _find_parent(self, prompt: str) -> SequenceNode | None:
@@ -82,31 +112,35 @@ class ManagedServer:
         parent = self._find_parent(prompt)
         if parent is None:
             prefix_ids: list[int] = []
-            prompt_ids = self._encode(prompt)
+            prompt_ids = encode_prompt(self.tokenizer, prompt)
         else:
             prefix_ids = parent.tokens
-            prompt_ids = prefix_ids + self._encode(prompt[len(parent.full_text) :])
-        kwargs = {k: v for k, v in kwargs.items() if k not in ("messages", "prompt", "logprobs")}
+            prompt_ids = prefix_ids + self._encode_suffix(prompt[len(parent.full_text) :])
+        skip = ("messages", "prompt", "input_ids", "logprobs")
+        kwargs = {k: v for k, v in kwargs.items() if k not in skip}
         _, outputs, logprobs, finishes = await self.server.tokens_and_logprobs_completion(
             prompt=prompt_ids, **kwargs
         )
         new_prompt = len(prompt_ids) - len(prefix_ids)
         base_masks = (parent.masked_tokens if parent else []) + [-100] * new_prompt
         base_logprobs = (parent.logprobs if parent else []) + [1.0] * new_prompt
-        if parent is not None:
-            self.nodes.remove(parent)
+        # Found before the await: a concurrent branch may have replaced it meanwhile.
+        slot = next((i for i, n in enumerate(self.nodes) if n is parent), None)
         samples = []
         for output, output_logprobs, finish in zip(outputs, logprobs, finishes, strict=True):
             raw_text = self.tokenizer.decode(output, skip_special_tokens=False)
-            self.nodes.append(
-                SequenceNode(
-                    full_text=prompt + raw_text,
-                    tokens=prompt_ids + output,
-                    masked_tokens=base_masks + output,
-                    logprobs=base_logprobs + output_logprobs,
-                    metadata={"finish_reason": finish, "kind": kind},
-                )
+            node = SequenceNode(
+                full_text=prompt + raw_text,
+                tokens=prompt_ids + output,
+                masked_tokens=base_masks + output,
+                logprobs=base_logprobs + output_logprobs,
+                metadata={"finish_reason": finish, "kind": kind},
             )
+            if slot is not None:
+                self.nodes[slot] = node
+                slot = None
+            else:
+                self.nodes.append(node)
             samples.append((self.tokenizer.decode(output, skip_special_tokens=True), finish))
         return samples
 

@@ -12,6 +12,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     ReasoningConfig,
     merge_choices,
+    offset_seed,
 )
 
 
@@ -26,6 +27,8 @@ class OpenAIServer(APIServer):
         )
 
     def _with_reasoning(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if kwargs.pop("skip_reasoning", False):  # upstream: this call goes without reasoning
+            return kwargs
         if self.reasoning_config is not None:
             extra = {**self.reasoning_config.extra_body(), **kwargs.get("extra_body", {})}
             if extra:
@@ -33,13 +36,16 @@ class OpenAIServer(APIServer):
         return kwargs
 
     async def _fan_out(self, create, kwargs: dict[str, Any]) -> Any:
-        """Servers that ignore `n` get n single requests, merged into one answer."""
+        """Servers that ignore `n` get n single requests, merged into one answer.
+
+        With a `seed`, request i is sent `seed + i`: one seed for all would make them
+        return the same sample n times.
+        """
         n = kwargs.get("n", 1) or 1
         if not self.config.n_kwarg_is_ignored or n == 1:
             return await create(**kwargs)
-        return merge_choices(
-            list(await asyncio.gather(*(create(**{**kwargs, "n": 1}) for _ in range(n))))
-        )
+        parts = [{**kwargs, "n": 1, **offset_seed(kwargs, i)} for i in range(n)]
+        return merge_choices(list(await asyncio.gather(*(create(**part) for part in parts))))
 
     async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
         return await self._fan_out(

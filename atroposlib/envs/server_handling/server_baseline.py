@@ -84,7 +84,16 @@ def merge_choices(answers: Any) -> Any:
     return merged
 
 
+def offset_seed(kwargs: dict[str, Any], offset: int) -> dict[str, Any]:
+    """`{"seed": seed + offset}` for the part of a split request that starts at sample
+    `offset`, or `{}` when the request has no seed; parts of one seeded request then
+    draw different samples, and the same request draws the same ones again."""
+    seed = kwargs.get("seed")
+    return {} if seed is None else {"seed": int(seed) + offset}
+
+
 RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+NO_SUCH_ROUTE = {404, 405, 501}
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -122,6 +131,35 @@ class APIServer(ABC):
         self.eval_request_timings: deque[float] = deque(maxlen=config.rolling_buffer_length)
         self.attempts_failed = 0
         self.requests_made = 0
+        # a subclass may have set `tokenizer` before calling this (upstream's VLLMServer does)
+        self._tokenizer: Any = getattr(self, "_tokenizer", None)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer: `tokenizer_name`, or `model_name` when that is 'none'.
+
+        Loaded with `AutoTokenizer` on first use (upstream loads it when a vLLM client is
+        made); a name that cannot be loaded raises ValueError saying what to set.
+        """
+        if self._tokenizer is None:
+            name = self.config.tokenizer_name
+            if not name or name == "none":
+                name = self.config.model_name
+            try:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(name)
+            except Exception as exc:
+                raise ValueError(
+                    f"cannot load the tokenizer {name!r} for {self.config.base_url}: {exc}. "
+                    "Set tokenizer_name in the server config to a hub name or directory, "
+                    "or pass tokenizer= to managed_server()"
+                ) from exc
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
 
     # -- capacity and health ------------------------------------------------
     def free_slots(self, split: str = "train") -> int:
@@ -133,16 +171,26 @@ class APIServer(ABC):
         return (base[: -len("/v1")] if base.endswith("/v1") else base) + "/health"
 
     async def probe(self) -> bool:
-        """One health probe; updates `server_healthy`."""
+        """One health probe; updates `server_healthy`.
+
+        GET /health (vLLM, sglang, atropos-inference-server). A server with no such route
+        (hosted OpenAI-compatible APIs answer 404) is healthy when its model list answers.
+        """
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
         try:
-            async with httpx.AsyncClient(timeout=5) as client:
-                healthy = (await client.get(self.health_url)).status_code == 200
+            async with httpx.AsyncClient(timeout=5, headers=headers) as client:
+                status = (await client.get(self.health_url)).status_code
+                if status in NO_SUCH_ROUTE:
+                    models = self.config.base_url.rstrip("/") + "/models"
+                    status = (await client.get(models)).status_code
+                healthy = status == 200
         except httpx.HTTPError:
             healthy = False
         if healthy != self.server_healthy:
-            logger.warning(
-                "inference server %s is %s", self.config.base_url, "back" if healthy else "down"
-            )
+            if healthy:
+                logger.info("inference server %s is back", self.config.base_url)
+            else:
+                logger.warning("inference server %s is down", self.config.base_url)
         self.server_healthy = healthy
         return healthy
 
@@ -172,7 +220,7 @@ class APIServer(ABC):
                     return result
                 except Exception as exc:
                     self.attempts_failed += 1
-                    if is_unreachable(exc):
+                    if is_unreachable(exc) and self.config.health_check:
                         if self.server_healthy:  # once per outage, not once per request
                             logger.warning(
                                 "inference server %s unreachable: %s", self.config.base_url, exc

@@ -7,11 +7,17 @@
 - Routing: each request goes to the healthy server with the most free slots of
   the request's split ("train" or "eval"), so a slow server gets less work.
 - `n` above `max_n_completions` is split into several requests whose choices
-  are merged in order.
+  are merged in order; with a `seed`, the part starting at sample k gets
+  `seed + k`, so the parts do not repeat each other's samples.
 - A server that cannot be reached is taken out of rotation and the request
-  goes to another; when none is reachable the manager waits (with back-off, up
-  to `unavailable_timeout_s`). A background probe of /health brings a server
-  back when it answers again. Other errors are retried by the server client.
+  goes to another. When none is reachable (the trainer is restarting the
+  engine from a new checkpoint, which can take minutes) requests wait for one
+  to answer /health again: with no limit by default, like upstream, or up to
+  `unavailable_timeout_s`. One WARNING when the wait starts, an INFO note
+  every `wait_log_interval_s`, an INFO when requests resume. A background
+  probe of /health brings a server back when it answers again. Other errors
+  are retried by the server client. Servers with `health_check=False` are
+  never waited for: like upstream, their errors are retried, then raised.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     ServerBaseline,
     is_unreachable,
     merge_choices,
+    offset_seed,
 )
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
 
@@ -123,12 +130,19 @@ class ServerManager:
         testing: bool = False,
         max_n_completions: int = 8,
         reasoning_config: ReasoningConfig | None = None,
-        health_interval_s: float = 2.0,
-        unavailable_timeout_s: float = 300.0,
+        health_interval_s: float = 1.0,
+        unavailable_timeout_s: float | None = None,
+        wait_log_interval_s: float = 30.0,
     ) -> None:
+        """`health_interval_s`: seconds between /health probes of a server that is down
+        (upstream polls every second). `unavailable_timeout_s`: how long requests wait
+        when no server is reachable; None (the default, like upstream) waits until one
+        is. `wait_log_interval_s`: seconds between the notes logged while waiting."""
         self.max_n_completions = max_n_completions
         self.health_interval_s = health_interval_s
         self.unavailable_timeout_s = unavailable_timeout_s
+        self.wait_log_interval_s = wait_log_interval_s
+        self._outage: asyncio.Task | None = None
         if testing:
             from atroposlib.envs.server_handling.testing_server import TestingServer
 
@@ -165,23 +179,61 @@ class ServerManager:
     async def _dispatch(self, method: str, kwargs: dict[str, Any]) -> Any:
         """Call the best server; if it cannot be reached, fail over, or wait for one to return."""
         split = kwargs.get("split", "train")
-        deadline = asyncio.get_running_loop().time() + self.unavailable_timeout_s
-        delay = 0.2
         while True:
             server = self._pick(split)
             try:
                 return await getattr(server, method)(**dict(kwargs))
             except Exception as exc:
-                if not is_unreachable(exc):
+                if not (is_unreachable(exc) and server.config.health_check):
                     raise
                 logger.debug("inference server %s unreachable: %s", server.config.base_url, exc)
                 if any(s.server_healthy for s in self.servers):
                     continue
-                if asyncio.get_running_loop().time() > deadline:
+                if not await self._wait_for_a_server():
                     raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                await asyncio.gather(*(s.probe() for s in self.servers), return_exceptions=True)
+
+    async def _wait_for_a_server(self) -> bool:
+        """Wait until some server answers /health: True, or False once the wait has lasted
+        `unavailable_timeout_s`. Every waiting request shares one waiter, so an outage is
+        logged once whatever the number of requests."""
+        if self._outage is None or self._outage.done():
+            self._outage = asyncio.get_running_loop().create_task(self._wait_out_outage())
+        return await asyncio.shield(self._outage)
+
+    async def _wait_out_outage(self) -> bool:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        checked = [s for s in self.servers if s.config.health_check]
+        urls = ", ".join(s.config.base_url for s in checked)
+        limit = (
+            "no limit"
+            if self.unavailable_timeout_s is None
+            else f"up to {self.unavailable_timeout_s:g}s"
+        )
+        logger.warning(
+            "no inference server reachable (%s); requests are waiting for one to come back "
+            "(%s; an engine restart from a new checkpoint can take minutes)",
+            urls,
+            limit,
+        )
+        next_note = started + self.wait_log_interval_s
+        delay = min(0.2, self.health_interval_s)
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.health_interval_s)
+            answers = await asyncio.gather(*(s.probe() for s in checked), return_exceptions=True)
+            waited = loop.time() - started
+            if any(answer is True for answer in answers):
+                logger.info("inference server back after %.1fs; resuming requests", waited)
+                return True
+            if self.unavailable_timeout_s is not None and waited >= self.unavailable_timeout_s:
+                logger.error(
+                    "no inference server reachable for %.1fs (%s); giving up", waited, urls
+                )
+                return False
+            if loop.time() >= next_note:
+                logger.info("still waiting for an inference server (%s): %.0fs", urls, waited)
+                next_note = loop.time() + self.wait_log_interval_s
 
     async def _split_n(self, method: str, kwargs: dict[str, Any]) -> Any:
         n = kwargs.get("n", 1) or 1
@@ -190,9 +242,10 @@ class ServerManager:
         sizes = [self.max_n_completions] * (n // self.max_n_completions)
         if n % self.max_n_completions:
             sizes.append(n % self.max_n_completions)
-        return list(
-            await asyncio.gather(*(self._dispatch(method, {**kwargs, "n": k}) for k in sizes))
-        )
+        parts = [
+            {**kwargs, "n": k, **offset_seed(kwargs, sum(sizes[:i]))} for i, k in enumerate(sizes)
+        ]
+        return list(await asyncio.gather(*(self._dispatch(method, part) for part in parts)))
 
     async def chat_completion(self, **kwargs: Any) -> Any:
         return merge_choices(await self._split_n("chat_completion", kwargs))
@@ -214,10 +267,21 @@ class ServerManager:
 
     @asynccontextmanager
     async def managed_server(self, tokenizer: Any = None) -> AsyncIterator[ManagedServer]:
-        """A `ManagedServer` over this manager (token-level calls keep the routing)."""
-        if tokenizer is None:
-            raise ValueError("managed_server needs the tokenizer that renders prompts")
-        yield ManagedServer(self, tokenizer)
+        """A `ManagedServer` over this manager (token-level calls keep the routing).
+
+        Without `tokenizer`, the servers' own is used (see `tokenizer`). Its recorded
+        nodes are cleared on exit, as upstream does: read `get_state()` inside.
+        """
+        managed = ManagedServer(self, tokenizer if tokenizer is not None else self.tokenizer)
+        try:
+            yield managed
+        finally:
+            managed.reset()
+
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer (the first server's: they serve one model)."""
+        return self.servers[0].tokenizer
 
     @asynccontextmanager
     async def dedicated_server(self, split: str = "train") -> AsyncIterator[APIServer]:

@@ -57,6 +57,16 @@ class ScriptedServer:
                 with lock:
                     outer.in_flight -= 1
 
+            def do_GET(self):  # noqa: N802 - http.server API
+                # like a hosted API: a model list, but no /health route
+                found = self.path.rstrip("/").endswith("/models")
+                body = json.dumps({"object": "list", "data": []} if found else {})
+                self.send_response(200 if found else 404)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
             def log_message(self, *args):
                 pass
 

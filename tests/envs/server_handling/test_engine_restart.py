@@ -1,0 +1,103 @@
+"""The env side of an engine restart: the trainer stops the inference server and starts it
+again from a new checkpoint, which takes minutes for a big model. Requests made meanwhile
+wait for it, as long as upstream's would (no limit), and the wait is logged."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import openai
+import pytest
+
+from atroposlib.envs.server_handling.server_manager import ServerManager
+from tests.envs.server_handling.test_server_baseline import ScriptedServer
+from tests.envs.server_handling.test_server_manager import QUESTION, server_config
+from tests.support.ports import free_port
+from tests.support.processes import InferenceProcess
+from tests.support.waiting import wait_until_async
+
+LOGGER = "atroposlib.inference"
+
+
+def messages(caplog, level: int, text: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == LOGGER and r.levelno == level and text in r.getMessage()
+    ]
+
+
+def test_requests_wait_for_an_engine_restarted_on_the_same_port(tiny_model_path, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    port = free_port()
+    engines = [InferenceProcess(tiny_model_path, tmp_path, "tiny", port=port)]
+    manager = ServerManager([server_config(engines[0].url)], health_interval_s=0.2)
+    manager.wait_log_interval_s = 0.5
+
+    async def scenario():
+        before = await manager.chat_completion(messages=QUESTION, max_tokens=2)
+        engines[0].stop()
+        pending = asyncio.create_task(manager.chat_completion(messages=QUESTION, max_tokens=2))
+        await wait_until_async(
+            lambda: messages(caplog, logging.WARNING, "waiting"),
+            30,
+            "no WARNING when requests start waiting for the engine",
+        )
+        await wait_until_async(
+            lambda: len(messages(caplog, logging.INFO, "still waiting")) >= 2,
+            30,
+            "no periodic notes while waiting",
+        )
+        assert not pending.done(), "the request gave up instead of waiting"
+        engines.append(
+            await asyncio.to_thread(InferenceProcess, tiny_model_path, tmp_path, "tiny", port=port)
+        )
+        after = await asyncio.wait_for(pending, 60)
+        return before, after
+
+    try:
+        before, after = asyncio.run(scenario())
+    finally:
+        for engine in engines:
+            engine.stop()
+    assert before.choices and after.choices
+    assert len(messages(caplog, logging.WARNING, "waiting")) == 1, "one warning per outage"
+    assert messages(caplog, logging.INFO, "resum"), "no INFO when requests resume"
+
+
+def test_no_limit_on_the_wait_by_default_like_upstream():
+    manager = ServerManager([server_config("http://127.0.0.1:9")])
+    assert manager.unavailable_timeout_s is None
+
+
+def test_an_explicit_limit_gives_up_with_an_error_logged(caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    dead = server_config(f"http://127.0.0.1:{free_port()}")
+    manager = ServerManager([dead], health_interval_s=0.1, unavailable_timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(openai.APIConnectionError):
+        asyncio.run(asyncio.wait_for(manager.chat_completion(messages=QUESTION), 30))
+    assert time.monotonic() - started >= 0.5
+    assert [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.ERROR]
+
+
+def test_servers_without_health_checks_are_retried_not_waited_for():
+    """health_check=False (upstream: always assumed healthy): three tries, then the error."""
+    dead = server_config(f"http://127.0.0.1:{free_port()}", health_check=False)
+    manager = ServerManager([dead])
+    manager.servers[0].backoff_s = 0.01
+    with pytest.raises(openai.APIConnectionError):
+        asyncio.run(asyncio.wait_for(manager.chat_completion(messages=QUESTION), 30))
+    assert manager.servers[0].attempts_failed == 3
+
+
+def test_a_server_without_a_health_route_is_probed_through_its_model_list():
+    """Hosted OpenAI-compatible APIs have no /health; waiting on one must still end."""
+    hosted = ScriptedServer([])
+    try:
+        manager = ServerManager([server_config(hosted.url.removesuffix("/v1"))])
+        assert asyncio.run(manager.servers[0].probe()) is True
+    finally:
+        hosted.close()
