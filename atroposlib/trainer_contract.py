@@ -78,6 +78,7 @@ class MetricsRow(BaseModel):
 class EventKind(str, Enum):
     ENGINE_STARTED = "engine_started"
     ENGINE_RESTARTED = "engine_restarted"
+    ENGINE_RESTART_FAILED = "engine_restart_failed"
     CHECKPOINT_SAVED = "checkpoint_saved"
 
 

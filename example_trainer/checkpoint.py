@@ -2,8 +2,13 @@
 
 `<save_path>/step-<N>/` holds the model and tokenizer (save_pretrained, so vLLM
 or the CPU engine loads it directly) and `trainer_state.pt` with the optimizer,
-scheduler, RNG states and step, for `--resume`. The directory is written under
-a temporary name and renamed, so a crash never leaves a half checkpoint.
+scheduler, RNG states and step, for `--resume`. A LoRA run also writes its
+adapter to `adapter/`: the served weights are merged, and resuming from merged
+weights with fresh adapters would pair the saved optimizer moments with
+parameters they were never computed for. The directory is written under a
+temporary name and renamed, so a crash never leaves a half checkpoint.
+
+`--keep-checkpoints N` prunes after each save (`prune_checkpoints`).
 """
 
 from __future__ import annotations
@@ -11,12 +16,14 @@ from __future__ import annotations
 import copy
 import random
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 STATE_FILE = "trainer_state.pt"
+ADAPTER_DIR = "adapter"
 
 
 def save_checkpoint(save_path: str, step: int, model, tokenizer, optimizer, scheduler) -> Path:
@@ -24,11 +31,12 @@ def save_checkpoint(save_path: str, step: int, model, tokenizer, optimizer, sche
     staging = Path(save_path) / f".step-{step}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    # LoRA: the engine gets merged weights; merge a copy so training keeps its adapters
-    to_save = (
-        copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
-    )
-    to_save.save_pretrained(staging)
+    if hasattr(model, "merge_and_unload"):
+        # LoRA: the engine gets merged weights; merge a copy so training keeps its adapters
+        copy.deepcopy(model).merge_and_unload().save_pretrained(staging)
+        model.save_pretrained(staging / ADAPTER_DIR)
+    else:
+        model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     torch.save(
         {
@@ -45,10 +53,45 @@ def save_checkpoint(save_path: str, step: int, model, tokenizer, optimizer, sche
     return target
 
 
-def load_trainer_state(checkpoint: str, optimizer, scheduler) -> int:
+def load_trainer_state(
+    checkpoint: str, optimizer, scheduler, restore_optimizer: bool = True
+) -> int:
+    """Restore what `save_checkpoint` kept beside the weights; the checkpoint's step."""
     state: dict[str, Any] = torch.load(Path(checkpoint) / STATE_FILE, weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
+    if restore_optimizer:
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
     return int(state["step"])
+
+
+def checkpoints(save_path: str | Path) -> list[Path]:
+    """The checkpoints under `save_path` with a trainer state (resumable), oldest first."""
+    found = []
+    for path in Path(save_path).glob("step-*"):
+        step = path.name.removeprefix("step-")
+        if step.isdigit() and (path / STATE_FILE).is_file():
+            found.append((int(step), path))
+    return [path for _, path in sorted(found)]
+
+
+def prune_checkpoints(
+    save_path: str | Path, keep: int, protect: Iterable[str | Path | None] = ()
+) -> list[Path]:
+    """Delete all but the `keep` newest complete checkpoints (0 keeps all); the removed ones.
+
+    The newest is always among those kept, so a run can resume from where it stopped;
+    `protect` names checkpoints that must stay whatever their age (the one the engine
+    serves, which is where a failed engine restart falls back to). Anything else under
+    `save_path` (partial writes, other files) is left alone.
+    """
+    if keep <= 0:
+        return []
+    kept = {Path(p).resolve() for p in protect if p is not None}
+    removed = []
+    for path in checkpoints(save_path)[:-keep]:
+        if path.resolve() not in kept:
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed

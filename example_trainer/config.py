@@ -31,11 +31,21 @@ class TrainingConfig(BaseModel):
     loss_normalization: Literal["token", "sequence"] = Field(
         "token", description="Average over all trained tokens (token) or per sequence (sequence)."
     )
+    require_inference_logprobs: bool = Field(
+        False,
+        description="Refuse groups without inference_logprobs, as upstream does "
+        "(default: train them with ratio 1 and warn).",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto.")
     save_path: str = Field("trained_model_checkpoints", description="Where checkpoints go.")
     checkpoint_interval: int = Field(
         0, ge=0, description="Extra checkpoints every N steps (0: off)."
+    )
+    keep_checkpoints: int = Field(
+        0,
+        ge=0,
+        description="Keep only the N newest checkpoints, plus the one the engine serves (0: all).",
     )
     vllm_restart_interval: int = Field(
         3, ge=1, description="Checkpoint and restart the inference engine every N steps."

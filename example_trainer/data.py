@@ -17,6 +17,9 @@ import torch
 from atroposlib.protocol import GROUPS, ScoredData
 from example_trainer.loss import group_advantages
 
+PER_TOKEN_FIELDS = ("advantages", "inference_logprobs", "ref_logprobs")
+"""Fields with one value per token of each sequence."""
+
 BatchGroups = Iterable[ScoredData | Mapping[str, Any]]
 """A step's groups, as `/batch` gives them (`ScoredData`) or as plain dicts."""
 
@@ -28,7 +31,8 @@ class MicroBatch:
     loss_mask: torch.Tensor  # [B, T-1], trained label positions
     advantages: torch.Tensor  # [B, T-1]
     # [B, T-1]; NaN rows for sequences that came without them (the trainer fills
-    # those with its own detached logprobs: ratio 1, KL 0), None when no row has them
+    # those with its own detached logprobs: ratio 1, KL 0), None when no row has them.
+    # Untrained positions may hold anything; the loss masks them before use
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
 
@@ -43,18 +47,31 @@ class Sequence:
     ref_logprobs: list[float] | None
 
 
-def flatten(batch: BatchGroups, scale: str, seq_len: int) -> list[Sequence]:
-    """One `Sequence` per rollout; groups may come as `ScoredData` or as plain dicts."""
+def flatten(
+    batch: BatchGroups, scale: str, seq_len: int, require_inference_logprobs: bool = False
+) -> list[Sequence]:
+    """One `Sequence` per rollout; groups may come as `ScoredData` or as plain dicts.
+
+    Every group is checked first (`check_group`): the API refuses misaligned groups,
+    but a batch may come from another producer, and a misaligned per-token list
+    would otherwise be broadcast over the sequence or fail deep inside torch.
+    """
     sequences = []
-    for group in GROUPS.validate_python(list(batch)):
-        scores = torch.tensor(group.scores, dtype=torch.float32)
+    for index, group in enumerate(GROUPS.validate_python(list(batch))):
+        check_group(index, group)
+        if group.inference_logprobs is None and require_inference_logprobs:
+            raise ValueError(
+                f"group {index} came without inference_logprobs, which "
+                "--require-inference-logprobs demands: the importance ratio needs the "
+                "logprobs of the policy that sampled it (ManagedServer sends them)"
+            )
+        scores = torch.tensor(group.scores, dtype=torch.float64)
         centred = group_advantages(scores, scale)
         for i, tokens in enumerate(group.tokens):
             tokens = tokens[:seq_len]
-            token_adv = group.advantages[i] if group.advantages else None
             advantages = (
-                list(token_adv[: len(tokens)])
-                if token_adv is not None
+                list(group.advantages[i][: len(tokens)])
+                if group.advantages
                 else [float(centred[i])] * len(tokens)
             )
             if group.overrides and (group.overrides[i] or {}).get("set_advantage_to_zero"):
@@ -65,18 +82,61 @@ def flatten(batch: BatchGroups, scale: str, seq_len: int) -> list[Sequence]:
                     masks=list(group.masks[i][: len(tokens)]),
                     score=float(scores[i]),
                     advantages=advantages,
-                    inference_logprobs=_aligned(group.inference_logprobs, i, len(tokens)),
-                    ref_logprobs=_aligned(group.ref_logprobs, i, len(tokens)),
+                    inference_logprobs=_row(group.inference_logprobs, i, len(tokens)),
+                    ref_logprobs=_row(group.ref_logprobs, i, len(tokens)),
                 )
             )
     return sequences
 
 
-def _aligned(values: list[list[float]] | None, index: int, length: int) -> list[float] | None:
-    """Row `index` cut to `length`, or None when the group lacks it or it is too short."""
-    if not values or values[index] is None or len(values[index]) < length:
-        return None
-    return list(values[index][:length])
+def check_group(index: int, group: ScoredData) -> None:
+    """Raise `ValueError` naming the group, sequence and field that breaks alignment.
+
+    Per-token fields need one value per token, and a finite one wherever a token
+    is trained (position j >= 1 with a mask other than -100). Untrained positions
+    may hold any placeholder (1.0, NaN, -inf, vLLM's -9999): the loss never reads
+    them. A mistake here is an environment or engine bug, so it stops the run
+    rather than training on a guess.
+    """
+    n = len(group.tokens)
+    if len(group.masks) != n or len(group.scores) != n:
+        raise ValueError(
+            f"group {index}: {n} sequences but {len(group.masks)} masks "
+            f"and {len(group.scores)} scores"
+        )
+    trained = []
+    for i, (tokens, masks) in enumerate(zip(group.tokens, group.masks, strict=True)):
+        if len(masks) != len(tokens):
+            raise ValueError(
+                f"group {index} sequence {i}: masks has {len(masks)} values "
+                f"for {len(tokens)} tokens"
+            )
+        positions = torch.tensor(masks, dtype=torch.long) != -100
+        positions[:1] = False  # the first token is never predicted
+        trained.append(positions)
+    for field in PER_TOKEN_FIELDS:
+        rows = getattr(group, field)
+        if rows is None:
+            continue
+        if len(rows) != n:
+            raise ValueError(f"group {index}: {field} has {len(rows)} rows for {n} sequences")
+        for i, (tokens, row) in enumerate(zip(group.tokens, rows, strict=True)):
+            if len(row) != len(tokens):
+                raise ValueError(
+                    f"group {index} sequence {i}: {field} has {len(row)} values "
+                    f"for {len(tokens)} tokens"
+                )
+            bad = trained[i] & ~torch.isfinite(torch.tensor(row, dtype=torch.float64))
+            if bool(bad.any()):
+                j = int(bad.nonzero()[0])
+                raise ValueError(
+                    f"group {index} sequence {i}: {field}[{j}] is {row[j]} at a trained position"
+                )
+
+
+def _row(values: list[list[float]] | None, index: int, length: int) -> list[float] | None:
+    """Row `index` cut to `length` (rows are checked to match the tokens), or None."""
+    return None if values is None else list(values[index][:length])
 
 
 def micro_batches(sequences: list[Sequence], count: int, pad_id: int) -> list[MicroBatch]:

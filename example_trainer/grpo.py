@@ -4,8 +4,10 @@ register with the API -> start the inference engine on the base model -> loop:
 pull a batch, train one step (micro-batches packed by length, loss in
 `loss.py`), and every `--vllm-restart-interval` steps save a checkpoint and
 restart the engine from it, so environments sample from the current policy.
-An engine that dies is restarted from the latest checkpoint; Ctrl-C writes a
-final checkpoint and stops the engine. Under torchrun, rank 0 alone does the
+The last step only saves (the engine is about to stop). An engine that dies is
+restarted from the latest checkpoint; a restart that fails is retried, then
+falls back to the previous checkpoint (`engine.py`). Ctrl-C writes a final
+checkpoint and stops the engine. Under torchrun, rank 0 alone does the
 talking (API, engine, checkpoints, metrics); see `distributed.py`.
 """
 
@@ -13,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import logging
 import random
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -28,11 +28,13 @@ from atroposlib.trainer_contract import EventKind, RunRecords
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 from example_trainer.api import TrajectoryAPI
-from example_trainer.checkpoint import load_trainer_state, save_checkpoint
+from example_trainer.checkpoint import load_trainer_state, prune_checkpoints, save_checkpoint
 from example_trainer.config import TrainingConfig
 from example_trainer.data import BatchGroups, flatten, micro_batches, trained_tokens
 from example_trainer.distributed import init_data_parallel
+from example_trainer.engine import Engine
 from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
+from example_trainer.model import MasterWeights, build_optimizer, load_policy
 
 logger = logging.getLogger("example_trainer")
 
@@ -54,53 +56,15 @@ def fill_missing(values: torch.Tensor | None, logp: torch.Tensor) -> torch.Tenso
     return torch.where(torch.isnan(values), logp.detach(), values)
 
 
-def require(module: str, flag: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise SystemExit(f"{flag} needs the {module} package: pip install {module}") from exc
-
-
-def build_optimizer(model, config: TrainingConfig):
-    params = [p for p in model.parameters() if p.requires_grad]
-    if config.optimizer == "adamw_8bit":
-        bnb = require("bitsandbytes", "--optimizer adamw_8bit")
-
-        return bnb.optim.AdamW8bit(params, lr=config.lr)
-    if config.optimizer == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=config.lr, relative_step=False, scale_parameter=False)
-    return torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-
-
 class Trainer:
     def __init__(self, config: TrainingConfig) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         random.seed(config.seed)
         self.parallel, self.device = init_data_parallel(pick_device(config.device))
-        source = config.resume or config.model_name
-        dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
-        self.tokenizer = AutoTokenizer.from_pretrained(source)
-        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(self.device)
-        if config.weight_bridge_mode == "lora_restart":
-            from peft import LoraConfig, get_peft_model
-
-            self.model = get_peft_model(
-                self.model,
-                LoraConfig(
-                    r=config.lora_r,
-                    lora_alpha=config.lora_alpha,
-                    lora_dropout=config.lora_dropout,
-                    target_modules=config.lora_target_modules.split(","),
-                    task_type="CAUSAL_LM",
-                ),
-            )
+        self.model, self.tokenizer, restore_optimizer = load_policy(config, self.device)
         self.model.train()
         self.ddp = None
         if self.parallel.enabled:
@@ -109,17 +73,20 @@ class Trainer:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
         self.forward_model = self.ddp or self.model
-        self.optimizer = build_optimizer(self.model, config)
+        self.master = MasterWeights(self.model)
+        self.optimizer = build_optimizer(self.master.params, config)
         warmup = max(1, config.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup)
         )
         self.step = (
-            load_trainer_state(config.resume, self.optimizer, self.scheduler)
+            load_trainer_state(config.resume, self.optimizer, self.scheduler, restore_optimizer)
             if config.resume
             else 0
         )
         self.latest_checkpoint = config.resume or config.model_name
+        # the newest step a checkpoint holds: the API keeps later batches for a resume
+        self.committed_step = self.step
         self.loss_settings = LossSettings(
             clip_eps=config.clip_eps,
             clip_eps_high=config.clip_eps_high,
@@ -127,35 +94,16 @@ class Trainer:
             normalization=config.loss_normalization,
         )
         self.records = RunRecords(config.save_path)
-        self.engine = None
+        self.engine: Engine | None = None
         self._wandb_run = None
+        self._warned_missing_logprobs = False
 
     # ------------------------------------------------------------- engine
     def start_engine(self) -> None:
         if self.config.inference_engine == "none":
             return
-        from atroposlib.inference.launcher import EngineConfig, EngineProcess
-
-        engine_config = EngineConfig(
-            engine=self.config.inference_engine,
-            served_model_name=self.config.served_model_name or self.config.model_name,
-            port=self.config.vllm_port,
-            python=self.config.inference_python or sys.executable,
-            max_model_len=self.config.max_model_len or self.config.seq_len,
-            dtype=self.config.dtype,
-            gpu_memory_utilization=self.config.vllm_gpu_memory_utilization,
-            extra_args=shlex.split(self.config.engine_args)
-            + (
-                ["--num-threads", str(self.config.num_threads)]
-                if self.config.num_threads and self.config.inference_engine == "transformers"
-                else []
-            ),
-            log_path=str(Path(self.config.save_path) / "engine.log"),
-        )
-        Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
-        self.engine = EngineProcess(engine_config)
-        self.engine.start(self.latest_checkpoint)
-        self.records.event(EventKind.ENGINE_STARTED, self.step, model=self.latest_checkpoint)
+        self.engine = Engine(self.config, self.records)
+        self.engine.start(self.latest_checkpoint, self.step)
 
     def ensure_engine(self) -> float:
         """Restart a dead engine from the latest checkpoint; returns seconds spent."""
@@ -166,14 +114,7 @@ class Trainer:
             self.latest_checkpoint,
             self.engine.log_tail(10),
         )
-        return self._restart_engine(self.latest_checkpoint, "engine died")
-
-    def _restart_engine(self, model: str, reason: str) -> float:
-        """Restart the engine on `model`, record it, and return the seconds it took."""
-        started = time.perf_counter()
-        self.engine.restart(model)
-        self.records.event(EventKind.ENGINE_RESTARTED, self.step, reason=reason, model=model)
-        return time.perf_counter() - started
+        return self.engine.restart(self.latest_checkpoint, self.step, "engine died")
 
     # -------------------------------------------------------------- train
     def wait_for_batch(self, api: TrajectoryAPI) -> tuple[list[ScoredData], float]:
@@ -181,7 +122,7 @@ class Trainer:
         next_note = started + 30
         while True:
             self.ensure_engine()
-            batch = api.batch()
+            batch = api.batch(step=self.step + 1, committed=self.committed_step)
             if batch:
                 return batch, time.perf_counter() - started
             if time.perf_counter() >= next_note:
@@ -197,18 +138,32 @@ class Trainer:
 
     def train_step(self, batch: BatchGroups) -> dict[str, float]:
         metrics = self.accumulate_gradients(batch)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.config.max_grad_norm
-        )
+        self.master.take_grads()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.master.params, self.config.max_grad_norm)
+        lr = self.scheduler.get_last_lr()[0]  # this step's; scheduler.step() moves to the next
         self.optimizer.step()
+        self.master.publish()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {**metrics, "grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0]}
+        return {**metrics, "grad_norm": float(grad_norm), "lr": lr}
 
     def accumulate_gradients(self, batch: BatchGroups) -> dict[str, float]:
         """Backward over this rank's share of the batch; gradients are the whole batch's."""
         config = self.config
-        sequences = flatten(batch, config.scale_advantages, config.seq_len)
+        sequences = flatten(
+            batch, config.scale_advantages, config.seq_len, config.require_inference_logprobs
+        )
+        without_old = sum(s.inference_logprobs is None for s in sequences)
+        if without_old and not self._warned_missing_logprobs:
+            self._warned_missing_logprobs = True
+            logger.warning(
+                "%d of %d sequences came without inference_logprobs: they train with ratio 1 "
+                "(no clipping against the policy that sampled them); counted per step as "
+                "sequences_without_inference_logprobs (--require-inference-logprobs refuses "
+                "them instead)",
+                without_old,
+                len(sequences),
+            )
         total_tokens = sum(trained_tokens(s) for s in sequences)
         local = self.parallel.shard(sequences, lambda s: len(s.tokens))
         chunks = micro_batches(
@@ -259,6 +214,7 @@ class Trainer:
             ),
             "tokens": float(total_tokens),
             "sequences": float(len(sequences)),
+            "sequences_without_inference_logprobs": float(without_old),
         }
 
     def save(self) -> Path:
@@ -272,14 +228,24 @@ class Trainer:
             self.scheduler,
         )
         self.latest_checkpoint = str(path)
+        self.committed_step = self.step
         self.records.event(EventKind.CHECKPOINT_SAVED, self.step, path=str(path))
+        # the served checkpoint is where a failed restart falls back to
+        serving = self.engine.serving if self.engine is not None else None
+        removed = prune_checkpoints(
+            self.config.save_path, self.config.keep_checkpoints, protect=[serving]
+        )
+        if removed:
+            logger.info("removed %s (--keep-checkpoints)", ", ".join(map(str, removed)))
+            if self.engine is not None:
+                self.engine.forget(removed)
         return path
 
     def checkpoint_and_restart(self) -> float:
         path = self.save()
         if self.engine is None:
             return 0.0
-        return self._restart_engine(str(path), "new weights")
+        return self.engine.restart(str(path), self.step, "new weights")
 
     def log(self, metrics: dict[str, float]) -> None:
         self.records.metrics(self.step, metrics)
@@ -337,10 +303,9 @@ class Trainer:
                 trained = time.perf_counter() - started
                 restart = 0.0
                 if main_rank:
-                    if (
-                        self.step % config.vllm_restart_interval == 0
-                        or self.step == config.training_steps
-                    ):
+                    if self.step == config.training_steps:
+                        self.save()  # the engine stops next: restarting it would be wasted
+                    elif self.step % config.vllm_restart_interval == 0:
                         restart = self.checkpoint_and_restart()
                     elif config.checkpoint_interval and self.step % config.checkpoint_interval == 0:
                         self.save()

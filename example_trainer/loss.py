@@ -28,6 +28,11 @@ from typing import Literal
 
 import torch
 
+# A log-ratio (or KL log-ratio) beyond +-20 (a factor of 5e8) is clamped, and its
+# gradient stops there: exp() of it would overflow float32 at 88, and one such token
+# would otherwise decide the whole clipped gradient of the step.
+LOG_RATIO_LIMIT = 20.0
+
 
 @dataclass
 class LossSettings:
@@ -50,11 +55,23 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
 def group_advantages(
     scores: torch.Tensor, scale: Literal["group", "none"] = "group"
 ) -> torch.Tensor:
-    """Score minus the group mean, divided by the group std when `scale == "group"`."""
-    centred = scores - scores.mean()
-    if scale == "group" and scores.numel() > 1:
-        centred = centred / (scores.std() + 1e-6)
-    return centred
+    """Score minus the group mean, divided by the group std when `scale == "group"`.
+
+    Computed in float64 with two exact cases, because float32 rounding of the mean
+    divided by a std of ~0 turned equal scores into a systematic push (`[0.9] * 16`
+    gave -0.056 each): equal scores carry no signal and give exactly 0, and a group
+    of one keeps its raw score (there is nothing to compare it with; upstream's
+    trainer does the same).
+    """
+    wide = scores.to(torch.float64)
+    if wide.numel() == 1:
+        return scores.clone()
+    if bool((wide == wide[0]).all()):
+        return torch.zeros_like(scores)
+    centred = wide - wide.mean()
+    if scale == "group":
+        centred = centred / (wide.std() + 1e-6)
+    return centred.to(scores.dtype)
 
 
 def grpo_loss(
@@ -72,9 +89,13 @@ def grpo_loss(
     `total_tokens` / `total_sequences` count the whole accumulated batch, so the
     micro-batch losses add up to the batch loss.
     """
-    mask = mask.to(logprobs.dtype)
-    old_logprobs = old_logprobs.detach()
-    ratio = torch.exp(logprobs - old_logprobs)
+    trained = mask.bool()
+    mask = trained.to(logprobs.dtype)
+    # untrained positions hold placeholders (1.0, NaN, -inf, vLLM's -9999): they are
+    # replaced before exp(), since inf * 0 weight would still be NaN in loss and grad
+    advantages = torch.where(trained, advantages, 0.0)
+    log_ratio = torch.where(trained, logprobs - old_logprobs.detach(), 0.0)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     low, high = 1.0 - settings.clip_eps, 1.0 + settings.eps_high
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, low, high) * advantages
@@ -82,7 +103,8 @@ def grpo_loss(
     pg_per_token = per_token
     kl_per_token = torch.zeros_like(per_token)
     if settings.kl_coef > 0 and ref_logprobs is not None:
-        delta = ref_logprobs.detach() - logprobs
+        delta = torch.where(trained, ref_logprobs.detach() - logprobs, 0.0)
+        delta = delta.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
         kl_per_token = torch.exp(delta) - delta - 1.0
         per_token = per_token + settings.kl_coef * kl_per_token
 
@@ -94,14 +116,14 @@ def grpo_loss(
     loss = (per_token * weights).sum()
 
     with torch.no_grad():
-        trained = mask.sum().clamp(min=1.0)
+        count = mask.sum().clamp(min=1.0)
         gradient_cut = ((advantages > 0) & (ratio > high)) | ((advantages < 0) & (ratio < low))
         metrics = {
             "pg_loss": float((pg_per_token * weights).sum()),
-            "kl": float((kl_per_token * mask).sum() / trained),
-            "clip_fraction": float((gradient_cut.to(mask.dtype) * mask).sum() / trained),
-            "logprob_mismatch": float(((logprobs - old_logprobs).abs() * mask).sum() / trained),
-            "ratio_mean": float((ratio * mask).sum() / trained),
+            "kl": float((kl_per_token * mask).sum() / count),
+            "clip_fraction": float((gradient_cut.to(mask.dtype) * mask).sum() / count),
+            "logprob_mismatch": float(log_ratio.abs().sum() / count),
+            "ratio_mean": float((ratio * mask).sum() / count),
             "tokens": float(mask.sum()),
         }
     return loss, metrics

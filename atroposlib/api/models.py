@@ -14,6 +14,9 @@ from typing import Any
 from atroposlib.protocol import PER_SEQUENCE_FIELDS, ScoredData
 from atroposlib.token_limit import exceeds_token_limit
 
+PER_TOKEN_FIELDS = ("advantages", "inference_logprobs", "ref_logprobs")
+"""Per-sequence fields with one value per token, aligned with `tokens`."""
+
 
 def _error(loc: tuple, msg: str, kind: str = "value_error") -> dict[str, Any]:
     return {"type": kind, "loc": list(loc), "msg": msg}
@@ -53,6 +56,17 @@ def group_errors(
             errors.append(
                 _error((*loc, field), f"{field} has {len(value)} entries for {n} sequences")
             )
+        elif value is not None and field in PER_TOKEN_FIELDS:
+            # the trainer reads these position by position beside the tokens: another
+            # length would be broadcast or fail deep inside its loss
+            for i, (toks, row) in enumerate(zip(group.tokens, value, strict=True)):
+                if len(row) != len(toks):
+                    errors.append(
+                        _error(
+                            (*loc, field, i),
+                            f"{field}[{i}] has {len(row)} values for {len(toks)} tokens",
+                        )
+                    )
     if group.messages is not None:
         for i, conversation in enumerate(group.messages):
             for j, message in enumerate(conversation):

@@ -80,6 +80,20 @@ def test_shapes_must_agree(client):
     assert ["body", "tokens"] in locs(post(client, {"tokens": [], "masks": [], "scores": []}))
 
 
+@pytest.mark.parametrize("field", ["advantages", "inference_logprobs", "ref_logprobs"])
+def test_per_token_fields_match_each_sequence_length(client, field):
+    """A per-token list of another length would be broadcast or crash the trainer."""
+    group = make_group(2)  # two sequences of 4 tokens
+    group[field] = [[-0.5] * 4, [-0.5, -0.7]]
+    response = post(client, group)
+    assert locs(response) == [["body", field, 1]]
+    assert field in response.text and "2" in response.text and "4" in response.text
+    group[field] = [[-0.5] * 4, [-0.5] * 5]
+    assert locs(post(client, group)) == [["body", field, 1]]
+    group[field] = [[-0.5] * 4, [-0.5] * 4]
+    assert post(client, group).status_code == 200
+
+
 def test_scores_must_be_finite(client):
     body = '{"tokens": [[1], [2]], "masks": [[1], [2]], "scores": [NaN, 1.0]}'
     response = client.post(

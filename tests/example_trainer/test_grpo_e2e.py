@@ -84,7 +84,8 @@ def test_grpo_loop_checkpoints_restarts_and_resumes(api_factory, tiny_model_path
     text = train_beside_env(command, api.url, port, tmp_path, "trainer.log")
     assert (save / "step-2" / "model.safetensors").exists()
     assert (save / "step-4" / "trainer_state.pt").exists()
-    assert f"--model {save}/step-2" in text and f"--model {save}/step-4" in text
+    assert f"--model {save}/step-2" in text
+    assert f"--model {save}/step-4" not in text, "the last step restarted the engine"
     assert metric_steps(save) == [1, 2, 3, 4]
     events = [
         (e.kind.value, e.step, e.detail.get("reason")) for e in read_events(save / "events.jsonl")
@@ -94,7 +95,6 @@ def test_grpo_loop_checkpoints_restarts_and_resumes(api_factory, tiny_model_path
         ("checkpoint_saved", 2, None),
         ("engine_restarted", 2, "new weights"),
         ("checkpoint_saved", 4, None),
-        ("engine_restarted", 4, "new weights"),
     ]
     from transformers import AutoModelForCausalLM
 
@@ -115,6 +115,10 @@ def metric_steps(save: Path) -> list[int]:
     return [row.step for row in read_metrics(save / "metrics.jsonl")]
 
 
+def restarts(save: Path) -> list:
+    return [e for e in read_events(save / "events.jsonl") if e.kind.value == "engine_restarted"]
+
+
 @pytest.mark.slow
 def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model_path, tmp_path):
     import signal
@@ -133,11 +137,14 @@ def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model
         wait_until(lambda: metric_steps(save), 240, "the trainer finished no step", poll_s=0.2)
         engine_pid = int(engine_processes(port)[0].split()[0])
         os.kill(engine_pid, signal.SIGKILL)
+        # queued batches may train a step or two before the death is noticed: wait for the
+        # restart itself, then for a step after it
+        wait_until(lambda: restarts(save), 240, "the dead engine was not restarted", poll_s=0.2)
         done = len(metric_steps(save))
         wait_until(
-            lambda: len(metric_steps(save)) >= done + 2,
+            lambda: len(metric_steps(save)) > done,
             240,
-            "training stalled after the engine died",
+            "training stalled after the engine restart",
             poll_s=0.2,
         )
         trainer.send_signal(signal.SIGINT)
@@ -148,8 +155,7 @@ def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model
             trainer.kill()
     text = (tmp_path / "trainer.log").read_text()
     assert "inference engine died" in text
-    restarts = [e for e in read_events(save / "events.jsonl") if e.kind.value == "engine_restarted"]
-    assert [e.detail["reason"] for e in restarts] == ["engine died"]
+    assert [e.detail["reason"] for e in restarts(save)] == ["engine died"]
     last = metric_steps(save)[-1]
     assert any((save / f"step-{s}" / "trainer_state.pt").exists() for s in (last, last + 1))
     assert engine_processes(port) == []

@@ -208,3 +208,42 @@ def test_grpo_steps_raise_the_rewarded_completion(tiny_model_path):
     after = sequence_logprobs()
     assert after[0] > before[0] + 1.0, (before, after)
     assert all(after[i] < before[i] for i in (1, 2, 3))
+
+
+@pytest.mark.parametrize("sentinel", [math.nan, math.inf, -math.inf, 1e9, -1e9, -9999.0])
+def test_extreme_values_at_masked_positions_change_nothing(sentinel):
+    """T3: exp() of a masked position's placeholder used to reach the loss as inf * 0 = NaN."""
+    mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1]], dtype=torch.bool)
+    advantages = torch.tensor([[-1.0] * 4, [2.0] * 4])
+    clean_old = torch.tensor([[-1.0, -0.5, -2.0, -1.0], [-1.0, -1.0, -0.1, -3.0]])
+    clean_ref = clean_old - 0.3
+    settings = LossSettings(kl_coef=0.1, clip_eps_high=0.28)
+
+    def run(old: torch.Tensor, ref: torch.Tensor):
+        logp = torch.tensor([[-95.0, -0.6, -1.8, -0.2], [-0.3, -88.0, -0.2, -2.5]])
+        logp.requires_grad_(True)
+        loss, metrics = grpo_loss(logp, old, advantages, mask, settings, 4, 2, ref_logprobs=ref)
+        loss.backward()
+        return loss, logp.grad, metrics
+
+    poisoned_old = torch.where(mask, clean_old, torch.tensor(sentinel))
+    poisoned_ref = torch.where(mask, clean_ref, torch.tensor(sentinel))
+    loss, grad, metrics = run(poisoned_old, poisoned_ref)
+    clean_loss, clean_grad, clean_metrics = run(clean_old, clean_ref)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert loss.item() == clean_loss.item() and torch.equal(grad, clean_grad)
+    assert metrics == clean_metrics
+
+
+def test_equal_scores_give_exactly_zero_advantages():
+    """T4: the float32 mean of [0.9] * 16 is off by one ulp; divided by ~0 that was -0.056."""
+    for scores in ([0.9] * 16, [0.3] * 7, [1e6 + 0.1] * 5):
+        for scale in ("group", "none"):
+            advantages = group_advantages(torch.tensor(scores), scale)
+            assert torch.count_nonzero(advantages) == 0, (scores, scale, advantages)
+
+
+def test_a_group_of_one_keeps_its_raw_score():
+    """T5: upstream trains a singleton group on its score (there is no group to compare to)."""
+    for scale in ("group", "none"):
+        assert group_advantages(torch.tensor([0.75]), scale).tolist() == [0.75]

@@ -1,0 +1,129 @@
+"""The trainer's inference engine: started on the base model, restarted from checkpoints.
+
+A restart that fails is tried again (`RESTART_ATTEMPTS` in all); when every try
+fails, the engine goes back to the last checkpoint it served healthily, so the
+environments keep sampling (from a slightly older policy, which the importance
+ratio accounts for) and the next restart interval tries the new weights again.
+Only when that fallback fails too does the run stop with `EngineError`; the
+checkpoint is saved by then, so `--resume` continues from it. Every start,
+restart and failed attempt is a `RunRecords` event.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from atroposlib.trainer_contract import EventKind, RunRecords
+from example_trainer.config import TrainingConfig
+
+logger = logging.getLogger("example_trainer")
+
+RESTART_ATTEMPTS = 2
+
+
+class Engine:
+    """One engine subprocess and the checkpoints it served; see the module docstring."""
+
+    def __init__(self, config: TrainingConfig, records: RunRecords) -> None:
+        from atroposlib.inference.launcher import EngineConfig, EngineProcess
+
+        threads = (
+            ["--num-threads", str(config.num_threads)]
+            if config.num_threads and config.inference_engine == "transformers"
+            else []
+        )
+        self.process = EngineProcess(
+            EngineConfig(
+                engine=config.inference_engine,
+                served_model_name=config.served_model_name or config.model_name,
+                port=config.vllm_port,
+                python=config.inference_python or sys.executable,
+                max_model_len=config.max_model_len or config.seq_len,
+                dtype=config.dtype,
+                gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                extra_args=shlex.split(config.engine_args) + threads,
+                log_path=str(Path(config.save_path) / "engine.log"),
+            )
+        )
+        Path(config.save_path).mkdir(parents=True, exist_ok=True)
+        self.records = records
+        self.served: list[str] = []  # models that came up healthy, oldest first
+
+    @property
+    def serving(self) -> str | None:
+        """The model the engine last came up healthy on."""
+        return self.served[-1] if self.served else None
+
+    def _served(self, model: str) -> None:
+        if model in self.served:
+            self.served.remove(model)
+        self.served.append(model)
+
+    def forget(self, models: list[Path]) -> None:
+        """Checkpoints that were deleted: no longer something to fall back to."""
+        gone = {str(m) for m in models}
+        self.served = [m for m in self.served if m not in gone]
+
+    def start(self, model: str, step: int) -> None:
+        self.process.start(model)
+        self._served(model)
+        self.records.event(EventKind.ENGINE_STARTED, step, model=model)
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self.process.log_tail(lines)
+
+    def restart(self, model: str, step: int, reason: str) -> float:
+        """Restart on `model`, retrying, else on the last healthy other model; seconds spent.
+
+        Raises `EngineError` when neither comes up.
+        """
+        from atroposlib.inference.launcher import EngineError
+
+        started = time.perf_counter()
+        for attempt in range(1, RESTART_ATTEMPTS + 1):
+            try:
+                self.process.restart(model)
+            except EngineError as exc:
+                self._failed(model, step, reason, attempt, exc)
+                continue
+            self._served(model)
+            self.records.event(EventKind.ENGINE_RESTARTED, step, reason=reason, model=model)
+            return time.perf_counter() - started
+        fallback = next((m for m in reversed(self.served) if m != model), None)
+        if fallback is None:
+            raise EngineError(f"the engine did not come up on {model} in {RESTART_ATTEMPTS} tries")
+        logger.error("the engine did not come up on %s; falling back to %s", model, fallback)
+        try:
+            self.process.restart(fallback)
+        except EngineError as exc:
+            self._failed(fallback, step, f"fallback: {reason}", 1, exc)
+            raise EngineError(
+                f"the engine did not come up on {model} in {RESTART_ATTEMPTS} tries, "
+                f"nor on the previous checkpoint {fallback}"
+            ) from exc
+        self._served(fallback)
+        self.records.event(
+            EventKind.ENGINE_RESTARTED, step, reason=f"fallback: {reason}", model=fallback
+        )
+        return time.perf_counter() - started
+
+    def _failed(self, model: str, step: int, reason: str, attempt: int, exc: Exception) -> None:
+        logger.warning("engine restart on %s failed (try %d): %s", model, attempt, exc)
+        self.records.event(
+            EventKind.ENGINE_RESTART_FAILED,
+            step,
+            reason=reason,
+            model=model,
+            attempt=attempt,
+            error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
+
+    def stop(self) -> None:
+        self.process.stop()

@@ -1,0 +1,125 @@
+"""The policy the trainer updates: model and tokenizer, LoRA adapters, optimizer, master weights.
+
+bfloat16 runs keep an fp32 master copy of every trainable parameter that is
+stored narrower (`MasterWeights`): AdamW's steps at a typical RL learning rate
+(1e-6) are far below half a bf16 ulp of most weights, so updating bf16 weights in
+place rounds almost all of them away. The optimizer steps the fp32 copies and the
+model (what the forward pass, DDP and checkpoints see) gets their bf16 rounding,
+so small steps add up until they move the served weights.
+
+A LoRA checkpoint holds merged weights for the engine plus the adapter itself
+(`checkpoint.ADAPTER_DIR`); resuming puts that adapter back on the base model,
+so the optimizer's saved moments meet the parameters they belong to.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+
+import torch
+
+from example_trainer.checkpoint import ADAPTER_DIR
+from example_trainer.config import TrainingConfig
+
+logger = logging.getLogger("example_trainer")
+
+
+def require(module: str, flag: str):
+    """The module, or a SystemExit that says which pip package `flag` needs."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise SystemExit(f"{flag} needs the {module} package: pip install {module}") from exc
+
+
+def build_optimizer(params: list[torch.nn.Parameter], config: TrainingConfig):
+    """The optimizer `--optimizer` names, over `params` (the fp32 masters where there are any)."""
+    if config.optimizer == "adamw_8bit":
+        bnb = require("bitsandbytes", "--optimizer adamw_8bit")
+
+        return bnb.optim.AdamW8bit(params, lr=config.lr)
+    if config.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=config.lr, relative_step=False, scale_parameter=False)
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+
+
+class MasterWeights:
+    """fp32 copies of the trainable parameters stored in a narrower dtype.
+
+    Parameters already in fp32 (all of them in an fp32 run, LoRA adapters, which
+    peft keeps in fp32) are their own master and cost nothing.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.pairs = [
+            (p, p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float()))
+            for p in model.parameters()
+            if p.requires_grad
+        ]
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """What the optimizer steps."""
+        return [master for _, master in self.pairs]
+
+    def take_grads(self) -> None:
+        """Move the model's gradients onto the masters, widened to fp32."""
+        for param, master in self.pairs:
+            if master is not param:
+                master.grad = None if param.grad is None else param.grad.float()
+                param.grad = None
+
+    @torch.no_grad()
+    def publish(self) -> None:
+        """Round the masters into the model's own parameters after an optimizer step."""
+        for param, master in self.pairs:
+            if master is not param:
+                param.copy_(master)
+
+
+def load_policy(config: TrainingConfig, device: torch.device):
+    """(model, tokenizer, restore_optimizer): the policy to train, on `device`.
+
+    `restore_optimizer` is False only for an old LoRA checkpoint without its
+    adapter: fresh adapters cannot take another adapter's moments.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+    source = config.resume or config.model_name
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if config.weight_bridge_mode != "lora_restart":
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+        return model, tokenizer, True
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    adapter = Path(config.resume) / ADAPTER_DIR if config.resume else None
+    if adapter is not None and adapter.is_dir():
+        # the checkpoint's weights already include the adapter: it goes on the base
+        base = AutoModelForCausalLM.from_pretrained(config.model_name, dtype=dtype).to(device)
+        model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
+        return model.to(device), tokenizer, True
+    base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+    model = get_peft_model(
+        base,
+        LoraConfig(
+            r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            target_modules=config.lora_target_modules.split(","),
+            task_type="CAUSAL_LM",
+        ),
+    )
+    if config.resume:
+        logger.warning(
+            "%s holds no LoRA adapter (%s/): training fresh adapters on its merged "
+            "weights, with a fresh optimizer state",
+            config.resume,
+            ADAPTER_DIR,
+        )
+        return model, tokenizer, False
+    return model, tokenizer, True

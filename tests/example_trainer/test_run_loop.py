@@ -1,0 +1,167 @@
+"""The training loop's edges: engine restarts that fail, the last step, pruning, the logged lr.
+
+The engine is the real CPU engine (`--inference-engine transformers`) on the tiny
+model; a checkpoint it cannot load is a directory with a config and no weights.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from atroposlib.inference.launcher import EngineError  # noqa: E402
+from atroposlib.trainer_contract import read_events  # noqa: E402
+from example_trainer.checkpoint import prune_checkpoints  # noqa: E402
+from example_trainer.config import TrainingConfig  # noqa: E402
+from example_trainer.grpo import Trainer  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.trainer_batches import rollout_group  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
+
+
+def make_trainer(model: Path, save: Path, **overrides) -> Trainer:
+    settings = {
+        "model_name": str(model),
+        "save_path": str(save),
+        "device": "cpu",
+        "inference_engine": "none",
+        "lr": 1e-3,
+        "batch_size": 2,
+        "seq_len": 32,
+        "num_threads": 1,
+        "served_model_name": "tiny",
+        **overrides,
+    }
+    return Trainer(TrainingConfig(**settings))
+
+
+def with_engine(model: Path, save: Path, **overrides) -> Trainer:
+    return make_trainer(
+        model, save, inference_engine="transformers", vllm_port=free_port(), **overrides
+    )
+
+
+def events(save: Path) -> list[tuple]:
+    return [
+        (e.kind.value, e.step, e.detail.get("reason"), Path(e.detail.get("model", "")).name)
+        for e in read_events(save / "events.jsonl")
+    ]
+
+
+def kill_engine(trainer: Trainer) -> None:
+    """SIGKILL the engine process by its port, as an outside crash would."""
+    port = trainer.config.vllm_port
+    found = subprocess.run(
+        ["pgrep", "-f", f"atroposlib.cli.inference_server.*--port {port}"],
+        capture_output=True,
+        text=True,
+    )
+    for pid in found.stdout.split():
+        os.kill(int(pid), signal.SIGKILL)
+    wait_until(lambda: not trainer.engine.alive(), 30, "the engine outlived SIGKILL")
+
+
+def unloadable(model: Path, where: Path) -> Path:
+    """A checkpoint directory the engine cannot load: the config without the weights."""
+    where.mkdir(parents=True)
+    shutil.copy(model / "config.json", where / "config.json")
+    return where
+
+
+def test_a_failed_restart_is_retried_then_falls_back_then_gives_up(tiny_model_path, tmp_path):
+    """§1.8: a restart that failed used to raise out of the run at once."""
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_path, base)
+    save = tmp_path / "ckpt"
+    trainer = with_engine(base, save)
+    try:
+        trainer.start_engine()
+        trainer.latest_checkpoint = str(unloadable(base, save / "step-3"))
+        kill_engine(trainer)
+        trainer.ensure_engine()  # two tries on step-3, then back to the base model
+        assert trainer.engine.alive()
+        assert events(save)[1:] == [
+            ("engine_restart_failed", 0, "engine died", "step-3"),
+            ("engine_restart_failed", 0, "engine died", "step-3"),
+            ("engine_restarted", 0, "fallback: engine died", "base"),
+        ]
+        (base / "model.safetensors").unlink()  # now the fallback cannot load either
+        kill_engine(trainer)
+        with pytest.raises(EngineError, match="nor on the previous checkpoint"):
+            trainer.ensure_engine()
+        assert [e[0] for e in events(save)[4:]] == ["engine_restart_failed"] * 3
+    finally:
+        trainer.engine.stop()
+
+
+def post_groups(client, count: int) -> None:
+    for _ in range(count):
+        assert client.post("/scored_data", json=rollout_group()).is_success
+
+
+def test_the_last_step_saves_without_restarting_the_engine(api, client, tiny_model_path, tmp_path):
+    """§1.8: the last step restarted the engine only for the run's end to stop it."""
+    save = tmp_path / "ckpt"
+    trainer = with_engine(
+        tiny_model_path, save, atropos_url=api.url, training_steps=2, vllm_restart_interval=1
+    )
+    post_groups(client, 2)
+    trainer.run()
+    assert events(save) == [
+        ("engine_started", 0, None, tiny_model_path.name),
+        ("checkpoint_saved", 1, None, ""),
+        ("engine_restarted", 1, "new weights", "step-1"),
+        ("checkpoint_saved", 2, None, ""),
+    ]
+    assert (save / "step-2" / "model.safetensors").exists()
+    assert not trainer.engine.alive()
+
+
+def test_keep_checkpoints_prunes_all_but_the_newest(api, client, tiny_model_path, tmp_path):
+    """§1.8: every restart interval wrote a full checkpoint and none was ever removed."""
+    save = tmp_path / "ckpt"
+    trainer = make_trainer(
+        tiny_model_path,
+        save,
+        atropos_url=api.url,
+        training_steps=4,
+        vllm_restart_interval=1,
+        keep_checkpoints=2,
+    )
+    post_groups(client, 4)
+    trainer.run()
+    assert sorted(p.name for p in save.glob("step-*")) == ["step-3", "step-4"]
+    resumed = make_trainer(tiny_model_path, save, resume=str(save / "step-4"))
+    assert resumed.step == 4
+
+
+def test_pruning_spares_the_served_checkpoint_and_what_is_not_a_checkpoint(
+    tiny_model_path, tmp_path
+):
+    trainer = make_trainer(tiny_model_path, tmp_path)
+    for step in (1, 2, 3, 4):
+        trainer.step = step
+        trainer.save()
+    (tmp_path / ".step-5.partial").mkdir()
+    (tmp_path / "step-0").mkdir()  # no trainer state: not a checkpoint of this trainer
+    assert prune_checkpoints(tmp_path, 0) == []
+    removed = prune_checkpoints(tmp_path, 1, protect=[tmp_path / "step-2", None])
+    assert sorted(p.name for p in removed) == ["step-1", "step-3"]
+    left = sorted(p.name for p in tmp_path.iterdir() if "step" in p.name)
+    assert left == [".step-5.partial", "step-0", "step-2", "step-4"]
+
+
+def test_the_logged_learning_rate_is_the_one_the_step_used(tiny_model_path, tmp_path):
+    """§1.7: the metric was read after scheduler.step(), i.e. the next step's lr."""
+    trainer = make_trainer(tiny_model_path, tmp_path, lr=1e-2, warmup_steps=4)
+    for step in range(6):
+        used = trainer.optimizer.param_groups[0]["lr"]
+        assert used == pytest.approx(1e-2 * min(1.0, (step + 1) / 4))
+        assert trainer.train_step([rollout_group()])["lr"] == used
