@@ -310,10 +310,10 @@ class RunState:
         if idempotency_key is not None:
             change.idempotency = (idempotency_key, response)
         self.store.write(change)
-        self._apply_accept(change, newly_queued)
-        if idempotency_key is not None:
-            self.idempotency[idempotency_key] = (response, time.time())
+        if idempotency_key is not None:  # committed: a retry must get this answer, even if
+            self.idempotency[idempotency_key] = (response, time.time())  # applying fails
             self._maybe_prune_idempotency()
+        self._apply_accept(change, newly_queued)
         return response
 
     def _plan_accept(
@@ -381,10 +381,13 @@ class RunState:
         self.counters["groups_received"] += len(change.inserts)
         self.counters["sequences_received"] += sum(r.size for r, _ in change.inserts)
         if newly_queued:
+            self.version += 1
             bodies = {row.id: body for row, body in change.inserts}
             last = newly_queued[-1]
-            self.latest = bodies.get(last.id) or self.store.bodies([last.id])[0]
-            self.version += 1
+            try:  # only /latest_example reads it: a failed read must not fail the post
+                self.latest = bodies.get(last.id) or self.store.bodies([last.id])[0]
+            except OSError as exc:
+                logger.warning("cannot read the latest group for /latest_example: %s", exc)
 
     def _maybe_prune_idempotency(self) -> None:
         self._writes_since_prune += 1
