@@ -47,7 +47,7 @@ def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
     assert "Sample rollouts: end of training" in page
     numbers = json.loads((run_dir / "summary.json").read_text())
     assert numbers["steps"] == 4 and numbers["learned"] is None and numbers["seed"] == 0
-    assert numbers["engine_restarts"] == 2 and numbers["checkpoints_saved"] == 2
+    assert numbers["engine_restarts"] == 1 and numbers["checkpoints_saved"] == 2  # not at the end
     assert "too few steps to judge learning (4 < 20)" in numbers["verdict"]
     machine = numbers["machine"]
     assert machine["cpu"] and machine["torch_cpu_capability"] and machine["transformers_version"]

@@ -12,8 +12,7 @@ import openai
 import pytest
 
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from tests.envs.server_handling.test_server_baseline import ScriptedServer
-from tests.envs.server_handling.test_server_manager import QUESTION, server_config
+from tests.support.inference_servers import QUESTION, ScriptedServer, server_config
 from tests.support.ports import free_port
 from tests.support.processes import InferenceProcess
 from tests.support.waiting import wait_until_async

@@ -15,7 +15,7 @@ import pytest
 from atroposlib.envs.server_handling.managed_server import ManagedServer
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
-from tests.envs.server_handling.test_server_manager import QUESTION, server_config
+from tests.support.inference_servers import QUESTION, server_config
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

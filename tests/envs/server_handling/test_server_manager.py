@@ -13,6 +13,7 @@ from atroposlib.envs.server_handling.server_manager import (
     resolve_server_configs,
     slurm_server_configs,
 )
+from tests.support.inference_servers import QUESTION, server_config
 from tests.support.ports import free_port
 from tests.support.processes import InferenceProcess
 from tests.support.waiting import wait_until_async
@@ -20,16 +21,6 @@ from tests.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-
-QUESTION = [
-    {"role": "system", "content": "Answer with one digit."},
-    {"role": "user", "content": "What is 2 + 5 mod 10?"},
-]
-
-
-def server_config(url: str, **overrides) -> APIServerConfig:
-    values = dict(base_url=f"{url}/v1", model_name="tiny", server_type="vllm", timeout=60)
-    return APIServerConfig(**{**values, **overrides})
 
 
 def test_where_servers_come_from():

@@ -7,7 +7,7 @@ import asyncio
 
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from tests.envs.server_handling.test_server_manager import server_config
+from tests.support.inference_servers import server_config
 
 # High temperature and no EOS: eight tokens each, so two parts that share a seed are equal
 # and two with different seeds differ.
