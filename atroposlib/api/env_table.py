@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from atroposlib.protocol import RegisterEnv
 
 logger = logging.getLogger("atroposlib.api")
+
+MIN_ENV_WEIGHT = 0.01
 
 
 @dataclass
@@ -99,3 +102,36 @@ class EnvTable:
         env = self.records[env_id]
         total = sum(e.max_context_len * max(0.0, e.weight) for e in self.live())
         return env.max_context_len * env.weight / total if total > 0 else 0.0
+
+    def status_numbers(
+        self,
+        env_id: int,
+        size_counts: Counter[int],
+        env_sizes: dict[int | None, Counter[int]],
+        min_sequences: dict[int, int],
+    ) -> dict[str, Any]:
+        """Upstream's `/status-env` numbers from the queue's group sizes per env.
+
+        A pure read: like upstream, the largest group this env has queued counts as its
+        group size when that exceeds the registered one, but it is computed, not saved.
+        """
+        env = self.records[env_id]
+        max_group_size = max([1, *(s for s, c in size_counts.items() if c > 0)])
+        own_sizes = env_sizes.get(env_id, Counter())
+        group_size = max([env.group_size, *(s for s, c in own_sizes.items() if c > 0)])
+        own_sequences = sum(s * c for s, c in own_sizes.items())
+        from_others = 0
+        for other, sizes in env_sizes.items():
+            if other == env_id:
+                continue
+            sequences = sum(s * c for s, c in sizes.items())
+            if sequences:
+                packed = math.ceil(sequences / max_group_size) * max_group_size
+                from_others += max(0, packed - min_sequences.get(other, 0))
+        return {
+            "queue_size": (own_sequences + from_others) // group_size,
+            "unallocated_fraction": 1.0 - min(1.0, sum(self.min_allocations().values())),
+            "self_queue_size": own_sequences // group_size,
+            "max_group_size": max_group_size,
+            "env_weight": max(MIN_ENV_WEIGHT, self.weight_of(env_id)),
+        }

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import uuid
 from collections import Counter
@@ -25,14 +24,15 @@ from dataclasses import replace
 from typing import Any
 
 from atroposlib.api.env_table import EnvTable
+from atroposlib.api.intake import plan_intake
 from atroposlib.api.models import group_errors
-from atroposlib.api.packing import find_subset_summing_to, plan_batch
+from atroposlib.api.packing import plan_batch
+from atroposlib.api.runs import run_name, run_refusal
 from atroposlib.api.store import GroupRow, GroupStore, WriteSet
 from atroposlib.protocol import EMPTY_EXAMPLE, RegisterEnv, Registration, ScoredData
 
 logger = logging.getLogger("atroposlib.api")
 
-MIN_ENV_WEIGHT = 0.01
 IDEMPOTENCY_PRUNE_EVERY = 1000
 
 
@@ -178,29 +178,13 @@ class RunState:
         inherit its step, its queue and its kept batches without a word.
         """
         stored = self.registration
-
-        def run(r: Registration) -> str:
-            return f"{r.wandb_group}/{r.wandb_project} (checkpoints in {r.checkpoint_dir})"
-
-        usage = (
-            "start run-api with an empty --state-dir for a new run, or GET /reset_data "
-            "to wipe this one"
-        )
-        if run(stored) != run(registration):
-            raise RunConflict(
-                f"this API's state belongs to run {run(stored)} at step {self.step}; "
-                f"trainer of run {run(registration)} refused: {usage}"
-            )
-        if registration.starting_step == 0 and self.step > 0:
-            raise RunConflict(
-                f"run {run(stored)} is at step {self.step} here, and this trainer starts "
-                f"from step 0: resume it from a checkpoint (its step is sent as "
-                f"starting_step), or {usage}"
-            )
+        refusal = run_refusal(stored, registration, self.step)
+        if refusal is not None:
+            raise RunConflict(refusal)
         logger.warning(
             "run %s resumes at step %d: %d queued groups, %d buffered, kept batches %s, "
             "%d envs known",
-            run(stored),
+            run_name(stored),
             registration.starting_step,
             len(self.queue),
             sum(len(rows) for rows in self.buffers.values()),
@@ -319,47 +303,9 @@ class RunState:
     def _plan_accept(
         self, groups: list[ScoredData], raw: bytes | None
     ) -> tuple[WriteSet, list[GroupRow], list[dict[str, Any]]]:
-        change = WriteSet(kv={})
-        buffers = {env: list(rows) for env, rows in self.buffers.items()}
-        pending: dict[int, int] = {}  # id -> index in change.inserts
-        newly_queued: list[GroupRow] = []
-        answers: list[dict[str, Any]] = []
-        next_id = self.next_id
-        for group in groups:
-            gid, next_id = next_id, next_id + 1
-            size, env = len(group.tokens), group.env_id
-            body = group.stored_json(raw if len(groups) == 1 else None)
-            expected = self.envs[env].group_size if env is not None else size
-            if size == expected:
-                row = GroupRow(id=gid, env_id=env, size=size, order=gid, buffered=False)
-                change.inserts.append((row, body))
-                newly_queued.append(row)
-                answers.append({"status": "received"})
-                continue
-            row = GroupRow(id=gid, env_id=env, size=size, order=gid, buffered=True)
-            pending[gid] = len(change.inserts)
-            change.inserts.append((row, body))
-            buffer = buffers.setdefault(env, [])
-            buffer.append(row)
-            picked = find_subset_summing_to([r.size for r in buffer], expected)
-            if picked:
-                for position in picked:
-                    member = buffer[position]
-                    promoted = GroupRow(member.id, env, member.size, order=gid, buffered=False)
-                    if member.id in pending:
-                        change.inserts[pending[member.id]] = (
-                            promoted,
-                            change.inserts[pending[member.id]][1],
-                        )
-                    else:
-                        change.promotions.append((member.id, gid))
-                    newly_queued.append(promoted)
-                chosen = set(picked)
-                buffers[env] = [r for i, r in enumerate(buffer) if i not in chosen]
-            answers.append({"status": "buffered", "buffer_size": sum(r.size for r in buffers[env])})
-        change.kv["next_id"] = next_id
-        newly_queued.sort(key=lambda r: (r.order, r.id))
-        return change, newly_queued, answers
+        return plan_intake(
+            groups, raw, self.buffers, self.next_id, lambda env: self.envs[env].group_size
+        )
 
     def _apply_accept(self, change: WriteSet, newly_queued: list[GroupRow]) -> None:
         self.next_id = change.kv["next_id"]
@@ -531,31 +477,11 @@ class RunState:
     def status_env(self, env_id: int) -> dict[str, Any]:
         if not self.envs.knows(env_id):
             raise UnknownEnv(f"unknown env_id {env_id}; register with /register-env")
-        env = self.envs[env_id]
-        weight = self.envs.weight_of(env_id)
-        min_sequences = self.min_sequences_by_env()
-        allocated = sum(self.min_allocations().values())
-        max_group_size = max([1, *(s for s, c in self.size_counts.items() if c > 0)])
-        own_sizes = self.env_sizes.get(env_id, Counter())
-        # like upstream, count in the largest group this env has queued when that exceeds
-        # its registered size; computed here, never saved: a read must not write
-        group_size = max([env.group_size, *(s for s, c in own_sizes.items() if c > 0)])
-        own_sequences = sum(s * c for s, c in own_sizes.items())
-        from_others = 0
-        for other, sizes in self.env_sizes.items():
-            if other == env_id:
-                continue
-            sequences = sum(s * c for s, c in sizes.items())
-            if sequences:
-                packed = math.ceil(sequences / max_group_size) * max_group_size
-                from_others += max(0, packed - min_sequences.get(other, 0))
         return {
             "current_step": self.step,
-            "queue_size": (own_sequences + from_others) // group_size,
-            "unallocated_fraction": 1.0 - min(1.0, allocated),
-            "self_queue_size": own_sequences // group_size,
-            "max_group_size": max_group_size,
-            "env_weight": max(MIN_ENV_WEIGHT, weight),
+            **self.envs.status_numbers(
+                env_id, self.size_counts, self.env_sizes, self.min_sequences_by_env()
+            ),
         }
 
     def info(self) -> dict[str, int]:

@@ -1,0 +1,66 @@
+"""Planning an accepted post: which groups queue at once and which wait in a buffer.
+
+Design: a group whose size differs from its env's `group_size` waits in that env's
+buffer until buffered groups sum exactly to `group_size`; they then queue together,
+in their original order. The plan is pure (nothing is written or changed here):
+`RunState` hands it to the store and applies it only once the store has committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from atroposlib.api.packing import find_subset_summing_to
+from atroposlib.api.store import GroupRow, WriteSet
+from atroposlib.protocol import ScoredData
+
+
+def plan_intake(
+    groups: list[ScoredData],
+    raw: bytes | None,
+    current_buffers: dict[int, list[GroupRow]],
+    next_id: int,
+    group_size_of: Callable[[int], int],
+) -> tuple[WriteSet, list[GroupRow], list[dict[str, Any]]]:
+    """The store's change, the groups that queue now (in order), and each post's answer."""
+    change = WriteSet(kv={})
+    buffers = {env: list(rows) for env, rows in current_buffers.items()}
+    pending: dict[int, int] = {}  # id -> index in change.inserts
+    newly_queued: list[GroupRow] = []
+    answers: list[dict[str, Any]] = []
+    for group in groups:
+        gid, next_id = next_id, next_id + 1
+        size, env = len(group.tokens), group.env_id
+        body = group.stored_json(raw if len(groups) == 1 else None)
+        expected = group_size_of(env) if env is not None else size
+        if size == expected:
+            row = GroupRow(id=gid, env_id=env, size=size, order=gid, buffered=False)
+            change.inserts.append((row, body))
+            newly_queued.append(row)
+            answers.append({"status": "received"})
+            continue
+        row = GroupRow(id=gid, env_id=env, size=size, order=gid, buffered=True)
+        pending[gid] = len(change.inserts)
+        change.inserts.append((row, body))
+        buffer = buffers.setdefault(env, [])
+        buffer.append(row)
+        picked = find_subset_summing_to([r.size for r in buffer], expected)
+        if picked:
+            for position in picked:
+                member = buffer[position]
+                promoted = GroupRow(member.id, env, member.size, order=gid, buffered=False)
+                if member.id in pending:
+                    change.inserts[pending[member.id]] = (
+                        promoted,
+                        change.inserts[pending[member.id]][1],
+                    )
+                else:
+                    change.promotions.append((member.id, gid))
+                newly_queued.append(promoted)
+            chosen = set(picked)
+            buffers[env] = [r for i, r in enumerate(buffer) if i not in chosen]
+        answers.append({"status": "buffered", "buffer_size": sum(r.size for r in buffers[env])})
+    change.kv["next_id"] = next_id
+    newly_queued.sort(key=lambda r: (r.order, r.id))
+    return change, newly_queued, answers
