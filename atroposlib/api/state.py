@@ -356,22 +356,20 @@ class RunState:
         batch_size = self.registration.batch_size if self.registration else 0
         return {env: int(batch_size * share) for env, share in self.min_allocations().items()}
 
-    def _plan_key(self) -> tuple:
-        """What a plan depends on besides the queue's version: whose minimums hold now."""
-        return (self.version, tuple(sorted(self.min_allocations().items())))
-
     def _plan(self) -> list[int] | None:
         batch_size = self.registration.batch_size
-        if self.queued_sequences < batch_size or self._no_batch_key == self._plan_key():
-            if self.queued_sequences < batch_size:
-                self.blocked_reason = None
+        if self.queued_sequences < batch_size:
+            self.blocked_reason = None
             return None
         allocations = self.min_allocations()
+        key = (self.version, tuple(sorted(allocations.items())))
+        if self._no_batch_key == key:
+            return None
         positions = plan_batch(
             [r.size for r in self.queue], [r.env_id for r in self.queue], batch_size, allocations
         )
         if positions is None:
-            self._no_batch_key = self._plan_key()
+            self._no_batch_key = key
             reason = (
                 f"{self.queued_sequences} sequences queued in groups of sizes "
                 f"{dict(sorted(self.size_counts.items()))}, but no set of whole groups "
@@ -470,7 +468,7 @@ class RunState:
 
     def _plan_if_stale(self) -> None:
         """Refresh `blocked_reason` without serving anything."""
-        if self.registration is not None and self._no_batch_key != self._plan_key():
+        if self.registration is not None:
             if self._plan() is not None:
                 self.blocked_reason = None
 

@@ -25,8 +25,7 @@ def wait_until(
         value = predicate()
         if value:
             return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{message} (waited {timeout_s}s)")
+        _fail_if_past(deadline, timeout_s, message)
         time.sleep(poll_s)
 
 
@@ -39,6 +38,10 @@ async def wait_until_async(
         value = predicate()
         if value:
             return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{message} (waited {timeout_s}s)")
+        _fail_if_past(deadline, timeout_s, message)
         await asyncio.sleep(poll_s)
+
+
+def _fail_if_past(deadline: float, timeout_s: float, message: str) -> None:
+    if time.monotonic() >= deadline:
+        raise AssertionError(f"{message} (waited {timeout_s}s)")
