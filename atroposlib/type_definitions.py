@@ -10,6 +10,8 @@ inference server and the trainer, and cost nothing at runtime.
 import sys
 from typing import Any
 
+from openai.types.chat import ChatCompletionContentPartParam
+
 if sys.version_info >= (3, 11):
     from typing import NotRequired, TypedDict
 else:  # pragma: no cover - Python 3.10
@@ -17,13 +19,23 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = [
     "UUID",
+    "AgentHistory",
     "AgentStep",
+    "Content",
+    "EvaluationConfigGeneral",
+    "EvaluationMetrics",
+    "EvaluationResults",
+    "EvaluationSample",
+    "GameHistory",
     "GameStep",
     "Item",
     "Message",
     "Observation",
     "number",
 ]
+
+Content = str | list[ChatCompletionContentPartParam]
+"""A message's content: plain text, or OpenAI content parts (text and images)."""
 
 Item = Any
 """One unit of work an environment hands out (a dataset row, a prompt, a game seed...)."""
@@ -36,37 +48,84 @@ UUID = str
 
 
 class Message(TypedDict):
-    """One chat message, as chat templates and OpenAI-style APIs take it."""
+    """One chat message, as chat templates and OpenAI-style APIs take it.
+
+    Roles are not restricted: game environments also use "agent" and "environment".
+    """
 
     role: str
-    content: str
+    content: Content
     reward: NotRequired[float | None]
 
 
-class Observation(TypedDict, total=False):
-    """What an agent perceives at one step: text, an image, or both."""
+class AgentStep(TypedDict, total=False):
+    """One step of one agent: its number, the messages exchanged and the reward it got."""
 
-    text: str
-    image: Any
-    """An image as the environment supplies it (e.g. a base64 string, bytes or a PIL image)."""
-    metadata: dict[str, Any]
+    step: int
+    messages: list[Message]
+    reward: float
 
 
-class GameStep(TypedDict, total=False):
-    """One transition of a game environment."""
+AgentHistory = dict[str, list[AgentStep]]
+"""Each agent's steps, by agent id (e.g. "Player 1")."""
 
+
+class Observation(TypedDict):
+    """What an agent perceives at one step: the raw state, and its rendering for an LLM."""
+
+    raw: dict[str, Any]
+    rendered: Content
+
+
+class GameStep(TypedDict):
+    """One (state, action, reward) transition of a game, with its metadata.
+
+    ``reward`` is one number, or one per agent name; ``done`` marks the end of the game.
+    """
+
+    step: int
+    agent_id: str
     observation: Observation
     action: str
-    reward: float
+    reward: float | dict[str, float]
     done: bool
     info: dict[str, Any]
 
 
-class AgentStep(TypedDict, total=False):
-    """One step of an agent: the conversation so far, the action it took and its outcome."""
+GameHistory = list[GameStep]
+"""A game as the list of its steps."""
 
-    messages: list[Message]
-    action: str
-    reward: float
-    done: bool
-    info: dict[str, Any]
+
+class EvaluationConfigGeneral(TypedDict):
+    """The ``config_general`` section of an evaluation's metrics file."""
+
+    total_evaluation_time_seconds: str
+    model_name: str | None
+    generation_parameters: dict[str, Any]
+
+
+class EvaluationResults(TypedDict):
+    """The ``results`` section of an evaluation's metrics file; ``all`` aggregates every task."""
+
+    all: dict[str, float]
+
+
+class EvaluationMetrics(TypedDict):
+    """An evaluation's metrics file (``metrics.json``) as a whole."""
+
+    config_general: EvaluationConfigGeneral
+    results: EvaluationResults
+
+
+class EvaluationSample(TypedDict, total=False):
+    """One evaluated sample, a line of the samples jsonl; every field is optional."""
+
+    messages: list[dict[str, str]] | None
+    question: str | None
+    gold_answer: str | None
+    gold_parsed: str | None
+    model_parsed: str | None
+    score: int | None
+    correct: bool | None
+    finish_reason: str | None
+    response_after_think: str | None

@@ -136,7 +136,7 @@ class GSM8KEnv(BaseEnv):
             correct += score(
                 chat.choices[0].message.content or "", reference_answer(item["answer"])
             )
-        self.evaluate_log({"eval/accuracy": correct / max(1, len(self.test))})
+        await self.evaluate_log({"eval/accuracy": correct / max(1, len(self.test))})
 
 
 if __name__ == "__main__":

@@ -174,7 +174,7 @@ class ModArithmeticEnv(BaseEnv):
 
         samples = await asyncio.gather(*(one(a, b) for a, b in self.eval_problems))
         accuracy = sum(s["score"] for s in samples) / len(samples)
-        self.evaluate_log(
+        await self.evaluate_log(
             {"eval/accuracy": accuracy},
             start_time=started,
             end_time=time.time(),

@@ -1,4 +1,11 @@
-"""The trainer's side of the trajectory API: /register with retries, then /batch by step."""
+"""The trainer's side of the trajectory API: /register with retries, then /batch by step.
+
+Asking `/batch?step=N&committed=K` is our lease (docs/api.md); upstream's server
+ignores the query and serves its next batch, which is what a plain `/batch` gets,
+so the same request works against both. A server that refuses the lease
+parameters with a 4xx gets plain `/batch` from then on (with one WARNING), and
+any other 4xx stops the trainer with the API's answer.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,17 @@ from atroposlib.protocol import Batch, Registration, ScoredData
 from example_trainer.config import TrainingConfig
 
 logger = logging.getLogger("example_trainer")
+
+
+LEASE_REFUSALS = frozenset({400, 404, 405, 422})
+"""Answers of a server that does not know `?step=&committed=` (and would not use them)."""
+
+
+class BatchAnswer(Batch):
+    """`/batch`'s answer, with the `status`/`message` both servers add before a /register."""
+
+    status: str | None = None
+    message: str | None = None
 
 
 class APIRefused(RuntimeError):
@@ -44,6 +62,8 @@ class TrajectoryAPI:
         key = os.environ.get("ATROPOS_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60)
+        self.leases = True
+        """False once the API refused the lease parameters: plain /batch from then on."""
 
     def register(self, config: TrainingConfig, starting_step: int) -> None:
         payload = Registration(
@@ -82,6 +102,35 @@ class TrajectoryAPI:
         same batch again instead of skipping it.
         """
         params = {k: v for k, v in (("step", step), ("committed", committed)) if v is not None}
+        response = self._get_batch(params if self.leases else {})
+        if response is None:
+            return None
+        if params and self.leases and response.status_code in LEASE_REFUSALS:
+            self.leases = False
+            logger.warning(
+                "the API refused /batch?step=&committed= (HTTP %d: %s); asking plain /batch "
+                "from now on, so a lost answer or a resume can skip a batch",
+                response.status_code,
+                response.text[:200],
+            )
+            response = self._get_batch({})
+            if response is None:
+                return None
+        if not response.is_success:
+            raise _refusal(response)
+        try:
+            answer = BatchAnswer.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise APIRefused(f"/batch answered a malformed batch: {exc}") from exc
+        if answer.status == "error":  # upstream's answer when no trainer is registered
+            raise APIRefused(
+                f"/batch answered an error: {answer.message or response.text[:200]} "
+                "(was the API restarted without its state since this trainer registered?)"
+            )
+        return answer.batch
+
+    def _get_batch(self, params: dict[str, int]) -> httpx.Response | None:
+        """GET /batch; None (after a WARNING) when it cannot be reached or answers 5xx."""
         try:
             response = self.http.get("/batch", params=params)
         except httpx.TransportError as exc:
@@ -90,12 +139,7 @@ class TrajectoryAPI:
         if response.status_code >= 500:
             logger.warning("/batch answered HTTP %d: %s", response.status_code, response.text[:200])
             return None
-        if not response.is_success:
-            raise _refusal(response)
-        try:
-            return Batch.model_validate_json(response.content).batch
-        except ValidationError as exc:
-            raise APIRefused(f"/batch answered a malformed batch: {exc}") from exc
+        return response
 
     def status(self) -> dict[str, Any] | str:
         """The API's /status, or why it could not be read (for "still waiting" notes)."""

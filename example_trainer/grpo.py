@@ -27,7 +27,7 @@ from atroposlib.protocol import ScoredData
 from atroposlib.trainer_contract import EventKind, RunRecords
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
-from example_trainer.api import TrajectoryAPI
+from example_trainer.api import APIRefused, TrajectoryAPI
 from example_trainer.checkpoint import load_trainer_state, prune_checkpoints, save_checkpoint
 from example_trainer.config import TrainingConfig
 from example_trainer.data import BatchGroups, flatten, micro_batches, trained_tokens
@@ -336,7 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(config)
     if not trainer.parallel.is_main:
         logging.getLogger().setLevel(logging.WARNING)
-    trainer.run()
+    try:
+        trainer.run()
+    except APIRefused as exc:  # the API's answer says what is wrong; a traceback adds nothing
+        print(f"atropos-grpo: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

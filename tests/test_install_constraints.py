@@ -12,7 +12,8 @@ from packaging.requirements import Requirement  # noqa: E402
 from packaging.utils import canonicalize_name  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-EXTRAS_INSTALLED = ("dev", "inference", "trainer", "wandb", "optim")  # scripts/test.sh, via dev
+# what scripts/test.sh installs (via dev)
+EXTRAS_INSTALLED = ("dev", "inference", "trainer", "wandb", "optim", "envs")
 
 
 def pins(path: Path) -> dict[str, str]:

@@ -1,27 +1,23 @@
 """The trajectory API. `from atroposlib.api import app` gives the FastAPI application.
 
-The module-level `app` is built on first access from `$ATROPOS_API_SETTINGS` (JSON of
-`APISettings`, used by `run-api --reload`) or the defaults, so importing helpers such
-as `atroposlib.api.utils` does not build a server.
+The application itself is defined once, lazily, in `atroposlib.api.server` (so that
+`uvicorn atroposlib.api.server:app`, upstream's documented target, works too); this
+package only forwards to it, so importing helpers such as `atroposlib.api.utils`
+builds no server.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-SETTINGS_ENV = "ATROPOS_API_SETTINGS"
-_app = None
+from atroposlib.api.settings import SETTINGS_ENV
+
+__all__ = ["SETTINGS_ENV", "app"]
 
 
 def __getattr__(name: str) -> Any:
-    global _app
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if _app is None:
-        from atroposlib.api.server import create_app
-        from atroposlib.api.settings import APISettings
+    from atroposlib.api import server
 
-        raw = os.environ.get(SETTINGS_ENV)
-        _app = create_app(APISettings.model_validate_json(raw) if raw else APISettings())
-    return _app
+    return server.app

@@ -3,7 +3,8 @@
 The fields themselves are defined once in `atroposlib.protocol`. Cross-field rules
 (shapes that must agree, finite scores, messages with role/content, the token
 limit) live in `group_errors`, which returns errors in FastAPI's 422 format so
-each one names the offending field.
+each one names the offending field. `messages: []` is the one length exception:
+upstream's API and its SFT clients use it to mean "no conversation".
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def group_errors(
             errors.append(_error((*loc, "scores", i), f"score must be finite, got {score}"))
     for field in PER_SEQUENCE_FIELDS:
         value = getattr(group, field)
+        if field == "messages" and value == []:
+            continue  # upstream's "no conversation": accepted and passed on as []
         if value is not None and len(value) != n:
             errors.append(
                 _error((*loc, field), f"{field} has {len(value)} entries for {n} sequences")

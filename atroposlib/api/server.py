@@ -4,6 +4,10 @@ Handlers stay thin: parse, call one `RunState` method, answer. Scored data is
 parsed and validated straight from bytes by pydantic (in Rust), and batches are
 answered with pre-serialised group JSON joined together, so neither direction
 builds Python objects for tokens.
+
+The module-level `app` (upstream's `uvicorn atroposlib.api.server:app`) is built on
+first access, from `settings_from_environment()`, so importing `create_app` builds
+nothing; the store itself opens only when an app starts serving.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pydantic import ValidationError
 
 from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.middleware import RequestGuard
-from atroposlib.api.settings import APISettings
+from atroposlib.api.settings import APISettings, settings_from_environment
 from atroposlib.api.state import (
     InvalidGroups,
     QueueFull,
@@ -75,6 +79,7 @@ def _validation_answer(exc: ValidationError, prefix: tuple = ("body",)) -> JSONR
 
 
 def create_app(settings: APISettings | None = None) -> FastAPI:
+    """The API over `settings` (default: `run-api`'s); its store opens at start-up."""
     settings = (settings or APISettings()).resolved()
     service = ApiService(settings)
 
@@ -249,3 +254,15 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
         known_paths=known,
     )
     return app
+
+
+_app: FastAPI | None = None
+
+
+def __getattr__(name: str) -> Any:
+    global _app
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _app is None:
+        _app = create_app(settings_from_environment())
+    return _app

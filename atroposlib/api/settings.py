@@ -8,6 +8,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+SETTINGS_ENV = "ATROPOS_API_SETTINGS"
+"""Environment variable holding `APISettings` as JSON for an app that uvicorn imports
+(`run-api --reload` sets it); unset, the module-level app uses run-api's defaults."""
+
 
 class APISettings(BaseModel):
     host: str = Field(
@@ -80,6 +84,12 @@ class APISettings(BaseModel):
             "read batches or wipe the run. Pass --api-key KEY (or set ATROPOS_API_KEY), or "
             "--insecure to accept the risk."
         )
+
+
+def settings_from_environment() -> APISettings:
+    """`$ATROPOS_API_SETTINGS` if set, else the defaults `run-api` starts with."""
+    raw = os.environ.get(SETTINGS_ENV)
+    return APISettings.model_validate_json(raw) if raw else APISettings()
 
 
 def is_loopback(host: str) -> bool:

@@ -13,6 +13,11 @@ body cannot succeed, and holding it would block every later group behind it. A
 refused record is therefore moved, with the API's answer, to a dead-letter file
 beside the spool (`dead-letter.jsonl`) and logged as an ERROR, so it can be
 inspected and re-posted by hand instead of vanishing.
+
+The plain calls speak both dialects: `/status-env` carries `env_id` in a JSON body
+(what upstream's server reads) and in the query (which it ignores). Upstream's
+server also ignores the `Idempotency-Key` header. A 4xx on a plain call raises
+`APIRefusedError`, whose message names the call, the status and the API's answer.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import os
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,24 @@ logger = logging.getLogger("atroposlib.envs")
 
 GZIP_MIN_BYTES = 1024
 RETRYABLE_4XX = {408, 429}  # timeouts and rate limits (a proxy's, say) pass with time
+QUERY_REFUSALS = {400, 422}  # how a server that reads no query parameters may refuse one
+
+
+class APIRefusedError(RuntimeError):
+    """The API answered a plain call with a final 4xx (or not with JSON): asking again
+    cannot help, so the caller stops with this message instead of retrying."""
+
+
+def _refused(method: str, path: str, response: httpx.Response) -> APIRefusedError:
+    hint = ""
+    if response.status_code in (401, 403):
+        hint = " (set ATROPOS_API_KEY to the key run-api was started with)"
+    elif path == "/status-env" and response.status_code == 404:
+        hint = " (the API no longer knows this env: was it reset, or restarted on a new state?)"
+    return APIRefusedError(
+        f"{method} {path} was refused by the trajectory API at {response.url.host}:"
+        f"{response.url.port} with HTTP {response.status_code}: {response.text[:500]}{hint}"
+    )
 
 
 class TrajectoryClient:
@@ -61,6 +85,7 @@ class TrajectoryClient:
         self._wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._flusher: asyncio.Task | None = None
+        self._status_query = True  # False once the API refused /status-env?env_id=
         if existing:
             # a spool left by an earlier run is sent to whatever trainer is there now
             logger.warning(
@@ -84,30 +109,80 @@ class TrajectoryClient:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_backoff_s)
 
+    async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The JSON answer of a plain call; `APIRefusedError` for a 4xx or a non-JSON one."""
+        return await self._answer(method, path, await self._request(method, path, **kwargs))
+
+    async def _answer(self, method: str, path: str, response: httpx.Response) -> Any:
+        if not response.is_success:
+            raise _refused(method, path, response)
+        try:
+            return response.json()
+        except ValueError:
+            raise APIRefusedError(
+                f"{method} {path} answered HTTP {response.status_code} with something that "
+                f"is not JSON: {response.text[:200]!r} (is {self.base_url} a trajectory API?)"
+            ) from None
+
     async def get_json(self, path: str, **kwargs: Any) -> Any:
-        response = await self._request("GET", path, **kwargs)
-        response.raise_for_status()
-        return response.json()
+        return await self._json("GET", path, **kwargs)
 
     async def post_json(self, path: str, payload: Any) -> Any:
-        response = await self._request("POST", path, json=payload)
-        response.raise_for_status()
-        return response.json()
+        return await self._json("POST", path, json=payload)
 
-    async def register_env(self, registration: dict[str, Any]) -> dict[str, Any]:
-        """Register, waiting (1 s polls) while the trainer has not started."""
+    async def _until_trainer(self, ask: Callable[[], Awaitable[Any]]) -> Any:
+        """`ask()` every second until it answers (not None): the trainer has not started."""
         announced = False
-        while True:
-            answer = await self.post_json("/register-env", registration)
-            if answer.get("status") == "success":
-                return answer
+        while (answer := await ask()) is None:
             if not announced:
                 logger.info("waiting for the trainer to start")
                 announced = True
             await asyncio.sleep(1.0)
+        return answer
+
+    async def register_env(self, registration: dict[str, Any]) -> dict[str, Any]:
+        """Register, waiting while the trainer has not started."""
+
+        async def ask() -> dict[str, Any] | None:
+            answer = await self.post_json("/register-env", registration)
+            if not isinstance(answer, dict):
+                raise APIRefusedError(f"POST /register-env answered {answer!r}, not an object")
+            return answer if answer.get("status") == "success" else None
+
+        return await self._until_trainer(ask)
+
+    async def wandb_info(self) -> dict[str, Any]:
+        """The trainer's wandb project and group, once a trainer has registered (upstream
+        waits for a project; a trainer that registered without one gets None here)."""
+
+        async def ask() -> dict[str, Any] | None:
+            info = await self.get_json("/wandb_info")
+            if info.get("project") is not None:
+                return info
+            trainer = await self.get_json("/info")
+            return info if trainer.get("batch_size", -1) != -1 else None
+
+        return await self._until_trainer(ask)
 
     async def status_env(self, env_id: int) -> dict[str, Any]:
-        return await self.get_json("/status-env", params={"env_id": env_id})
+        """This env's /status-env: `env_id` goes in a JSON body, as upstream's env sends it
+        (its server reads nothing else), and in the query, which that server ignores. A
+        server that refuses the query (400/422) is asked with the body alone from then on."""
+        body = {"env_id": env_id}
+        if self._status_query:
+            response = await self._request(
+                "GET", "/status-env", json=body, params={"env_id": env_id}
+            )
+            if response.status_code not in QUERY_REFUSALS:
+                return await self._answer("GET", "/status-env", response)
+            self._status_query = False
+            logger.warning(
+                "the API refused /status-env?env_id= (HTTP %d: %s); sending env_id in the "
+                "JSON body only from now on",
+                response.status_code,
+                response.text[:200],
+            )
+        return await self.get_json("/status-env", json=body)
 
     # -- scored groups: spooled, delivered in order -------------------------
     def send(self, groups: list[dict[str, Any]]) -> None:

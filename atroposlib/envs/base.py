@@ -37,12 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
+from atroposlib.envs.reporting import ReportingHooks
 from atroposlib.envs.scored_data import (
     ScoredDataGroup,
     ScoredDataItem,
     group_from_chat,
     stack_items,
 )
+from atroposlib.envs.serve_hooks import ServeHooks
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -66,7 +68,7 @@ __all__ = [
 ]
 
 
-class BaseEnv(ABC):
+class BaseEnv(ServeHooks, ReportingHooks, ABC):
     name: str | None = None
     env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
     server_cls: type[APIServer] | None = None
@@ -84,7 +86,7 @@ class BaseEnv(ABC):
             server_class=self.server_cls,
             slurm=slurm,
             testing=testing,
-            reasoning_config=reasoning_config_for(config),
+            reasoning_config=ReasoningConfig.from_env_config(config),
         )
         self.tokenizer = self._load_tokenizer(config.tokenizer_name)
         self.client = None  # TrajectoryClient, set by the serve runtime
@@ -99,6 +101,31 @@ class BaseEnv(ABC):
         self.stats: Counter[str] = Counter()
         self.items_sent_this_step = 0
         self.start_time = time.time()
+        # upstream's attributes that envs read; the serve runtime keeps them current
+        self.status_dict: dict[str, Any] = {}
+        self.wandb_project: str | None = None
+        self.wandb_group: str | None = None
+        self.max_num_workers = config.max_num_workers
+        if self.max_num_workers == -1:
+            self.max_num_workers = config.max_num_workers_per_node * len(self.server.servers)
+        self.workers: dict[asyncio.Task, Item] = {}  # the serve runtime's: task -> item
+        self.eval_workers: set[asyncio.Task] = set()
+        self.backlog: list[Item] = []
+        self.running_items: dict[str, dict[str, Any]] = {}  # name -> item, worker, start_time
+        self.eval_runner: asyncio.Task | None = None
+        self.jsonl_writer = None  # groups go to data_path_to_save_groups in handle_send_to_api
+        self.process_mode = False
+        self.n_groups_to_process = config.total_steps
+        self.group_size_to_process = config.group_size
+        # timings for perf_stats, filled by the serve runtime
+        self.task_duration: list[float] = []
+        self.succeeded_task_duration: list[float] = []
+        self.failed_task_duration: list[float] = []
+        self.mainloop_timings: list[float] = []
+        self.workers_added_list: list[int] = []
+        self.task_successful: list[int] = []
+        self.last_loop_time: float | None = None
+        self.last_completed_item: Item = None
 
     @staticmethod
     def _load_tokenizer(name: str):
@@ -164,24 +191,6 @@ class BaseEnv(ABC):
     @abstractmethod
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         """Run every `steps_per_eval` trainer steps; report with `evaluate_log`."""
-
-    async def wandb_log(self, wandb_metrics: dict | None = None) -> None:
-        """Log metrics; subclasses add their keys and call super()."""
-        from atroposlib.envs.logging import log_metrics
-
-        metrics = dict(wandb_metrics or {})
-        if self.completion_lengths:
-            lengths = self.completion_lengths
-            metrics["train/completion_length_mean"] = sum(lengths) / len(lengths)
-            metrics["train/completion_length_max"] = max(lengths)
-            self.completion_lengths = []
-        for key, value in self.stats.items():
-            metrics[f"env/{key}"] = value
-        uptime = time.time() - self.start_time
-        metrics["env/uptime_s"] = uptime
-        metrics["env/groups_per_minute"] = 60 * self.stats["groups_sent"] / max(uptime, 1e-9)
-        await self.server.wandb_metrics(metrics)
-        log_metrics(self, metrics)
 
     def save_checkpoint(self, step: int, data: dict | None = None) -> None:
         """Env state as JSON: <checkpoint_dir>/env_checkpoints/<wandb_name>/step-<step>.json.
@@ -270,7 +279,7 @@ class BaseEnv(ABC):
             group["env_id"] = self.env_id
             for tokens, masks in zip(group["tokens"], group["masks"], strict=True):
                 self.completion_lengths.append(sum(1 for m in masks if m != -100) or len(tokens))
-            self._remember_rollouts(group)
+            await self.add_rollouts_for_wandb(group, item)
             ready.append(group)
         if not ready:
             return
@@ -285,48 +294,22 @@ class BaseEnv(ABC):
         if do_send_to_api and self.client is not None:
             self.client.send(ready)
 
-    def _remember_rollouts(self, group: ScoredDataGroup) -> None:
-        keep = self.config.num_rollouts_per_group_for_logging
-        count = len(group["tokens"]) if keep == -1 else min(keep, len(group["tokens"]))
-        rows = [
-            (self.tokenizer.decode(group["tokens"][i]), group["scores"][i]) for i in range(count)
-        ]
-        self.rollouts_for_wandb.append(rows)
-        del self.rollouts_for_wandb[: -self.config.num_rollouts_to_keep]
+    async def env_manager(self) -> None:
+        """`serve`: setup, register with the trajectory API, then roll out until total_steps."""
+        from atroposlib.envs.runtime import EnvRuntime
 
-    def evaluate_log(
-        self,
-        metrics: dict[str, Any],
-        task_name: str | None = None,
-        model_name: str | None = None,
-        start_time: float | None = None,
-        end_time: float | None = None,
-        generation_parameters: dict[str, Any] | None = None,
-        samples: list[dict[str, Any]] | None = None,
-        verbose: bool = True,
-    ) -> None:
-        """Write metrics.json and samples.jsonl under data_dir_to_save_evals (if set)."""
-        task = task_name or self.name or type(self).__name__
-        if verbose:
-            logger.info("eval %s: %s", task, json.dumps(metrics))
-        if not self.config.data_dir_to_save_evals:
-            return
-        folder = Path(self.config.data_dir_to_save_evals)
-        folder.mkdir(parents=True, exist_ok=True)
-        summary = {
-            "task": task,
-            "model": model_name or self.server.config.model_name,
-            "step": self.curr_step,
-            "start_time": start_time,
-            "end_time": end_time or time.time(),
-            "generation_parameters": generation_parameters or {},
-            "metrics": metrics,
-        }
-        (folder / "metrics.json").write_text(json.dumps(summary, indent=2))
-        if samples is not None:
-            with open(folder / "samples.jsonl", "w") as out:
-                for sample in samples:
-                    out.write(json.dumps(sample) + "\n")
+        await EnvRuntime(self).run()
+
+    async def process_manager(self) -> None:
+        """`process`: setup, then `total_steps` groups to jsonl and HTML, no API."""
+        from atroposlib.envs.process import run_process
+
+        await run_process(self)
+
+    async def _run_evaluate(self) -> None:
+        """`evaluate`: setup, then one evaluate()."""
+        await self.setup()
+        await self.evaluate()
 
     @classmethod
     def cli(cls) -> None:
@@ -334,22 +317,3 @@ class BaseEnv(ABC):
         from atroposlib.envs.cli import run_cli
 
         run_cli(cls)
-
-
-def reasoning_config_for(config: BaseEnvConfig) -> ReasoningConfig:
-    """The env's thinking settings as the servers take them.
-
-    An effort or a token budget turns thinking on by itself, as upstream's
-    ReasoningConfig does; `custom_thinking_prompt` is carried along but, as
-    upstream, only an env that reads it uses it.
-    """
-    return ReasoningConfig(
-        enabled=bool(
-            config.thinking_mode
-            or config.reasoning_effort is not None
-            or config.max_reasoning_tokens is not None
-        ),
-        effort=config.reasoning_effort,
-        max_tokens=config.max_reasoning_tokens,
-        custom_prompt=config.custom_thinking_prompt,
-    )

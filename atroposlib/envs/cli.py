@@ -6,6 +6,12 @@ Configuration is resolved once, the same way for every subcommand:
 returned a ServerBaseline and any openai setting is given, it becomes one
 APIServerConfig; a YAML `openai:` list means several inference servers (CLI
 `--openai.*` values then apply to each).
+
+An env class that talks to more inference servers than its policy's (a
+distillation teacher) declares them with a `cli_server_namespaces()` classmethod
+returning `{namespace: ServerNamespace(...)}`: each namespace gets `--<ns>.*`
+flags and a `<ns>:` YAML key resolved by the same rules as `openai`, and is
+passed to the env's constructor under its keyword. cli.py knows no env by name.
 """
 
 from __future__ import annotations
@@ -15,13 +21,16 @@ import asyncio
 import difflib
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from atroposlib.envs.api_client import APIRefusedError
+from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
+from atroposlib.envs.process import NothingProcessed
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.utils.flags import add_model_flags, given_flags, parse_bool
 from atroposlib.utils.logging import configure_logging
@@ -29,10 +38,27 @@ from atroposlib.utils.logging import configure_logging
 logger = logging.getLogger("atroposlib.envs")
 
 SUBCOMMANDS = ("serve", "process", "evaluate")
+ENV_PREFIX = f"{ENV_NAMESPACE}{NAMESPACE_SEP}"
+OPENAI_PREFIX = f"{OPENAI_NAMESPACE}{NAMESPACE_SEP}"
+TOP_LEVEL_KEYS = frozenset({ENV_NAMESPACE, OPENAI_NAMESPACE, "slurm", "testing"})
+
+ServerSettings = ServerBaseline | APIServerConfig | list[APIServerConfig]
 
 
 class ConfigError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class ServerNamespace:
+    """Extra inference servers an env takes: `--<namespace>.*` flags and a YAML key.
+
+    `init_kwarg` is the constructor keyword they are passed under; `defaults` are
+    the env's own (None: the keyword is passed only when a flag or YAML sets it).
+    """
+
+    init_kwarg: str
+    defaults: ServerSettings | None = None
 
 
 @dataclass
@@ -41,6 +67,22 @@ class ResolvedConfig:
     servers: Any
     slurm: bool = False
     testing: bool = False
+    extra_servers: dict[str, Any] = field(default_factory=dict)
+
+
+def server_namespaces(env_cls: type) -> dict[str, ServerNamespace]:
+    """The extra server namespaces `env_cls` declares (`cli_server_namespaces()`), if any."""
+    declare = getattr(env_cls, "cli_server_namespaces", None)
+    namespaces = dict(declare()) if declare is not None else {}
+    for name in namespaces:
+        if name in TOP_LEVEL_KEYS or NAMESPACE_SEP in name:
+            raise ValueError(f"{env_cls.__name__}: server namespace {name!r} is reserved")
+    return namespaces
+
+
+def _first_server(defaults: Any) -> APIServerConfig | None:
+    first = defaults[0] if isinstance(defaults, list) and defaults else defaults
+    return first if isinstance(first, APIServerConfig) else None
 
 
 def build_parser(
@@ -48,7 +90,8 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"{Path(sys.argv[0]).name}", description=env_cls.__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,process,evaluate}")
-    first_server = server_defaults[0] if isinstance(server_defaults, list) else server_defaults
+    namespaces = server_namespaces(env_cls)
+    top_keys = ", ".join([ENV_NAMESPACE, f"{OPENAI_NAMESPACE} (dict or list)", *namespaces])
     helps = {
         "serve": "run as a microservice against the trajectory API",
         "process": "no API: generate groups to jsonl and an HTML viewer",
@@ -56,9 +99,7 @@ def build_parser(
     }
     for name in SUBCOMMANDS:
         command = sub.add_parser(name, help=helps[name], description=helps[name])
-        command.add_argument(
-            "--config", help="YAML with keys env, openai (dict or list), slurm, testing"
-        )
+        command.add_argument("--config", help=f"YAML with keys {top_keys}, slurm, testing")
         command.add_argument(
             "--slurm",
             type=parse_bool,
@@ -74,15 +115,27 @@ def build_parser(
             help="canned inference, no network (default: False)",
         )
         add_model_flags(
-            command, env_defaults.__class__, dash_names=False, prefix="env.", defaults=env_defaults
+            command,
+            env_defaults.__class__,
+            dash_names=False,
+            prefix=ENV_PREFIX,
+            defaults=env_defaults,
         )
         add_model_flags(
             command,
             APIServerConfig,
             dash_names=False,
-            prefix="openai.",
-            defaults=first_server if isinstance(first_server, APIServerConfig) else None,
+            prefix=OPENAI_PREFIX,
+            defaults=_first_server(server_defaults),
         )
+        for name, spec in namespaces.items():
+            add_model_flags(
+                command,
+                APIServerConfig,
+                dash_names=False,
+                prefix=f"{name}{NAMESPACE_SEP}",
+                defaults=_first_server(spec.defaults),
+            )
     return parser
 
 
@@ -112,20 +165,46 @@ def _merge_servers(base: Any, overrides: dict[str, Any], yaml_servers: Any) -> A
     return APIServerConfig(**{**base.model_dump(), **overrides})
 
 
+def resolve_namespace_servers(
+    defaults: ServerSettings | None, yaml_value: Any, flags: dict[str, Any]
+) -> ServerSettings | None:
+    """An extra namespace's servers: its defaults < its YAML value < its flags.
+
+    None when the env has no defaults and neither YAML nor a flag names a server;
+    otherwise resolved like `openai` (a ServerBaseline given any setting becomes an
+    APIServerConfig, a YAML list means several servers).
+    """
+    if defaults is None and not flags and not yaml_value:
+        return None
+    base = APIServerConfig() if defaults is None else defaults
+    return _merge_servers(base, flags, yaml_value or None)
+
+
+def _problems(section: str, exc: ValidationError) -> str:
+    return "; ".join(
+        f"--{section}{NAMESPACE_SEP}{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+        for e in exc.errors()
+    )
+
+
 def resolve_config(env_cls: type, command: str, args: argparse.Namespace) -> ResolvedConfig:
     env_defaults, server_defaults = env_cls.config_init()
+    namespaces = server_namespaces(env_cls)
     document: dict[str, Any] = {}
     if getattr(args, "config", None):
         path = Path(args.config)
         if not path.exists():
             raise ConfigError(f"--config {path}: no such file")
         document = yaml.safe_load(path.read_text()) or {}
-        unknown = set(document) - {"env", "openai", "slurm", "testing"}
+        if not isinstance(document, dict):
+            raise ConfigError(f"--config {path}: expected a mapping of sections, not {document!r}")
+        unknown = set(document) - TOP_LEVEL_KEYS - set(namespaces)
         if unknown:
             raise ConfigError(f"--config {path}: unknown top-level keys {sorted(unknown)}")
-    env_values = {**env_defaults.model_dump(), **(document.get("env") or {})}
-    explicit = set(document.get("env") or {}) | set(given_flags(args, "env."))
-    env_values.update(given_flags(args, "env."))
+    env_values = {**env_defaults.model_dump(), **(document.get(ENV_NAMESPACE) or {})}
+    env_flags = given_flags(args, ENV_PREFIX)
+    explicit = set(document.get(ENV_NAMESPACE) or {}) | set(env_flags)
+    env_values.update(env_flags)
     if command == "process":
         for key, value in (("ensure_scores_are_not_same", False), ("include_messages", True)):
             if key not in explicit:
@@ -136,20 +215,34 @@ def resolve_config(env_cls: type, command: str, args: argparse.Namespace) -> Res
             )
     if command == "serve" and not env_values.get("wandb_name"):
         env_values["wandb_name"] = env_cls.name
+    section = ENV_NAMESPACE
     try:
         env_config = type(env_defaults).model_validate(env_values)
+        section = OPENAI_NAMESPACE
         servers = _merge_servers(
-            server_defaults, given_flags(args, "openai."), document.get("openai")
+            server_defaults, given_flags(args, OPENAI_PREFIX), document.get(OPENAI_NAMESPACE)
         )
+        extra_servers = {}
+        for name, spec in namespaces.items():
+            section = name
+            resolved = resolve_namespace_servers(
+                spec.defaults, document.get(name), given_flags(args, f"{name}{NAMESPACE_SEP}")
+            )
+            if resolved is not None:
+                extra_servers[spec.init_kwarg] = resolved
     except ValidationError as exc:
-        section = "env" if "env_config" not in locals() else "openai"
-        problems = "; ".join(
-            f"--{section}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise ConfigError(problems) from None
+        raise ConfigError(_problems(section, exc)) from None
+    except TypeError as exc:  # a YAML section that is not a mapping
+        raise ConfigError(f"{section}: {exc}") from None
     slurm = args.slurm if args.slurm is not None else bool(document.get("slurm", False))
     testing = args.testing if args.testing is not None else bool(document.get("testing", False))
-    return ResolvedConfig(env=env_config, servers=servers, slurm=slurm, testing=testing)
+    return ResolvedConfig(
+        env=env_config,
+        servers=servers,
+        slurm=slurm,
+        testing=testing,
+        extra_servers=extra_servers,
+    )
 
 
 def run_cli(env_cls: type, argv: list[str] | None = None) -> None:
@@ -164,68 +257,60 @@ def run_cli(env_cls: type, argv: list[str] | None = None) -> None:
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
         sys.exit(2)
     configure_logging("info")
-    env = env_cls(resolved.env, resolved.servers, slurm=resolved.slurm, testing=resolved.testing)
+    if args.command == "evaluate":
+        save_evaluate_config(resolved)
+    env = env_cls(
+        resolved.env,
+        resolved.servers,
+        slurm=resolved.slurm,
+        testing=resolved.testing,
+        **resolved.extra_servers,
+    )
     runner = {"serve": _serve, "process": _process, "evaluate": _evaluate}[args.command]
-    asyncio.run(runner(env))
+    try:
+        asyncio.run(runner(env))
+    except (APIRefusedError, NothingProcessed) as exc:  # the message says it; no traceback
+        print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def save_evaluate_config(resolved: ResolvedConfig) -> None:
+    """`evaluate_config.yaml` beside the results, as upstream: what produced these numbers.
+
+    Unlike upstream, API keys are redacted: results get shared, keys must not be.
+    """
+    folder = resolved.env.data_dir_to_save_evals
+    if not folder:
+        return
+
+    def dump(server: Any) -> dict[str, Any]:
+        fields = server.model_dump(mode="json")
+        if fields.get("api_key"):
+            fields["api_key"] = "<redacted>"
+        return fields
+
+    def dump_all(servers: Any) -> Any:
+        return [dump(s) for s in servers] if isinstance(servers, list) else dump(servers)
+
+    document = {
+        "env": resolved.env.model_dump(mode="json"),
+        "openai": dump_all(resolved.servers),
+        "slurm": resolved.slurm,
+        "testing": resolved.testing,
+        # extra server namespaces (a teacher...), under their constructor keywords
+        **{kwarg: dump_all(servers) for kwarg, servers in resolved.extra_servers.items()},
+    }
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / "evaluate_config.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
 
 
 async def _serve(env: Any) -> None:
-    from atroposlib.envs.runtime import EnvRuntime
-
-    await EnvRuntime(env).run()
+    await env.env_manager()
 
 
 async def _process(env: Any) -> None:
-    from tqdm import tqdm
-
-    from atroposlib.frontend.jsonl2html import generate_html
-
-    await env.setup()
-    out = unused_path(env.config.data_path_to_save_groups)
-    env.config.data_path_to_save_groups = str(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.touch()
-    written, attempts = 0, 0
-    with tqdm(total=env.config.total_steps, desc=f"{env.name or type(env).__name__} groups") as bar:
-        while written < env.config.total_steps:
-            attempts += 1
-            if attempts > 10 * env.config.total_steps:
-                logger.warning("stopping: %d items gave only %d usable groups", attempts, written)
-                break
-            item = await env.get_next_item()
-            if item is None:
-                break
-            try:
-                groups, _ = await env.collect_trajectories(item)
-                groups = await env.postprocess_histories(groups)
-            except Exception:
-                env.stats["rollout_errors"] += 1
-                logger.exception("rollout of item %r failed", item)
-                continue
-            before = env.stats["groups_sent"]
-            await env.handle_send_to_api(groups, item, do_send_to_api=False)
-            bar.update(env.stats["groups_sent"] - before)
-            written += env.stats["groups_sent"] - before
-    page = generate_html(str(out))
-    print(f"wrote {written} groups to {out} and the viewer {page}")
-
-
-def unused_path(path: str | Path) -> Path:
-    """`path`, or else `name_1.ext`, `name_2.ext`...: an earlier run's output is never truncated.
-
-    Upstream's rule. Only `process` uses it: `serve` appends, so a supervised restart
-    keeps adding to the one file of its env.
-    """
-    original = Path(path)
-    candidate, counter = original, 1
-    while candidate.exists():
-        candidate = original.with_stem(f"{original.stem}_{counter}")
-        counter += 1
-    if candidate != original:
-        logger.info("%s exists; writing groups to %s", original, candidate)
-    return candidate
+    await env.process_manager()
 
 
 async def _evaluate(env: Any) -> None:
-    await env.setup()
-    await env.evaluate()
+    await env._run_evaluate()

@@ -1,8 +1,10 @@
 """The `serve` loop: an environment as a microservice of the trajectory API.
 
-register (waiting for the trainer) -> /info -> loop:
-  poll /status-env; run evaluations and env checkpoints when the trainer step
-  crosses steps_per_eval / checkpoint_interval; stop once the trainer step plus
+The steps an env can override are its methods, called here at upstream's
+points (`serve_hooks.py`): setup_wandb -> register_env (both wait for the
+trainer) -> get_server_info -> loop: get_status (/status-env);
+env_step_checks, whose base runs evaluations and env checkpoints when the
+trainer step crosses steps_per_eval / checkpoint_interval; stop once the trainer step plus
   queued work reaches total_steps; keep at most max_batches_offpolicy batches of
   this env's work queued, spooled or in flight (cancelling surplus workers back
   to the backlog); start workers up to max_num_workers scaled by the env weight;
@@ -25,12 +27,12 @@ import logging
 import math
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import EvalHandlingEnum
-from atroposlib.protocol import RegisterEnv
 
 logger = logging.getLogger("atroposlib.envs")
 
@@ -47,18 +49,23 @@ class EnvRuntime:
         self.env = env
         self.state_dir = state_dir or state_dir_for(env)
         self.backlog_file = self.state_dir / "backlog.json"
-        self.backlog: list[Any] = []
+        # the env's own backlog and workers, so that env code reading or extending
+        # them (upstream envs do) sees the runtime's
+        self.backlog: list[Any] = env.backlog
         self.workers: dict[asyncio.Task, Any] = {}
+        env.workers = self.workers
         self.stopping = asyncio.Event()
         self.eval_task: asyncio.Task | None = None
         self.eval_blocking = False
         self.last_eval_bucket = 0
         self.last_checkpoint_bucket = 0
         self.last_logged_step = -1
+        self.finishing = False  # the last poll: no evaluation is started
 
     # ----------------------------------------------------------------- start
     async def run(self) -> None:
         env = self.env
+        env._runtime = self
         self._install_signal_handlers()
         await env.setup()
         self.client = TrajectoryClient(env.config.rollout_server_url, self.state_dir / "spool")
@@ -93,37 +100,18 @@ class EnvRuntime:
         return None
 
     async def _register(self) -> bool:
+        """setup_wandb, register_env and get_server_info (the env's hooks); False if stopped."""
         env, config = self.env, self.env.config
-        registration = RegisterEnv(
-            max_token_length=config.max_token_length,
-            desired_name=config.wandb_name or env.name or type(env).__name__,
-            weight=config.inference_weight,
-            group_size=config.group_size,
-            min_batch_allocation=config.min_batch_allocation,
-        )
-        answer = await self._until_stopped(self.client.register_env(registration.model_dump()))
-        if answer is None:
+        await self._until_stopped(env.setup_wandb())
+        if not self.stopping.is_set():
+            await self._until_stopped(env.register_env())
+        if env.env_id is None:
             return False
-        env.env_id = answer["env_id"]
-        env.wandb_prepend = answer["wandb_name"]
-        env.curr_step = answer["starting_step"]
-        env.checkpoint_dir = answer.get("checkpoint_dir") or ""
-        env.checkpoint_interval = answer.get("checkpoint_interval", -1)
-        if config.total_steps == -1:  # upstream's "as many steps as the trainer runs"
-            config.total_steps = answer.get("num_steps", -1)
-            if config.total_steps == -1:
-                raise ValueError("total_steps is -1 and the trainer registered no num_steps")
-            logger.info("total_steps -1: running to the trainer's num_steps %d", config.total_steps)
-        info = await self.client.get_json("/info")
-        if config.batch_size == -1:
-            config.batch_size = info["batch_size"]
-        env.max_token_len = info["max_token_len"]
+        await env.get_server_info()
         if config.steps_per_eval > 0:
             self.last_eval_bucket = env.curr_step // config.steps_per_eval
         if env.checkpoint_interval and env.checkpoint_interval > 0:
             self.last_checkpoint_bucket = env.curr_step // env.checkpoint_interval
-        if env.curr_step > 0:  # a fresh run (step 0) starts from nothing, as upstream
-            env.load_checkpoint()
         self._restore_backlog()
         logger.info(
             "registered as %s (env_id %d), batch_size %d, step %d",
@@ -138,33 +126,42 @@ class EnvRuntime:
     async def _loop(self) -> None:
         env = self.env
         while not self.stopping.is_set():
+            now = time.monotonic()
+            if env.last_loop_time is not None:
+                env.mainloop_timings.append(now - env.last_loop_time)
+            env.last_loop_time = now
             delivered_before = self.client.records_delivered
-            status = await self._until_stopped(self.client.status_env(env.env_id))
+            status = await self._until_stopped(env.get_status())
             if status is None:
                 break
             # a group delivered while /status-env was answering may be missing
             # from self_queue_size and is already gone from the spool: count it
             in_transit = self.client.records_delivered - delivered_before
-            env.curr_step = status["current_step"]
             queued_batches = (
                 status["queue_size"] * env.config.group_size / max(1, env.config.batch_size)
             )
-            # checked before evaluating: at the end the trainer may already have
-            # stopped the engine that an evaluation would wait on
-            if env.curr_step + queued_batches >= env.config.total_steps:
+            # env_step_checks sees every poll, the last one too (as upstream); but at
+            # the end the trainer may already have stopped the engine that an
+            # evaluation would wait on, so the last poll runs none
+            self.finishing = status["current_step"] + queued_batches >= env.config.total_steps
+            await env.env_step_checks()
+            if self.finishing:
                 logger.info(
                     "trainer step %d + queued work reached total_steps %d; done",
-                    env.curr_step,
+                    status["current_step"],
                     env.config.total_steps,
                 )
                 break
-            await self._evaluate_and_checkpoint()
             budget = self._worker_budget(status, in_transit)
             self._cancel_surplus(budget)
             await self._start_workers(budget)
-            await self._maybe_log()
             pending = set(self.workers) | {asyncio.ensure_future(asyncio.sleep(POLL_S))}
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED, timeout=POLL_S)
+
+    async def step_checks(self) -> None:
+        """BaseEnv.env_step_checks' work: evaluations and checkpoints due, then metrics."""
+        await self._evaluate_and_checkpoint()
+        await self._maybe_log()
 
     def _worker_budget(self, status: dict[str, Any], in_transit: int) -> int:
         config = self.env.config
@@ -194,20 +191,34 @@ class EnvRuntime:
             self.env.stats["workers_cancelled"] += 1
 
     async def _start_workers(self, budget: int) -> None:
+        if self.env.curr_step > 0 or self.workers:  # upstream skips the start-up fill
+            self.env.workers_added_list.append(budget - len(self.workers))
         while len(self.workers) < budget and not self.stopping.is_set():
             item = self.backlog.pop(0) if self.backlog else await self.env.get_next_item()
             if item is None:
                 return
             task = asyncio.get_running_loop().create_task(self._work(item))
             self.workers[task] = item
-            task.add_done_callback(lambda t: self.workers.pop(t, None))
+            self.env.running_items[task.get_name()] = {
+                "item": item,
+                "worker": task,
+                "start_time": time.time(),
+            }
+            task.add_done_callback(self._forget_worker)
+
+    def _forget_worker(self, task: asyncio.Task) -> None:
+        self.workers.pop(task, None)
+        self.env.running_items.pop(task.get_name(), None)
 
     async def _work(self, item: Any) -> None:
         env = self.env
         timeout = env.config.worker_timeout if env.config.worker_timeout > 0 else None
+        started = time.monotonic()
+        kept = False
         try:
             groups, more = await asyncio.wait_for(env.collect_trajectories(item), timeout)
             groups = await env.postprocess_histories(groups)
+            kept = bool(groups)
             await env.handle_send_to_api(groups, item)
             self.backlog.extend(more or [])
         except asyncio.CancelledError:
@@ -221,6 +232,12 @@ class EnvRuntime:
             env.stats["rollout_errors"] += 1
             logger.exception("rollout of item %r failed", item)
         finally:
+            duration = time.monotonic() - started
+            env.task_duration.append(duration)
+            env.task_successful.append(int(kept))
+            (env.succeeded_task_duration if kept else env.failed_task_duration).append(duration)
+            if kept:
+                env.last_completed_item = item
             try:
                 await env.cleanup()
             except Exception:
@@ -234,7 +251,7 @@ class EnvRuntime:
                 self.last_checkpoint_bucket = bucket
                 # the trainer's checkpoint step, which a poll may have seen only later
                 env.save_checkpoint(bucket * env.checkpoint_interval)
-        if config.steps_per_eval <= 0:
+        if config.steps_per_eval <= 0 or self.finishing:
             return
         bucket = env.curr_step // config.steps_per_eval
         if bucket <= self.last_eval_bucket or (self.eval_task and not self.eval_task.done()):
@@ -248,6 +265,7 @@ class EnvRuntime:
                 self.eval_blocking = False
         else:
             self.eval_task = asyncio.get_running_loop().create_task(self._guarded_evaluate())
+            self.env.eval_runner = self.eval_task
 
     async def _guarded_evaluate(self) -> None:
         try:
@@ -273,7 +291,7 @@ class EnvRuntime:
     def _restore_backlog(self) -> None:
         if self.backlog_file.exists():
             restored = json.loads(self.backlog_file.read_text())
-            self.backlog = restored + self.backlog
+            self.backlog[:0] = restored
             self.backlog_file.unlink()
             logger.warning(
                 "restored %d backlog items from an earlier run (%s); they are rolled out first",

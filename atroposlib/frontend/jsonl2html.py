@@ -22,6 +22,8 @@ body { font-family: sans-serif; margin: 1.5em; background: #fafafa; color: #222;
 .group { border: 1px solid #ccc; border-radius: 6px; margin-bottom: 1.5em; background: #fff; }
 .group-header { background: #eee; padding: 0.5em 1em; font-weight: bold; }
 .item { margin: 0.6em 1em; padding: 0.5em; border-left: 6px solid #999; border-radius: 4px; }
+.reward-positive { border-left-color: #2a2; }
+.reward-negative { border-left-color: #c22; }
 .score { font-weight: bold; margin-bottom: 0.3em; }
 .message { margin: 0.3em 0; }
 .role { font-weight: bold; color: #335; }
@@ -29,6 +31,19 @@ body { font-family: sans-serif; margin: 1.5em; background: #fafafa; color: #222;
 """
 
 NEUTRAL_COLOR = "hsl(0, 0%, 94%)"
+
+
+def get_score_class(score: Any) -> str:
+    """The CSS class of a score by its sign; "" when it is not a number."""
+    try:
+        value = float(score)
+    except (TypeError, ValueError):
+        return ""
+    if value > 0:
+        return "reward-positive"
+    if value < 0:
+        return "reward-negative"
+    return "reward-zero"
 
 
 def _score_color(score: float, low: float, high: float) -> str:
@@ -102,8 +117,9 @@ def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
     items = []
     for position, (sequence, score) in enumerate(zip(messages[:count], scores, strict=True)):
         color = _score_color(score, low, high)
+        classes = " ".join(filter(None, ["item", get_score_class(raw_scores[position])]))
         items.append(
-            f'<div class="item" style="background: {color};">'
+            f'<div class="{classes}" style="background: {color};">'
             f'<div class="score">#{position} &middot; score {html.escape(f"{score:.4g}")}</div>'
             f"{_render_sequence(sequence)}</div>"
         )
@@ -147,16 +163,32 @@ def generate_html(input_path: str | Path, output_path: str | Path | None = None)
         f"<title>{title}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
         f"<h1>{title}</h1>\n<p>{len(groups)} groups</p>\n{body}\n</body>\n</html>\n"
     )
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(page, encoding="utf-8")
     return target
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Command line: ``INPUT [OUTPUT]`` or ``INPUT --output OUTPUT``; prints the written path."""
     parser = argparse.ArgumentParser(description="Render a jsonl of scored groups as HTML.")
     parser.add_argument("input", help="jsonl file written by `process`")
-    parser.add_argument("--output", "-o", default=None, help="HTML path (default: INPUT.html)")
+    parser.add_argument("output", nargs="?", default=None, help="HTML path (default: INPUT.html)")
+    parser.add_argument(
+        "--output",
+        "--output-path",
+        "--output_path",
+        "-o",
+        dest="output_option",
+        metavar="OUTPUT",
+        default=None,
+        help="HTML path, as an option",
+    )
     args = parser.parse_args(argv)
-    print(generate_html(args.input, args.output))
+    if args.output and args.output_option and args.output != args.output_option:
+        parser.error(
+            f"two different output paths given: {args.output!r} and --output {args.output_option!r}"
+        )
+    print(generate_html(args.input, args.output or args.output_option))
 
 
 if __name__ == "__main__":

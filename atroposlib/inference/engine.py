@@ -12,6 +12,9 @@ Design decisions:
   not depend on what else shares the batch.
 - The EOS token is part of the returned token ids and logprobs (the trainer
   must learn to stop) but not of the text.
+- Prompt logprobs (vLLM's `prompt_logprobs`) are read from the same batched
+  prefill pass that starts sampling, so scoring a prompt costs no extra forward
+  pass and goes through the same batching as every other request.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0
     ignore_eos: bool = False
+    top_k: int = 0  # 0: no limit
+    min_p: float = 0.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: int | None = None  # None: not computed; k: the prompt token's and top k
 
 
 @dataclass
@@ -48,6 +55,9 @@ class GenerationJob:
     prompt_ids: list[int]
     params: SamplingParams
     samples: list[Sample] = field(default_factory=list)
+    # positions 1.. of the prompt (position 0 has no context); set when params.prompt_logprobs
+    prompt_logprobs: list[float] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class GenerationEngine:
@@ -108,6 +118,9 @@ class GenerationEngine:
         output = self.model(
             input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True
         )
+        for i, (job, k) in enumerate(rows):
+            if k == 0 and job.params.prompt_logprobs is not None:
+                self._score_prompt(job, output.logits[i, width - len(job.prompt_ids) :])
         cache = output.past_key_values
         logits = output.logits[:, -1, :].float()
         tokens: list[list[int]] = [[] for _ in rows]
@@ -148,6 +161,21 @@ class GenerationEngine:
                 Sample(tokens[i], logprobs[i], tops[i], texts[i], finish[i] or "length")
             )
 
+    def _score_prompt(self, job: GenerationJob, logits: torch.Tensor) -> None:
+        """Logits at position p predict prompt token p + 1; the last one starts sampling."""
+        raw = torch.log_softmax(logits[:-1].float(), dim=-1)
+        targets = torch.tensor(job.prompt_ids[1:], dtype=torch.long)
+        job.prompt_logprobs = raw.gather(1, targets[:, None]).squeeze(1).tolist()
+        top = min(job.params.prompt_logprobs or 0, raw.shape[-1])
+        if top:
+            values, ids = raw.topk(top, dim=-1)
+            job.prompt_top_logprobs = [
+                list(zip(row_ids, row_values, strict=True))
+                for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
+            ]
+        else:
+            job.prompt_top_logprobs = [[] for _ in job.prompt_logprobs]
+
     def _choose(self, logits, rows, finish, generators) -> list[int]:
         chosen = [0] * len(rows)
         for i, (job, _) in enumerate(rows):
@@ -158,6 +186,11 @@ class GenerationEngine:
                 chosen[i] = int(logits[i].argmax())
                 continue
             probs = torch.softmax(logits[i] / params.temperature, dim=-1)
+            if params.min_p > 0:
+                probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+            if 0 < params.top_k < probs.shape[-1]:
+                kth = probs.topk(params.top_k).values[-1]
+                probs = probs.masked_fill(probs < kth, 0.0)
             if params.top_p < 1.0:
                 ordered, order = probs.sort(descending=True)
                 keep = ordered.cumsum(0) - ordered < params.top_p
@@ -169,6 +202,8 @@ class GenerationEngine:
         text = self.decode(tokens)
         if tokens[-1] in self.eos_ids and not params.ignore_eos:
             return "stop", text
+        if tokens[-1] in params.stop_token_ids:
+            return "stop", self.decode(tokens[:-1])
         for stop in params.stop:
             at = text.find(stop)
             if at >= 0:

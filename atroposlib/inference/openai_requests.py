@@ -112,19 +112,17 @@ def check_token_ids(ids: Iterable[int], vocab: int, param: str) -> None:
         raise OpenAIError(400, f"token ids must be in [0, {vocab})", param)
 
 
-def sampling_params(
-    request: _Sampling, prompt_len: int, max_tokens: int | None, top: int, max_model_len: int
-) -> SamplingParams:
-    """Refuse what the engine cannot do (streaming, overlong prompts) before it is queued."""
-    if request.stream:
-        raise OpenAIError(400, "streaming is not supported by this server", "stream")
+def context_room(
+    prompt_len: int, max_tokens: int | None, max_model_len: int, prompt_param: str
+) -> int:
+    """Tokens left for the completion; a prompt or `max_tokens` that does not fit is a 400."""
     room = max_model_len - prompt_len
     if room < 1:
         raise OpenAIError(
             400,
             f"prompt has {prompt_len} tokens; this model's maximum context length is "
             f"{max_model_len}",
-            "messages" if isinstance(request, ChatCompletionRequest) else "prompt",
+            prompt_param,
         )
     if max_tokens is not None and max_tokens > room:
         raise OpenAIError(
@@ -133,6 +131,17 @@ def sampling_params(
             f"context length {max_model_len}",
             "max_tokens",
         )
+    return room
+
+
+def sampling_params(
+    request: _Sampling, prompt_len: int, max_tokens: int | None, top: int, max_model_len: int
+) -> SamplingParams:
+    """Refuse what the engine cannot do (streaming, overlong prompts) before it is queued."""
+    if request.stream:
+        raise OpenAIError(400, "streaming is not supported by this server", "stream")
+    prompt_param = "messages" if isinstance(request, ChatCompletionRequest) else "prompt"
+    room = context_room(prompt_len, max_tokens, max_model_len, prompt_param)
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     return SamplingParams(
         max_tokens=max_tokens or room,

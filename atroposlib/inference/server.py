@@ -4,12 +4,15 @@ It answers the subset of the OpenAI and vLLM APIs that environments and
 trainers use, in the shapes the `openai` SDK parses: chat and text completions
 with n, temperature, top_p, max_tokens, stop, seed, logprobs/top_logprobs and
 vLLM's `return_tokens_as_token_ids`, token-id prompts, usage and finish
-reasons, plus vLLM's `/tokenize` and `/detokenize`. Errors use OpenAI's error
-body, `{"error": {"message", "type", "param", "code"}}`.
+reasons, plus vLLM's `/tokenize` and `/detokenize`, and the native `/generate`
+(token ids, per-token and prompt logprobs) and `/health_generate` that Atropos's
+`VLLMServer` client and node watcher call. Errors use OpenAI's error body,
+`{"error": {"message", "type", "param", "code"}}`.
 
-Request parsing lives in `openai_requests` and answer shapes in
-`atroposlib.utils.openai_shapes`, both pure and tested without a model; the
-route handlers here only parse, submit to the scheduler and build the answer.
+Request parsing lives in `openai_requests` and `generate_requests`, answer
+shapes there and in `atroposlib.utils.openai_shapes`, all pure and tested
+without a model; the route handlers here only parse, submit to the scheduler
+and build the answer, so every route samples through the same batches.
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from atroposlib.inference.engine import GenerationEngine, GenerationJob, Sample
+from atroposlib.inference.engine import GenerationEngine, GenerationJob, Sample, SamplingParams
+from atroposlib.inference.generate_requests import (
+    GenerateRequest,
+    generate_body,
+    generate_prompt_ids,
+    generate_sampling,
+)
 from atroposlib.inference.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -157,6 +166,15 @@ def create_inference_app(
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/health_generate")
+    async def health_generate() -> JSONResponse:
+        """Healthy only if the engine can still produce a token (upstream's node watcher)."""
+        try:
+            await scheduler.submit(GenerationJob([0], SamplingParams(max_tokens=1, temperature=0)))
+        except Exception as exc:  # the engine's failure is the answer, not a crash
+            return JSONResponse({"status": "error", "message": str(exc)}, status_code=500)
+        return JSONResponse({"status": "ok"})
+
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(_metrics_text(scheduler))
@@ -194,6 +212,13 @@ def create_inference_app(
         choices = text_choices(samples, request.logprobs, spell)
         usage = usage_body(sum(len(p) for p in prompts), _completion_tokens(jobs))
         return completion_body("text", served_model_name, choices, usage)
+
+    @app.post("/generate")
+    async def generate(request: GenerateRequest) -> JSONResponse:
+        prompt_ids = generate_prompt_ids(tokenizer, request.prompt)
+        params = generate_sampling(request, len(prompt_ids), engine.max_model_len, len(tokenizer))
+        job = await scheduler.submit(GenerationJob(prompt_ids, params))
+        return JSONResponse(generate_body(request, job, tokenizer.decode))
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> dict[str, Any]:

@@ -14,26 +14,33 @@ import numpy as np
 
 
 def allclose_to_first(
-    values: Sequence[Any],
+    values: Sequence[Any] | np.ndarray,
     rtol: float = 1e-5,
     atol: float = 1e-8,
     equal_nan: bool = False,
     return_vector: bool = False,
-) -> bool | list[bool]:
-    """Check whether every array in ``values`` is close to the first one.
+) -> bool | np.ndarray:
+    """Check whether every entry of ``values`` is close to the first one.
 
-    Closeness follows ``numpy.allclose`` with the given ``rtol``, ``atol`` and ``equal_nan``.
-    With ``return_vector=True`` a per-array list of booleans is returned (the first entry is
-    compared with itself). An empty ``values`` gives ``True`` (or ``[]``).
+    ``values`` must be rectangular (it is read with ``np.asarray``); entry ``i`` is close
+    when every element of ``values[i]`` is ``np.isclose`` to the matching one of
+    ``values[0]``. Returns a Python ``bool``, or with ``return_vector=True`` a 1-D numpy
+    bool array with one flag per entry (the first is always True unless it holds a NaN
+    and ``equal_nan`` is False). An empty ``values`` gives ``True`` (or an empty array).
     """
-    if len(values) == 0:
-        return [] if return_vector else True
-    reference = np.asarray(values[0])
-    flags = [
-        bool(np.allclose(np.asarray(v), reference, rtol=rtol, atol=atol, equal_nan=equal_nan))
-        for v in values
-    ]
-    return flags if return_vector else all(flags)
+    try:
+        array = np.asarray(values)
+    except ValueError as exc:
+        raise ValueError(
+            f"allclose_to_first: values must be rectangular (same shape for every entry): {exc}"
+        ) from exc
+    if array.ndim == 0:
+        raise ValueError("allclose_to_first: values must be a sequence, got a scalar")
+    if array.shape[0] == 0:
+        return np.zeros(0, dtype=bool) if return_vector else True
+    close = np.isclose(array, array[0], rtol=rtol, atol=atol, equal_nan=equal_nan)
+    flags = close.reshape(close.shape[0], -1).all(axis=1)
+    return flags if return_vector else bool(flags.all())
 
 
 def _flatten(data: Any) -> Iterator[float]:
@@ -54,8 +61,16 @@ def compute_stats(data: Sequence[Any]) -> dict[str, float]:
 
 
 def compute_discounted_returns(rewards: Sequence[float] | np.ndarray, gamma: float) -> np.ndarray:
-    """Discounted returns ``G_t = r_t + gamma * G_{t+1}`` with ``G`` zero after the last step."""
-    r = np.asarray(rewards, dtype=float)
+    """Discounted returns ``G_t = r_t + gamma * G_{t+1}`` with ``G`` zero after the last step.
+
+    The result is float32 for a list (as upstream), keeps the dtype of a floating numpy
+    array, and is float64 for an integer array (upstream would truncate to integers).
+    """
+    if isinstance(rewards, np.ndarray):
+        dtype = rewards.dtype if np.issubdtype(rewards.dtype, np.floating) else np.float64
+    else:
+        dtype = np.float32
+    r = np.asarray(rewards, dtype=dtype)
     if r.ndim != 1:
         raise ValueError(f"compute_discounted_returns: expected 1-D rewards, got shape {r.shape}")
     returns = np.zeros_like(r)

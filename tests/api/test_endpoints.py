@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 
 import httpx
 from fastapi.testclient import TestClient
@@ -337,11 +339,23 @@ def test_gzip_responses_on_request(api_factory):
 
 
 def test_module_level_app_reads_settings_from_environment(monkeypatch, tmp_path):
-    import atroposlib.api as api_module
+    import atroposlib.api as api_package
+    import atroposlib.api.server as server_module
 
     settings = APISettings(state_dir=str(tmp_path / "s"), ephemeral=True)
-    monkeypatch.setenv(api_module.SETTINGS_ENV, settings.model_dump_json())
-    monkeypatch.setattr(api_module, "_app", None)
-    with TestClient(api_module.app) as client:
+    monkeypatch.setenv(api_package.SETTINGS_ENV, settings.model_dump_json())
+    monkeypatch.setattr(server_module, "_app", None)
+    assert api_package.app is server_module.app  # one definition, two import paths
+    with TestClient(server_module.app) as client:
         assert client.get("/").json() == {"message": "AtroposLib API"}
         assert client.get("/health").json()["store"] == "memory"
+
+
+def test_importing_server_opens_no_store(tmp_path):
+    """Importing `create_app` (or touching `app`) must not create ./.atropos."""
+    code = "import atroposlib.api.server as s; s.create_app(); s.app; import atroposlib.api"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert list(tmp_path.iterdir()) == []

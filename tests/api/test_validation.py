@@ -113,6 +113,19 @@ def test_messages_need_role_and_content(client):
     assert locs(post(client, group)) == [["body", "messages", 1, 0]]
 
 
+def test_empty_messages_list_is_accepted_and_passed_on(client):
+    """Upstream's SFT clients send `messages: []`; a non-empty list must still fit."""
+    for tag in (1, 2):
+        group = make_group(2, tag=tag)
+        group["messages"] = []
+        assert post(client, group).json() == {"status": "received"}
+    batch = client.get("/batch").json()["batch"]
+    assert [g["messages"] for g in batch] == [[], []]
+    short = make_group(2)
+    short["messages"] = [[{"role": "user", "content": "x"}]]
+    assert locs(post(client, short)) == [["body", "messages"]]
+
+
 def test_unknown_env_and_over_long_sequences(client):
     assert locs(post(client, make_group(2, env_id=7))) == [["body", "env_id"]]
     assert ["body", "env_id"] in locs(post(client, make_group(2, env_id=-1)))

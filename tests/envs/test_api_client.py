@@ -6,8 +6,10 @@ import asyncio
 import json
 import logging
 
-from atroposlib.envs.api_client import TrajectoryClient
-from tests.support.groups import make_group, start_trainer
+import pytest
+
+from atroposlib.envs.api_client import APIRefusedError, TrajectoryClient
+from tests.support.groups import make_group, register_env, start_trainer
 
 
 def test_close_while_the_background_flusher_runs(api, client, tmp_path):
@@ -70,3 +72,28 @@ def test_resuming_a_spool_warns_with_count_and_path(tmp_path, caplog):
         asyncio.run(open_client())
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("3" in m and str(spool) in m for m in warnings), warnings
+
+
+def test_status_env_polls_and_a_refusal_is_one_clear_error(api, client, tmp_path):
+    """Our API reads env_id from the body or the query; an env it does not know is a 404
+    that stops the env with the API's words, not an HTTPStatusError traceback."""
+    start_trainer(client, batch_size=4)
+    env_id = register_env(client, group_size=2)["env_id"]
+
+    async def poll() -> tuple[dict, str, str]:
+        trajectories = TrajectoryClient(api.url, tmp_path / "spool")
+        try:
+            status = await trajectories.status_env(env_id)
+            with pytest.raises(APIRefusedError) as unknown:
+                await trajectories.status_env(env_id + 5)
+            with pytest.raises(APIRefusedError) as not_json:
+                await trajectories.get_json("/reset_data")  # answers plain text
+            return status, str(unknown.value), str(not_json.value)
+        finally:
+            await trajectories.close()
+
+    status, unknown, not_json = asyncio.run(poll())
+    assert status["current_step"] == 0 and status["env_weight"] == pytest.approx(1.0)
+    assert unknown.startswith("GET /status-env was refused") and "HTTP 404" in unknown
+    assert f"unknown env_id {env_id + 5}" in unknown and "no longer knows this env" in unknown
+    assert "not JSON" in not_json and "Reset successful" in not_json

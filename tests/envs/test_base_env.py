@@ -126,16 +126,39 @@ def test_checkpoints_round_trip_at_the_current_step(env, tmp_path, caplog):
     assert env.iter == 5
 
 
-def test_evaluate_log_writes_metrics_and_samples(env, tmp_path):
+def test_evaluate_log_is_awaitable_and_writes_upstreams_shape(env, tmp_path):
     env.config.data_dir_to_save_evals = str(tmp_path / "evals")
-    env.curr_step = 7
-    env.evaluate_log(
-        {"eval/accuracy": 0.5}, samples=[{"q": 1}, {"q": 2}], generation_parameters={"t": 0}
+    asyncio.run(
+        env.evaluate_log(
+            {"eval/accuracy": 0.5},
+            start_time=100.0,
+            end_time=102.5,
+            samples=[{"q": 1}, {"q": 2}],
+            generation_parameters={"temperature": 0},
+        )
     )
     metrics = json.loads((tmp_path / "evals" / "metrics.json").read_text())
-    assert metrics["metrics"] == {"eval/accuracy": 0.5} and metrics["step"] == 7
+    task = f"{env.name or type(env).__name__}_eval"
+    assert metrics["results"] == {
+        f"atropos|{task}|0": {"eval/accuracy": 0.5},
+        "all": {"eval/accuracy": 0.5},
+    }
+    general = metrics["config_general"]
+    assert general["model_name"] == env.server.servers[0].config.model_name
+    assert float(general["total_evaluation_time_seconds"]) == 2.5
+    assert general["generation_parameters"] == {
+        "max_new_tokens": env.config.max_token_length,
+        "temperature": 0,
+    }
     samples = (tmp_path / "evals" / "samples.jsonl").read_text().splitlines()
     assert [json.loads(s) for s in samples] == [{"q": 1}, {"q": 2}]
+
+
+def test_evaluate_log_without_a_directory_writes_nothing(env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env.config.data_dir_to_save_evals = None
+    asyncio.run(env.evaluate_log({"eval/accuracy": 0.5}))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_default_collect_trajectories_stacks_items(env):

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ServerBaseline
-from atroposlib.envs.cli import ConfigError, build_parser, resolve_config, run_cli
+from atroposlib.envs.cli import (
+    ConfigError,
+    ResolvedConfig,
+    build_parser,
+    resolve_config,
+    run_cli,
+    save_evaluate_config,
+)
 
 
 class MyConfig(BaseEnvConfig):
@@ -115,3 +123,59 @@ def test_help_lists_every_field_with_description_and_default():
     for field in APIServerConfig.model_fields:
         assert f"--openai.{field}" in text
     assert "Rollouts per item" in text and "(default: 8)" in text
+
+
+def test_extra_server_namespaces_exist_only_where_declared(tmp_path):
+    from atroposlib.envs.cli import ServerNamespace
+
+    class TwoServerEnv(BaselineEnv):
+        @classmethod
+        def cli_server_namespaces(cls):
+            return {"judge": ServerNamespace(init_kwarg="judge_configs")}
+
+    config = tmp_path / "judge.yaml"
+    config.write_text("judge:\n  base_url: http://j:1/v1\n")
+    with pytest.raises(ConfigError, match="judge"):
+        resolve("serve", "--config", str(config))
+    with pytest.raises(SystemExit):
+        run_cli(BaselineEnv, ["serve", "--judge.base_url", "http://j:1/v1"])
+    env_defaults, servers = TwoServerEnv.config_init()
+    args = build_parser(TwoServerEnv, env_defaults, servers).parse_args(
+        ["serve", "--config", str(config), "--judge.model_name", "jm"]
+    )
+    judge = resolve_config(TwoServerEnv, "serve", args).extra_servers["judge_configs"]
+    assert (judge.base_url, judge.model_name) == ("http://j:1/v1", "jm")
+    assert (
+        resolve_config(
+            TwoServerEnv,
+            "serve",
+            build_parser(TwoServerEnv, env_defaults, servers).parse_args(["serve"]),
+        ).extra_servers
+        == {}
+    )
+
+    class Clashing(BaselineEnv):
+        @classmethod
+        def cli_server_namespaces(cls):
+            return {"openai": ServerNamespace(init_kwarg="other")}
+
+    with pytest.raises(ValueError, match="reserved"):
+        build_parser(Clashing, env_defaults, servers)
+
+
+def test_evaluate_saves_its_config_beside_the_results_without_the_key(tmp_path):
+    evals = tmp_path / "evals"
+    resolved = ResolvedConfig(
+        env=BaseEnvConfig(data_dir_to_save_evals=str(evals), group_size=3),
+        servers=[
+            APIServerConfig(base_url="http://a/v1", api_key="sk-secret", model_name="m"),
+            APIServerConfig(base_url="http://b/v1", model_name="m"),
+        ],
+        testing=True,
+    )
+    save_evaluate_config(resolved)
+    saved = yaml.safe_load((evals / "evaluate_config.yaml").read_text())
+    assert saved["env"]["group_size"] == 3 and saved["testing"] is True
+    assert [s["base_url"] for s in saved["openai"]] == ["http://a/v1", "http://b/v1"]
+    assert saved["openai"][0]["api_key"] == "<redacted>" and saved["openai"][1]["api_key"] == ""
+    assert "sk-secret" not in (evals / "evaluate_config.yaml").read_text()

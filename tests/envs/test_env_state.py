@@ -42,7 +42,7 @@ def register(env, api_url: str, tmp_path: Path) -> EnvRuntime:
     runtime = EnvRuntime(env, state_dir=tmp_path / "env-state")
 
     async def run() -> None:
-        runtime.client = TrajectoryClient(api_url, runtime.state_dir / "spool")
+        runtime.client = env.client = TrajectoryClient(api_url, runtime.state_dir / "spool")
         try:
             assert await runtime._register()
         finally:

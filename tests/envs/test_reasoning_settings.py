@@ -1,4 +1,4 @@
-"""The env's thinking settings reach the inference server's requests (upstream's ReasoningConfig).
+"""The env's thinking settings reach the inference server's requests in upstream's wire shape.
 
 A real HTTP server on 127.0.0.1 stands in for an OpenAI-compatible provider and records
 each request body, so the test sees exactly what went over the wire.
@@ -18,6 +18,8 @@ import pytest
 pytest.importorskip("transformers")
 
 from atroposlib.envs.base import APIServerConfig, BaseEnvConfig  # noqa: E402
+from atroposlib.envs.server_handling.openai_server import OpenAIServer  # noqa: E402
+from atroposlib.envs.server_handling.server_baseline import ReasoningConfig  # noqa: E402
 from tests.envs.arith_env import ArithEnv  # noqa: E402
 
 CHAT_ANSWER = {
@@ -64,7 +66,7 @@ def provider() -> Iterator[ThreadingHTTPServer]:
     thread.join(10)
 
 
-def request_body(provider, tiny_model_path, **settings: Any) -> dict[str, Any]:
+def request_body(provider, tiny_model_path, call: str = "chat", **settings: Any) -> dict[str, Any]:
     config = BaseEnvConfig(tokenizer_name=str(tiny_model_path), use_wandb=False, **settings)
     host, port = provider.server_address
     servers = APIServerConfig(
@@ -72,37 +74,80 @@ def request_body(provider, tiny_model_path, **settings: Any) -> dict[str, Any]:
     )
     env = ArithEnv(config, servers)
     before = len(provider.bodies)
-    chat = asyncio.run(
-        env.server.chat_completion(messages=[{"role": "user", "content": "2+2?"}], max_tokens=4)
-    )
-    assert chat.choices[0].message.content == "4"
+    messages = [{"role": "user", "content": "2+2?"}]
+    if call == "skip":
+        asyncio.run(
+            env.server.chat_completion(messages=messages, max_tokens=4, skip_reasoning=True)
+        )
+    else:
+        chat = asyncio.run(env.server.chat_completion(messages=messages, max_tokens=4))
+        assert chat.choices[0].message.content == "4"
     assert len(provider.bodies) == before + 1
     return provider.bodies[-1]
 
 
-def reasoning_of(body: dict[str, Any]) -> dict[str, Any]:
-    """The reasoning settings in a request, in either wire shape a server may use."""
-    nested = body.get("reasoning")
-    if isinstance(nested, dict):
-        return {k: v for k, v in nested.items() if k != "enabled"}
-    found = {}
-    if "reasoning_effort" in body:
-        found["effort"] = body["reasoning_effort"]
-    if "max_reasoning_tokens" in body:
-        found["max_tokens"] = body["max_reasoning_tokens"]
-    return found
-
-
 def test_reasoning_effort_reaches_the_request(provider, tiny_model_path):
     body = request_body(provider, tiny_model_path, reasoning_effort="high")
-    assert reasoning_of(body) == {"effort": "high"}, body
+    assert body["reasoning"] == {"enabled": True, "effort": "high"}, body
+    assert "reasoning_effort" not in body and body["max_tokens"] == 4
 
 
 def test_max_reasoning_tokens_alone_turns_thinking_on(provider, tiny_model_path):
     body = request_body(provider, tiny_model_path, max_reasoning_tokens=2048)
-    assert reasoning_of(body) == {"max_tokens": 2048}, body
+    assert body["reasoning"] == {"enabled": True, "max_tokens": 2048}, body
+
+
+def test_thinking_mode_alone_enables_reasoning(provider, tiny_model_path):
+    body = request_body(provider, tiny_model_path, thinking_mode=True)
+    assert body["reasoning"] == {"enabled": True}, body
+
+
+def test_skip_reasoning_sends_the_call_without_it(provider, tiny_model_path):
+    body = request_body(provider, tiny_model_path, "skip", reasoning_effort="low")
+    assert "reasoning" not in body and "skip_reasoning" not in body, body
 
 
 def test_no_thinking_settings_leave_the_request_alone(provider, tiny_model_path):
     body = request_body(provider, tiny_model_path)
-    assert reasoning_of(body) == {} and "reasoning" not in body, body
+    assert "reasoning" not in body and "reasoning_effort" not in body, body
+
+
+@pytest.mark.parametrize("base_url", [None, "", "https://api.openai.com/v1"])
+def test_official_openai_gets_reasoning_effort_and_max_completion_tokens(base_url, monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    config = APIServerConfig(base_url=base_url, model_name="o4-mini", api_key="sk-test")
+    server = OpenAIServer(config, ReasoningConfig(effort="low"))
+    sent = server._inject_reasoning_kwargs({"messages": [], "max_tokens": 64, "temperature": 0.2})
+    assert sent == {
+        "messages": [],
+        "max_completion_tokens": 64,
+        "temperature": 1.0,
+        "extra_body": {"reasoning_effort": "low"},
+    }
+
+
+def test_reasoning_config_is_upstreams():
+    assert ReasoningConfig(max_tokens=5000).enabled and not ReasoningConfig().enabled
+    assert ReasoningConfig().build_extra_body("http://x/v1") is None
+    assert ReasoningConfig(enabled=True).build_extra_body("https://api.openai.com/v1") == {
+        "reasoning_effort": "medium"
+    }
+    both = ReasoningConfig(effort="minimal", max_tokens=9000)
+    assert both.build_extra_body("http://x") == {
+        "reasoning": {"enabled": True, "effort": "minimal"}
+    }
+    assert both.build_extra_body("http://x", use_max_tokens=True) == {
+        "reasoning": {
+            "enabled": True,
+            "max_tokens": ReasoningConfig.EFFORT_TO_MAX_TOKENS["minimal"],
+        }
+    }
+    with pytest.raises(ValueError, match="reasoning_effort"):
+        ReasoningConfig(effort="extreme")
+    env = BaseEnvConfig(
+        use_wandb=False, thinking_mode=True, max_reasoning_tokens=4096, custom_thinking_prompt="p"
+    )
+    assert ReasoningConfig.from_env_config(env) == ReasoningConfig(
+        enabled=True, effort=None, max_tokens=4096, custom_prompt="p"
+    )
+    assert not ReasoningConfig.from_env_config(object()).enabled

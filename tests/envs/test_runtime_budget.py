@@ -16,6 +16,7 @@ import httpx
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.runtime import EnvRuntime
+from atroposlib.envs.serve_hooks import ServeHooks
 from tests.support.groups import make_group, register_env, start_trainer
 from tests.support.waiting import wait_until_async
 
@@ -32,7 +33,9 @@ class LateDeliveryClient(TrajectoryClient):
         return status
 
 
-class CountingEnv(SimpleNamespace):
+class CountingEnv(ServeHooks, SimpleNamespace):
+    """Just what the serve loop touches: the status hooks, counters, the item source."""
+
     async def get_next_item(self):
         self.items_asked += 1
         return None
@@ -58,11 +61,16 @@ def test_group_delivered_during_status_poll_still_counts(api, tmp_path: Path):
         items_sent_this_step=0,
         stats=Counter(),
         items_asked=0,
+        backlog=[],
+        running_items={},
+        last_loop_time=None,
+        mainloop_timings=[],
+        workers_added_list=[],
     )
 
     async def scenario() -> tuple[int, int]:
         runtime = EnvRuntime(env, state_dir=tmp_path)
-        runtime.client = LateDeliveryClient(api.url, tmp_path / "spool")
+        runtime.client = env.client = LateDeliveryClient(api.url, tmp_path / "spool")
         # ... and that one more is spooled, delivered only during the next status poll
         runtime.client.send([make_group(2, tag=2, env_id=env_id)])
         runtime.client._flusher.cancel()

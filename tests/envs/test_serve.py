@@ -253,7 +253,8 @@ def test_evaluations_run_every_steps_per_eval(api_factory, inference_server, tmp
         finally:
             env.stop()
     metrics = json.loads((evals / "metrics.json").read_text())
-    assert "eval/accuracy" in metrics["metrics"] and metrics["step"] >= 2
+    assert "eval/accuracy" in metrics["results"]["all"]
+    assert set(metrics["config_general"]) >= {"model_name", "generation_parameters"}
 
 
 def test_evaluate_subcommand(inference_server, tmp_path):
@@ -267,7 +268,7 @@ def test_evaluate_subcommand(inference_server, tmp_path):
         str(evals),
     )
     assert env.proc.wait(120) == 0, env.log()
-    accuracy = json.loads((evals / "metrics.json").read_text())["metrics"]["eval/accuracy"]
+    accuracy = json.loads((evals / "metrics.json").read_text())["results"]["all"]["eval/accuracy"]
     samples = [json.loads(line) for line in (evals / "samples.jsonl").read_text().splitlines()]
     assert samples
     for sample in samples:  # each sample graded right: "What is a + b mod 10?"

@@ -109,3 +109,17 @@ def test_process_never_overwrites_an_earlier_output(inference_server, tmp_path):
     assert len(groups) == 1 and len(groups[0]["tokens"]) == 2
     assert (tmp_path / "groups_2.html").exists()
     assert str(chosen) in env.log()
+
+
+def test_process_that_keeps_nothing_exits_1_and_says_why(inference_server, tmp_path):
+    """Every rollout fails (the server serves no such model): one clear line and exit 1."""
+    env = EnvProcess(
+        tmp_path,
+        "process",
+        *("--openai.base_url", f"{inference_server.url}/v1"),
+        *("--openai.model_name", "no-such-model", "--env.total_steps", "1"),
+        *("--env.data_path_to_save_groups", str(tmp_path / "groups.jsonl")),
+    )
+    assert env.proc.wait(180) == 1, env.log()
+    assert "process: no rollout was kept out of 10 items (10 failed" in env.log()
+    assert "Traceback" not in env.log().split("no rollout was kept")[-1]

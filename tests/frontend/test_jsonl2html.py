@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from atroposlib.frontend.jsonl2html import create_html_for_group, generate_html
+from atroposlib.frontend.jsonl2html import create_html_for_group, generate_html, get_score_class
 
 CONVERSATION_GROUP = {
     "tokens": [[1, 2, 3], [4, 5, 6]],
@@ -204,3 +205,72 @@ def test_cli(tmp_path: Path) -> None:
         text=True,
     )
     assert missing.returncode == 1 and "nope.jsonl" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("score", "expected"),
+    [
+        (1.0, "reward-positive"),
+        (0.001, "reward-positive"),
+        ("2.5", "reward-positive"),
+        (-1, "reward-negative"),
+        ("-0.5", "reward-negative"),
+        (0, "reward-zero"),
+        (0.0, "reward-zero"),
+        ("0", "reward-zero"),
+        ("n/a", ""),
+        (None, ""),
+        ([1.0], ""),
+    ],
+)
+def test_get_score_class(score: Any, expected: str) -> None:
+    assert get_score_class(score) == expected
+
+
+def test_items_carry_their_score_class() -> None:
+    group = {"messages": ["good", "bad", "even", "odd"], "scores": [0.5, -0.5, 0, "?"]}
+    fragment = create_html_for_group(group, 0)
+    classes = re.findall(r'<div class="(item[^"]*)"', fragment)
+    assert classes == [
+        "item reward-positive",
+        "item reward-negative",
+        "item reward-zero",
+        "item",
+    ]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "atroposlib.frontend.jsonl2html", *args],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_cli_positional_output_path(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "cli.jsonl", [CONVERSATION_GROUP])
+    target = tmp_path / "new" / "dir" / "page.html"  # missing folders are created
+    result = run_cli(str(source), str(target))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(target)
+    assert "What is 2+2?" in parse(target.read_text(encoding="utf-8"))
+    assert not (tmp_path / "cli.html").exists()
+
+
+def test_cli_output_option_spellings(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "cli.jsonl", [STRING_GROUP])
+    for flag in ("-o", "--output-path", "--output_path"):
+        target = tmp_path / f"out{flag.strip('-')}.html"
+        result = run_cli(str(source), flag, str(target))
+        assert result.returncode == 0, result.stderr
+        assert target.exists()
+    same = tmp_path / "same.html"
+    assert run_cli(str(source), str(same), "--output", str(same)).returncode == 0
+
+
+def test_cli_rejects_two_different_output_paths(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "cli.jsonl", [STRING_GROUP])
+    result = run_cli(str(source), str(tmp_path / "a.html"), "-o", str(tmp_path / "b.html"))
+    assert result.returncode == 2
+    assert "two different output paths" in result.stderr
+    assert not (tmp_path / "a.html").exists() and not (tmp_path / "b.html").exists()

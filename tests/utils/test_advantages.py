@@ -38,18 +38,32 @@ def test_allclose_to_first_equal_nan():
 
 def test_allclose_to_first_return_vector():
     values = [np.array([0.0, 1.0]), np.array([0.0, 1.0]), np.array([5.0, 1.0]), [0.0, 1.0]]
-    assert allclose_to_first(values, return_vector=True) == [True, True, False, True]
+    flags = allclose_to_first(values, return_vector=True)
+    assert isinstance(flags, np.ndarray) and flags.dtype == np.bool_
+    assert flags.tolist() == [True, True, False, True]
+
+
+def test_allclose_to_first_scalars_vector():
+    flags = allclose_to_first([1.0, 1.000000001, 1.1], return_vector=True)
+    assert isinstance(flags, np.ndarray)
+    assert flags.tolist() == [True, True, False]
+
+
+def test_allclose_to_first_ragged_is_a_clear_error():
+    with pytest.raises(ValueError, match="rectangular"):
+        allclose_to_first([[1.0, 2.0], [1.0]])
 
 
 def test_allclose_to_first_2d_array_rows():
     values = np.array([[1.0, 2.0], [1.0, 2.0], [3.0, 2.0]])
-    assert allclose_to_first(values, return_vector=True) == [True, True, False]
+    assert allclose_to_first(values, return_vector=True).tolist() == [True, True, False]
     assert allclose_to_first(values) is False
 
 
 def test_allclose_to_first_empty():
     assert allclose_to_first([]) is True
-    assert allclose_to_first([], return_vector=True) == []
+    empty = allclose_to_first([], return_vector=True)
+    assert isinstance(empty, np.ndarray) and empty.shape == (0,)
 
 
 # --- compute_stats ---
@@ -86,8 +100,16 @@ def test_compute_stats_empty_raises():
 def test_discounted_returns_half():
     out = compute_discounted_returns([1, 1, 1], 0.5)
     assert isinstance(out, np.ndarray)
-    assert out.dtype == np.float64
+    assert out.dtype == np.float32  # a list gives float32, as upstream
     np.testing.assert_allclose(out, [1.75, 1.5, 1.0])
+
+
+def test_discounted_returns_dtype_follows_array():
+    assert compute_discounted_returns(np.array([1.0, 2.0]), 0.5).dtype == np.float64
+    assert compute_discounted_returns(np.array([1.0], dtype=np.float32), 0.5).dtype == np.float32
+    ints = compute_discounted_returns(np.array([1, 1]), 0.5)
+    assert ints.dtype == np.float64  # not truncated to integers
+    np.testing.assert_allclose(ints, [1.5, 1.0])
 
 
 def test_discounted_returns_gamma_one_and_zero():

@@ -16,132 +16,231 @@ that node is extended (its tokens, masks and logprobs are kept, the new prompt
 suffix is appended masked), so an agent's whole conversation is one sequence
 whose every assistant turn is trained on. The first sample replaces the node in
 place and further samples (n > 1, or another branch of the same node sampled
-concurrently) are appended.
+concurrently) are appended. With `track_tree=True` (upstream's tree mode) nodes
+are instead keyed by full text and a prompt continues a node only on an exact match.
+
+Tools (`tools=`, `tool_choice=`) need a `tool_parser` (upstream's rule: without one
+they are dropped, here with a warning): the tools are rendered into the prompt (see
+`chat_prompt`), the completion's calls come back in `message.tool_calls` with
+finish_reason "tool_calls", and nodes keep the raw text the model wrote. Without
+an explicit `tool_parser`, the wrapped server's `tool_parser` attribute is used, so
+`server_manager.tool_parser = "hermes"` (as upstream environments set it) works.
 
 Like upstream: a fresh prompt is encoded with the tokenizer's special tokens
 (BOS on Llama-style tokenizers) and a doubled BOS (a chat template that writes
 one) is dropped; the suffix of an extended node is encoded without them.
-`tools` / `tool_choice` are dropped (upstream handles them only with a vLLM
-tool-call parser, which this package does not have), with a warning.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 from openai.types.chat import ChatCompletion
 from openai.types.completion import Completion
 
+from atroposlib.envs.server_handling.chat_prompt import render_prompt, template_renders_tools
+from atroposlib.envs.server_handling.dummy_managed_server import DummyManagedServer
+from atroposlib.envs.server_handling.managed_server_adapter import ManagedServerAdapter
+from atroposlib.envs.server_handling.sequence_node import SequenceNode
 from atroposlib.envs.server_handling.server_baseline import APIServer
-from atroposlib.envs.server_handling.vllm_server import encode_prompt
+from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.envs.server_handling.vllm_server import MAX_TOKEN_ALIASES, drop_doubled_bos
 from atroposlib.utils.openai_shapes import chat_choice, completion_body, text_choice
+
+__all__ = ["DummyManagedServer", "ManagedServer", "ManagedServerAdapter", "SequenceNode"]
 
 logger = logging.getLogger("atroposlib.inference")
 
 TOOL_KWARGS = ("tools", "tool_choice", "parallel_tool_calls")
-
-
-@dataclass
-class SequenceNode:
-    full_text: str
-    tokens: list[int]
-    masked_tokens: list[int]
-    logprobs: list[float]
-    metadata: dict[str, Any] = field(default_factory=dict)
+NOT_FORWARDED = ("messages", "prompt", "input_ids", "logprobs")
 
 
 class ManagedServer:
     warned_about_tools = False  # once per process: a managed server lives for one rollout
 
-    def __init__(self, server: APIServer | Any, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        server: APIServer | Any,
+        tokenizer: Any = None,
+        track_tree: bool = False,
+        tool_parser: str | None = None,
+        preserve_think_blocks: bool = False,
+    ) -> None:
         """`server`: an APIServer or a ServerManager (anything with token-level calls).
 
         Without `tokenizer`, the server's is used (`tokenizer_name`, else `model_name`);
-        ValueError if that cannot be loaded.
+        ValueError if that cannot be loaded, or if `tool_parser` is not a known parser.
+        `preserve_think_blocks=True` lets the chat template handle `<think>` blocks of
+        earlier assistant turns itself (by default they are kept verbatim).
         """
         self.server = server
         self.tokenizer = tokenizer if tokenizer is not None else getattr(server, "tokenizer", None)
         if self.tokenizer is None:
             raise ValueError("ManagedServer needs a tokenizer: pass tokenizer=")
-        self.nodes: list[SequenceNode] = []
+        self.track_tree = track_tree
+        if tool_parser is None:
+            tool_parser = getattr(server, "tool_parser", None)
+        self._tool_parser_name = tool_parser
+        self._translator = ToolCallTranslator(self.tokenizer, tool_parser) if tool_parser else None
+        self._preserve_think_blocks = preserve_think_blocks
+        self._native_tools: bool | None = None  # whether the chat template renders tools
+        self.current_nodes: list[SequenceNode] = []
+        self.sequences: dict[str, SequenceNode] = {}
+
+    @property
+    def nodes(self) -> list[SequenceNode]:
+        return self.current_nodes
 
     def get_state(self) -> dict[str, Any]:
-        return {"nodes": list(self.nodes)}
+        """{"nodes": [...]}; in tree mode {"sequences": {text: node}, "tree": (the same)}."""
+        if self.track_tree:
+            return {"sequences": dict(self.sequences), "tree": dict(self.sequences)}
+        return {"nodes": list(self.current_nodes)}
 
     def reset(self) -> None:
-        self.nodes = []
+        self.current_nodes = []
+        self.sequences = {}
+
+    def _get_translator(self) -> ToolCallTranslator | None:
+        return self._translator
+
+    def _convert_messages_to_prompt(
+        self, messages: list[Any], tools: list[dict] | None = None
+    ) -> str:
+        """The prompt text for `messages` (with `tools` rendered, when given)."""
+        if tools and self._translator is not None:
+            messages = self._translator.convert_messages_for_template(messages)
+        if tools and self._native_tools is None:
+            self._native_tools = template_renders_tools(self.tokenizer)
+        return render_prompt(
+            self.tokenizer,
+            messages,
+            tools=tools,
+            native_tools=bool(self._native_tools),
+            preserve_think_blocks=self._preserve_think_blocks,
+        )
 
     async def chat_completion(
-        self, messages: list[dict[str, Any]], **kwargs: Any
+        self, messages: list[Any] | None = None, **kwargs: Any
     ) -> ChatCompletion:
-        dropped = [name for name in TOOL_KWARGS if kwargs.pop(name, None) is not None]
-        if dropped and not ManagedServer.warned_about_tools:
+        tools = kwargs.pop("tools", None)
+        tool_choice = kwargs.pop("tool_choice", None)
+        kwargs.pop("parallel_tool_calls", None)
+        use_tools = bool(tools) and self._translator is not None
+        if tools and not use_tools and not ManagedServer.warned_about_tools:
             ManagedServer.warned_about_tools = True
             logger.warning(
-                "ManagedServer has no tool-call parser: %s ignored (the prompt is rendered "
-                "without tools and tool calls stay in the text)",
-                ", ".join(dropped),
+                "ManagedServer has no tool_parser: tools ignored (the prompt is rendered "
+                "without them and calls stay in the text); pass tool_parser='hermes'"
             )
-        prompt = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        prompt = self._convert_messages_to_prompt(messages or [], tools if use_tools else None)
         samples = await self._sample(prompt, kwargs, kind="chat")
-        choices = [chat_choice(i, text, _openai_finish(r)) for i, (text, r) in enumerate(samples)]
-        return ChatCompletion.model_validate(completion_body("chat", self._model(kwargs), choices))
+        choices, all_calls = [], []
+        for index, (output, finish) in enumerate(samples):
+            calls = None
+            if use_tools:
+                text = self._translator.decode_with_tool_awareness(output, has_tools=True)
+                choice_name = tool_choice if isinstance(tool_choice, str) else "auto"
+                text, calls, _ = self._translator.parse_model_output(text, choice_name, tools)
+                finish = "tool_calls" if calls else finish
+            else:
+                text = self.tokenizer.decode(output, skip_special_tokens=True)
+            choices.append(chat_choice(index, text, _openai_finish(finish)))
+            all_calls.append(calls)
+        body = completion_body("chat", self._model(kwargs), choices)
+        answer = ChatCompletion.model_validate(body)
+        for choice, calls in zip(answer.choices, all_calls, strict=True):
+            if calls:  # plain dicts, as upstream attaches them (see tool_call_translator)
+                choice.message.tool_calls = calls
+        return answer
 
-    async def completion(self, prompt: str, **kwargs: Any) -> Completion:
+    async def completion(self, prompt: str = "", **kwargs: Any) -> Completion:
         samples = await self._sample(prompt, kwargs, kind="completion")
-        choices = [text_choice(i, text, _openai_finish(r)) for i, (text, r) in enumerate(samples)]
+        choices = [
+            text_choice(i, self.tokenizer.decode(out, skip_special_tokens=True), _openai_finish(r))
+            for i, (out, r) in enumerate(samples)
+        ]
         return Completion.model_validate(completion_body("text", self._model(kwargs), choices))
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """Prompt logprobs from the wrapped server's `get_logprobs` (`messages` are
+        rendered to `prompt` first); NotImplementedError when it has none."""
+        request = dict(kwargs)
+        messages = request.pop("messages", None)
+        if messages is not None:
+            request["prompt"] = self._convert_messages_to_prompt(messages)
+        get_logprobs = getattr(self.server, "get_logprobs", None)
+        if get_logprobs is None:
+            raise NotImplementedError(
+                f"{type(self.server).__name__} does not implement get_logprobs: prompt "
+                "logprobs need a backend that returns them (a vLLM-compatible server)"
+            )
+        return await get_logprobs(**request)
 
     def _model(self, kwargs: dict[str, Any]) -> str:
         return kwargs.get("model", self.server.config.model_name)
 
-    def _encode_suffix(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    def _encode(self, text: str, fresh: bool) -> list[int]:
+        """A fresh prompt gets the tokenizer's special tokens (never a doubled BOS)."""
+        ids = list(self.tokenizer.encode(text, add_special_tokens=fresh))
+        return (
+            drop_doubled_bos(ids, getattr(self.tokenizer, "bos_token_id", None)) if fresh else ids
+        )
 
     def _find_parent(self, prompt: str) -> SequenceNode | None:
-        candidates = [n for n in self.nodes if prompt.startswith(n.full_text)]
+        if self.track_tree:
+            return self.sequences.get(prompt)
+        candidates = [n for n in self.current_nodes if prompt.startswith(n.full_text)]
         return max(candidates, key=lambda n: len(n.full_text), default=None)
 
     async def _sample(
         self, prompt: str, kwargs: dict[str, Any], kind: str
-    ) -> list[tuple[str, str]]:
+    ) -> list[tuple[list[int], str]]:
+        """(completion ids, finish reason) per sample; each recorded as a node."""
         parent = self._find_parent(prompt)
         if parent is None:
             prefix_ids: list[int] = []
-            prompt_ids = encode_prompt(self.tokenizer, prompt)
+            prompt_ids = self._encode(prompt, fresh=True)
         else:
             prefix_ids = parent.tokens
-            prompt_ids = prefix_ids + self._encode_suffix(prompt[len(parent.full_text) :])
-        skip = ("messages", "prompt", "input_ids", "logprobs")
-        kwargs = {k: v for k, v in kwargs.items() if k not in skip}
+            prompt_ids = prefix_ids + self._encode(prompt[len(parent.full_text) :], fresh=False)
+        request = {k: v for k, v in kwargs.items() if k not in NOT_FORWARDED}
+        for alias in MAX_TOKEN_ALIASES:  # chat spellings of max_tokens, as upstream's vLLM client
+            if alias in request:
+                request["max_tokens"] = request.pop(alias)
+        # Text and ids, as upstream: token-level servers send the ids, scripted ones
+        # (ServerHarness) look the text up.
         _, outputs, logprobs, finishes = await self.server.tokens_and_logprobs_completion(
-            prompt=prompt_ids, **kwargs
+            prompt=prompt, input_ids=prompt_ids, **request
         )
-        new_prompt = len(prompt_ids) - len(prefix_ids)
-        base_masks = (parent.masked_tokens if parent else []) + [-100] * new_prompt
-        base_logprobs = (parent.logprobs if parent else []) + [1.0] * new_prompt
+        if self.track_tree or parent is None:  # tree mode masks the whole prompt, as upstream
+            base_masks, base_logprobs = [-100] * len(prompt_ids), [1.0] * len(prompt_ids)
+        else:
+            new_prompt = len(prompt_ids) - len(prefix_ids)
+            base_masks = parent.masked_tokens + [-100] * new_prompt
+            base_logprobs = parent.logprobs + [1.0] * new_prompt
         # Found before the await: a concurrent branch may have replaced it meanwhile.
-        slot = next((i for i, n in enumerate(self.nodes) if n is parent), None)
+        slot = next((i for i, n in enumerate(self.current_nodes) if n is parent), None)
         samples = []
         for output, output_logprobs, finish in zip(outputs, logprobs, finishes, strict=True):
-            raw_text = self.tokenizer.decode(output, skip_special_tokens=False)
+            output_logprobs = (list(output_logprobs) + [1.0] * len(output))[: len(output)]
+            finish = finish.get("type", "stop") if isinstance(finish, dict) else finish
             node = SequenceNode(
-                full_text=prompt + raw_text,
+                full_text=prompt + self.tokenizer.decode(output, skip_special_tokens=False),
                 tokens=prompt_ids + output,
                 masked_tokens=base_masks + output,
                 logprobs=base_logprobs + output_logprobs,
                 metadata={"finish_reason": finish, "kind": kind},
             )
-            if slot is not None:
-                self.nodes[slot] = node
+            if self.track_tree:
+                self.sequences[node.full_text] = node
+            elif slot is not None:
+                self.current_nodes[slot] = node
                 slot = None
             else:
-                self.nodes.append(node)
-            samples.append((self.tokenizer.decode(output, skip_special_tokens=True), finish))
+                self.current_nodes.append(node)
+            samples.append((output, finish))
         return samples
 
 

@@ -1,27 +1,191 @@
-"""Inference server configs and the client base class every server type shares.
+"""Inference server configs, reasoning settings, and the client base class.
 
 `APIServer` owns what is the same for every backend: a concurrency limit for
-training requests and a separate one for evaluation, retries with exponential
-back-off on errors that retrying can fix, a health flag the manager routes by,
-and request timings for logging. Subclasses implement only the three wire
-calls (`_chat_completion_wrapper`, `_completion_wrapper`,
-`_tokens_and_logprobs_completion_wrapper`).
+training requests and a separate one for evaluation (semaphores whose usable
+share follows the env's weight, as upstream), retries with exponential back-off
+on errors that retrying can fix, a health flag the manager routes by, the
+reasoning settings a chat request carries, and request timings for logging.
+Subclasses implement only the wire calls (`_chat_completion_wrapper`,
+`_completion_wrapper`, `_tokens_and_logprobs_completion_wrapper`, and
+`_get_logprobs_wrapper` where the backend has prompt logprobs).
+
+`ReasoningConfig` keeps upstream's dataclass API and wire shapes, because
+providers disagree: the official OpenAI API takes a top-level
+`reasoning_effort` (and `max_completion_tokens`, temperature 1), OpenRouter
+style providers and vLLM take a `reasoning` object.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import os
 import random
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import httpx
 from pydantic import BaseModel, Field
 
+from atroposlib.envs.server_handling.request_policy import (  # noqa: F401 - re-exported
+    NO_SUCH_ROUTE,
+    RETRYABLE_STATUS,
+    is_retryable,
+    is_unreachable,
+    merge_choices,
+    offset_seed,
+)
+
 logger = logging.getLogger("atroposlib.inference")
+
+OPENAI_DEFAULT_URL = "https://api.openai.com/v1"
+VALID_REASONING_EFFORTS = {"none", "minimal", "low", "medium", "high", "xhigh"}
+
+
+def is_openai_official(base_url: str | None) -> bool:
+    """True for the official OpenAI endpoint, which takes reasoning settings its own way."""
+    return bool(base_url) and "api.openai.com" in base_url
+
+
+@dataclass
+class ReasoningConfig:
+    """Thinking-mode settings the servers add to every chat request.
+
+    Giving an `effort` or a `max_tokens` budget turns reasoning on by itself.
+    `custom_prompt` (not upstream's) carries the env's `custom_thinking_prompt`
+    for envs that read it; it is never sent.
+    """
+
+    enabled: bool = False
+    effort: str | None = None
+    max_tokens: int | None = None
+    custom_prompt: str | None = None
+
+    # Budget per effort level for providers that only take a token limit
+    # (percentages of a 32k budget: 10, 20, 50, 80 and 95; "none" the minimum).
+    EFFORT_TO_MAX_TOKENS: ClassVar[dict[str, int]] = {
+        "none": 1024,
+        "minimal": 3200,
+        "low": 6400,
+        "medium": 16000,
+        "high": 25600,
+        "xhigh": 30400,
+    }
+
+    def __post_init__(self) -> None:
+        if self.effort is not None and self.effort not in VALID_REASONING_EFFORTS:
+            raise ValueError(
+                f"Invalid reasoning_effort: {self.effort!r}. "
+                f"Must be one of: {sorted(VALID_REASONING_EFFORTS)}"
+            )
+        if self.effort is not None or self.max_tokens is not None:
+            self.enabled = True
+
+    def is_reasoning_kwargs_active(self) -> bool:
+        """Whether requests carry reasoning settings."""
+        return self.enabled
+
+    def build_extra_body(
+        self, base_url: str | None = None, use_max_tokens: bool = False
+    ) -> dict[str, Any] | None:
+        """The request fields for `base_url`'s provider, or None when reasoning is off.
+
+        Official OpenAI: `{"reasoning_effort": effort or "medium"}`. Anyone else:
+        `{"reasoning": {"enabled": True, ...}}` with the effort, else the token budget
+        (providers take one of the two); `use_max_tokens` sends an effort as its budget
+        from `EFFORT_TO_MAX_TOKENS`.
+        """
+        if not self.is_reasoning_kwargs_active():
+            return None
+        if is_openai_official(base_url):
+            return {"reasoning_effort": self.effort or "medium"}
+        reasoning: dict[str, Any] = {"enabled": True}
+        if self.effort is not None and use_max_tokens:
+            reasoning["max_tokens"] = self.EFFORT_TO_MAX_TOKENS.get(self.effort, 8192)
+        elif self.effort is not None:
+            reasoning["effort"] = self.effort
+        elif self.max_tokens is not None:
+            reasoning["max_tokens"] = self.max_tokens
+        return {"reasoning": reasoning}
+
+    @classmethod
+    def from_env_config(cls, env_config: Any) -> ReasoningConfig:
+        """The settings of a `BaseEnvConfig` (or any object with its reasoning fields):
+        `thinking_mode`, `reasoning_effort`, `max_reasoning_tokens`, and
+        `custom_thinking_prompt`; missing fields count as unset."""
+        effort = getattr(env_config, "reasoning_effort", None)
+        max_tokens = getattr(env_config, "max_reasoning_tokens", None)
+        return cls(
+            enabled=bool(getattr(env_config, "thinking_mode", False))
+            or effort is not None
+            or max_tokens is not None,
+            effort=effort,
+            max_tokens=max_tokens,
+            custom_prompt=getattr(env_config, "custom_thinking_prompt", None),
+        )
+
+
+class AsyncSemWithAdaptiveWeight(asyncio.Semaphore):
+    """A semaphore that hands out only the top `weight` share of its slots.
+
+    `min_val()` slots are held back: with weight 0.25 on 512 slots, a request
+    waits once 128 are in use. The env sets the weight from its share of the
+    trainer's batches, so a low-weight env does not flood a shared server.
+    """
+
+    def __init__(self, value: int):
+        super().__init__(value=value)
+        self.max_val = value
+        self.weight = 1.0
+
+    def update_weight(self, weight: float) -> None:
+        """Set the usable share; waiters that now fit are let in."""
+        self.weight = weight
+        while self._value > self.min_val() and self._has_waiter():
+            self._wake_up_next()
+
+    def min_val(self) -> float:
+        """The number of slots held back."""
+        return self.max_val * (1.0 - self.weight)
+
+    def _has_waiter(self) -> bool:
+        return any(not w.done() for w in (self._waiters or ()))
+
+    def locked(self) -> bool:
+        return self._value <= self.min_val() or any(
+            not w.cancelled() for w in (self._waiters or ())
+        )
+
+    def release(self) -> None:
+        self._value += 1
+        if self._value > self.min_val():
+            self._wake_up_next()
+
+    async def acquire(self) -> bool:
+        if not self.locked():
+            self._value -= 1
+            return True
+        if self._waiters is None:
+            self._waiters = collections.deque()
+        waiter = self._get_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            try:
+                await waiter
+            finally:
+                self._waiters.remove(waiter)
+        except asyncio.CancelledError:
+            if not waiter.cancelled():  # woken, then cancelled: give the slot on
+                self._value += 1
+                self._wake_up_next()
+            raise
+        if self._value > self.min_val():
+            self._wake_up_next()
+        return True
 
 
 class ServerBaseline(BaseModel):
@@ -42,95 +206,35 @@ class APIServerConfig(ServerBaseline):
     """One inference server at a known address."""
 
     api_key: str | None = Field("", description="Bearer key for the server.")
-    base_url: str = Field("", description="OpenAI-compatible base URL, e.g. http://host:9001/v1.")
+    base_url: str | None = Field(
+        "",
+        description="OpenAI-compatible base URL, e.g. http://host:9001/v1; None or empty: "
+        "the OpenAI SDK's default (OPENAI_BASE_URL, else the official OpenAI API).",
+    )
     n_kwarg_is_ignored: bool = Field(
         False, description="The server ignores `n`: send n requests instead."
     )
     health_check: bool = Field(True, description="Probe /health and route around a dead server.")
 
 
-class ReasoningConfig(BaseModel):
-    """Thinking-mode settings passed through to servers that support them."""
-
-    enabled: bool = False
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    max_tokens: int | None = Field(None, ge=1024, le=32000)
-    custom_prompt: str | None = None
-
-    def extra_body(self) -> dict[str, Any]:
-        if not self.enabled:
-            return {}
-        body: dict[str, Any] = {}
-        if self.effort:
-            body["reasoning_effort"] = self.effort
-        if self.max_tokens:
-            body["max_reasoning_tokens"] = self.max_tokens
-        return body
-
-
-def merge_choices(answers: Any) -> Any:
-    """One OpenAI answer from several (a list); choices re-indexed in order, usage summed."""
-    if not isinstance(answers, list):
-        return answers
-    merged = answers[0]
-    merged.choices = [choice for answer in answers for choice in answer.choices]
-    for index, choice in enumerate(merged.choices):
-        choice.index = index
-    if getattr(merged, "usage", None) is not None:
-        for answer in answers[1:]:
-            if answer.usage is not None:
-                merged.usage.completion_tokens += answer.usage.completion_tokens
-                merged.usage.total_tokens += answer.usage.completion_tokens
-    return merged
-
-
-def offset_seed(kwargs: dict[str, Any], offset: int) -> dict[str, Any]:
-    """`{"seed": seed + offset}` for the part of a split request that starts at sample
-    `offset`, or `{}` when the request has no seed; parts of one seeded request then
-    draw different samples, and the same request draws the same ones again."""
-    seed = kwargs.get("seed")
-    return {} if seed is None else {"seed": int(seed) + offset}
-
-
-RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
-NO_SUCH_ROUTE = {404, 405, 501}
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """The server could not be reached at all (refused, reset, DNS): not worth retrying there."""
-    if type(exc).__name__ == "APITimeoutError":
-        return False
-    return isinstance(exc, (httpx.ConnectError, ConnectionError)) or (
-        type(exc).__name__ == "APIConnectionError"
-    )
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Connection problems, timeouts and 5xx/429 are worth another try; 4xx are not."""
-    status = getattr(exc, "status_code", None)
-    if status is None and getattr(exc, "response", None) is not None:
-        status = getattr(exc.response, "status_code", None)
-    if status is not None:
-        return status in RETRYABLE_STATUS
-    return isinstance(
-        exc, (httpx.TransportError, asyncio.TimeoutError, ConnectionError, OSError)
-    ) or (type(exc).__name__ in ("APIConnectionError", "APITimeoutError"))
-
-
 class APIServer(ABC):
+    token_ids_supported = True  # token-level calls work (False: text-only APIs)
     max_attempts = 3
     backoff_s = 0.5
 
     def __init__(self, config: APIServerConfig, reasoning_config: ReasoningConfig | None = None):
         self.config = config
         self.reasoning_config = reasoning_config
-        self.sem = asyncio.Semaphore(config.num_max_requests_at_once)
-        self.eval_sem = asyncio.Semaphore(config.num_requests_for_eval)
+        self.sem = AsyncSemWithAdaptiveWeight(config.num_max_requests_at_once)
+        self.eval_sem = AsyncSemWithAdaptiveWeight(config.num_requests_for_eval)
         self.server_healthy = True
         self.request_timings: deque[float] = deque(maxlen=config.rolling_buffer_length)
         self.eval_request_timings: deque[float] = deque(maxlen=config.rolling_buffer_length)
+        self.attempts_list: deque[int] = deque(maxlen=config.rolling_buffer_length)
+        self.eval_attempts_list: deque[int] = deque(maxlen=config.rolling_buffer_length)
         self.attempts_failed = 0
         self.requests_made = 0
+        self.check_task: asyncio.Task | None = None
         # a subclass may have set `tokenizer` before calling this (upstream's VLLMServer does)
         self._tokenizer: Any = getattr(self, "_tokenizer", None)
 
@@ -151,7 +255,7 @@ class APIServer(ABC):
                 self._tokenizer = AutoTokenizer.from_pretrained(name)
             except Exception as exc:
                 raise ValueError(
-                    f"cannot load the tokenizer {name!r} for {self.config.base_url}: {exc}. "
+                    f"cannot load the tokenizer {name!r} for {self.endpoint_url}: {exc}. "
                     "Set tokenizer_name in the server config to a hub name or directory, "
                     "or pass tokenizer= to managed_server()"
                 ) from exc
@@ -161,13 +265,34 @@ class APIServer(ABC):
     def tokenizer(self, value: Any) -> None:
         self._tokenizer = value
 
+    @property
+    def endpoint_url(self) -> str:
+        """Where requests go: `base_url`, or for None / "" the OpenAI SDK's default
+        (`OPENAI_BASE_URL`, else the official OpenAI API)."""
+        return (
+            self.config.base_url or os.environ.get("OPENAI_BASE_URL") or OPENAI_DEFAULT_URL
+        ).rstrip("/")
+
+    @property
+    def endpoint_key(self) -> str:
+        """The bearer key sent: `api_key`, or for None `OPENAI_API_KEY` (as the SDK does)."""
+        key = self.config.api_key
+        return key if key is not None else os.environ.get("OPENAI_API_KEY", "")
+
     # -- capacity and health ------------------------------------------------
-    def free_slots(self, split: str = "train") -> int:
-        return (self.eval_sem if split == "eval" else self.sem)._value
+    def free_slots(self, split: str = "train") -> float:
+        """Slots this server can take now for `split` (its weight's share, as upstream)."""
+        sem = self.sem if split == "train" else self.eval_sem
+        return sem._value - sem.min_val()
+
+    async def update_weight(self, weight: float) -> None:
+        """Let this env use only `weight` (0..1] of the server's concurrency limits."""
+        self.sem.update_weight(weight)
+        self.eval_sem.update_weight(weight)
 
     @property
     def health_url(self) -> str:
-        base = self.config.base_url.rstrip("/")
+        base = self.endpoint_url
         return (base[: -len("/v1")] if base.endswith("/v1") else base) + "/health"
 
     async def probe(self) -> bool:
@@ -176,40 +301,83 @@ class APIServer(ABC):
         GET /health (vLLM, sglang, atropos-inference-server). A server with no such route
         (hosted OpenAI-compatible APIs answer 404) is healthy when its model list answers.
         """
-        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        key = self.endpoint_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
             async with httpx.AsyncClient(timeout=5, headers=headers) as client:
                 status = (await client.get(self.health_url)).status_code
                 if status in NO_SUCH_ROUTE:
-                    models = self.config.base_url.rstrip("/") + "/models"
-                    status = (await client.get(models)).status_code
+                    status = (await client.get(self.endpoint_url + "/models")).status_code
                 healthy = status == 200
         except httpx.HTTPError:
             healthy = False
         if healthy != self.server_healthy:
             if healthy:
-                logger.info("inference server %s is back", self.config.base_url)
+                logger.info("inference server %s is back", self.endpoint_url)
             else:
-                logger.warning("inference server %s is down", self.config.base_url)
+                logger.warning("inference server %s is down", self.endpoint_url)
         self.server_healthy = healthy
         return healthy
 
+    async def check_server_status_task(self, chat_completion: bool = True) -> None:
+        """Probe the server every second for ever (upstream's health task; the
+        `ServerManager` runs its own probes, so nothing here starts this)."""
+        while True:
+            await self.probe()
+            await asyncio.sleep(1)
+
+    # -- reasoning ----------------------------------------------------------
+    def _inject_reasoning_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """`kwargs` with the reasoning settings for this server's provider; a caller's
+        `skip_reasoning=True` sends the request without them.
+
+        Official OpenAI also gets upstream's fixes for reasoning models: temperature 1
+        and `max_completion_tokens` in place of `max_tokens`.
+        """
+        if kwargs.pop("skip_reasoning", False):
+            return kwargs
+        config = self.reasoning_config
+        if config is None or not config.is_reasoning_kwargs_active():
+            return kwargs
+        url = self.endpoint_url
+        extra = config.build_extra_body(url)
+        if extra:
+            kwargs["extra_body"] = {**(kwargs.get("extra_body") or {}), **extra}
+        if is_openai_official(url):
+            kwargs["temperature"] = 1.0
+            if kwargs.get("max_tokens"):
+                kwargs["max_completion_tokens"] = kwargs.pop("max_tokens")
+        return kwargs
+
     # -- public calls -------------------------------------------------------
     async def chat_completion(self, **kwargs: Any) -> Any:
-        return await self._call(self._chat_completion_wrapper, kwargs)
+        """A chat completion, with the reasoning settings (unless `skip_reasoning=True`)."""
+        return await self._call(
+            self._chat_completion_wrapper, self._inject_reasoning_kwargs(kwargs)
+        )
 
     async def completion(self, **kwargs: Any) -> Any:
+        """A text completion (no reasoning settings: the completions API has none)."""
         return await self._call(self._completion_wrapper, kwargs)
 
     async def tokens_and_logprobs_completion(self, **kwargs: Any) -> Any:
         """(prompt_tokens, [output_tokens], [output_logprobs], [finish_reasons]) for a prompt."""
         return await self._call(self._tokens_and_logprobs_completion_wrapper, kwargs)
 
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """Prompt logprobs of `prompt` (text) or `input_ids`, top `top_k` per position:
+        `{"prompt_tokens": [int], "prompt_topk_token_ids": [[int]],
+        "prompt_topk_logprobs": [[float]]}`, one inner list per prompt position."""
+        return await self._call(self._get_logprobs_wrapper, kwargs)
+
     async def _call(self, wire, kwargs: dict[str, Any]) -> Any:
         split = kwargs.pop("split", "train")
+        kwargs.pop("skip_reasoning", None)  # only chat requests carry reasoning settings
         kwargs.setdefault("model", self.config.model_name)
-        semaphore = self.eval_sem if split == "eval" else self.sem
-        timings = self.eval_request_timings if split == "eval" else self.request_timings
+        training = split == "train"
+        semaphore = self.sem if training else self.eval_sem
+        timings = self.request_timings if training else self.eval_request_timings
+        attempts = self.attempts_list if training else self.eval_attempts_list
         async with semaphore:
             for attempt in range(1, self.max_attempts + 1):
                 started = time.perf_counter()
@@ -217,13 +385,14 @@ class APIServer(ABC):
                     self.requests_made += 1
                     result = await wire(**kwargs)
                     timings.append(time.perf_counter() - started)
+                    attempts.append(attempt)
                     return result
                 except Exception as exc:
                     self.attempts_failed += 1
                     if is_unreachable(exc) and self.config.health_check:
                         if self.server_healthy:  # once per outage, not once per request
                             logger.warning(
-                                "inference server %s unreachable: %s", self.config.base_url, exc
+                                "inference server %s unreachable: %s", self.endpoint_url, exc
                             )
                         self.server_healthy = False  # the manager routes elsewhere
                         raise
@@ -232,7 +401,7 @@ class APIServer(ABC):
                     delay = self.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())
                     logger.warning(
                         "request to %s failed (%s); retry %d in %.1fs",
-                        self.config.base_url,
+                        self.endpoint_url,
                         exc,
                         attempt,
                         delay,
@@ -254,7 +423,7 @@ class APIServer(ABC):
 
     async def wandb_metrics(self, metrics_dict: dict | None, server_name: str | None) -> dict:
         metrics_dict = metrics_dict if metrics_dict is not None else {}
-        prefix = f"server/{server_name or self.config.base_url}"
+        prefix = f"server/{server_name or self.endpoint_url}"
         for key, value in self.metrics().items():
             metrics_dict[f"{prefix}/{key}"] = value
         return metrics_dict
@@ -268,3 +437,9 @@ class APIServer(ABC):
 
     @abstractmethod
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any: ...
+
+    async def _get_logprobs_wrapper(self, **kwargs: Any) -> dict[str, Any]:
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement get_logprobs: prompt "
+            "logprobs need a vLLM-compatible /generate endpoint (server_type='vllm')"
+        )

@@ -1,11 +1,11 @@
 """`ServerManager`: one front for several inference servers.
 
-- Where servers come from (LIBRARY.md): a list of `APIServerConfig` (one client
-  each), a single `APIServerConfig` (exactly that server; Atropos ignored its
-  base_url), a `ServerBaseline` (local servers on ports 9004-9007), SLURM
-  discovery, or `testing=True` (a canned harness, no network).
+- Where servers come from: see `server_discovery` (configs, SLURM, local
+  ports), or `testing=True` (a `ServerHarness`: scriptable, canned by default,
+  no network).
 - Routing: each request goes to the healthy server with the most free slots of
-  the request's split ("train" or "eval"), so a slow server gets less work.
+  the request's split ("train", or anything else for evaluation) within the
+  env's weight (`update_weight`), so a slow server gets less work.
 - `n` above `max_n_completions` is split into several requests whose choices
   are merged in order; with a `seed`, the part starting at sample k gets
   `seed + k`, so the parts do not repeat each other's samples.
@@ -23,17 +23,17 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
-import subprocess
-from collections.abc import AsyncIterator, Callable
+import warnings
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling.managed_server import ManagedServer
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -43,85 +43,54 @@ from atroposlib.envs.server_handling.server_baseline import (
     merge_choices,
     offset_seed,
 )
-from atroposlib.envs.server_handling.vllm_server import VLLMServer
+from atroposlib.envs.server_handling.server_discovery import (  # noqa: F401 - re-exported
+    DEFAULT_LOCAL_PORTS,
+    resolve_server_configs,
+    server_for,
+    slurm_server_configs,
+)
+from atroposlib.envs.server_handling.server_harness import ServerHarness
 
 logger = logging.getLogger("atroposlib.inference")
 
-DEFAULT_LOCAL_PORTS = range(9004, 9008)
+PROXY_URL_ENV = "ATROPOS_PROXY_URL"
+ALLOW_DUMMY_ENV = "ATROPOS_ALLOW_DUMMY_MANAGED_SERVER"
 
 __all__ = ["APIServerConfig", "ServerBaseline", "ServerManager", "ServerManagerConfig"]
 
 
 class ServerManagerConfig(BaseModel):
     slurm: bool = Field(False, description="Discover inference servers from the SLURM job.")
-    testing: bool = Field(False, description="Use a canned local harness (no network).")
+    testing: bool = Field(False, description="Use a scriptable local harness (no network).")
     max_n_completions: int = Field(8, ge=1, description="Split larger n across requests.")
-
-
-def _hostnames(nodelist: str) -> list[str]:
-    result = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    proxy_url: str | None = Field(
+        None,
+        description="URL of a ManagedServer OpenAI proxy for managed_server(); also read "
+        f"from {PROXY_URL_ENV}. Not supported by this package: managed_server() raises.",
     )
-    return result.stdout.split()
 
 
-def slurm_server_configs(
-    template: ServerBaseline,
-    environ: dict[str, str] | None = None,
-    hostnames: Callable[[str], list[str]] = _hostnames,
-) -> list[APIServerConfig] | None:
-    """Inference servers of a SLURM job, or None to fall back to the other cases.
-
-    The first NUM_TRAINING_NODES nodes train; every other node serves on ports
-    9000 .. 9000 + 8 // INFER_TP - 1.
-    """
-    environ = os.environ if environ is None else environ
-    nodelist = environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        return None
-    nodes = hostnames(nodelist)
-    if len(nodes) < 2:
-        return None
-    training = int(environ.get("NUM_TRAINING_NODES", "1"))
-    per_node = 8 // int(environ.get("INFER_TP", "1"))
-    base = template.model_dump()
-    return [
-        APIServerConfig(**{**base, "base_url": f"http://{node}:{port}/v1"})
-        for node in nodes[training:]
-        for port in range(9000, 9000 + per_node)
-    ]
-
-
-def resolve_server_configs(
-    configs: ServerBaseline | APIServerConfig | list[APIServerConfig], slurm: bool = False
-) -> list[APIServerConfig]:
-    if isinstance(configs, list):
-        if not configs:
-            raise ValueError("no inference servers configured")
-        if slurm:
-            return slurm_server_configs(configs[0]) or list(configs)
-        return list(configs)
-    if isinstance(configs, APIServerConfig):
-        if slurm:
-            return slurm_server_configs(configs) or [configs]
-        return [configs]
-    if slurm or os.environ.get("SLURM_JOB_NODELIST"):
-        found = slurm_server_configs(configs)
-        if found:
-            return found
-    base = configs.model_dump()
-    return [
-        APIServerConfig(**{**base, "base_url": f"http://localhost:{port}/v1", "api_key": "x"})
-        for port in DEFAULT_LOCAL_PORTS
-    ]
-
-
-def server_for(config: APIServerConfig, reasoning: ReasoningConfig | None = None) -> APIServer:
-    cls = VLLMServer if config.server_type == "vllm" else OpenAIServer
-    return cls(config, reasoning)
+def _slots(server: Any, split: str) -> float:
+    """Free slots of `server` for `split`, for clients without `free_slots` too."""
+    if hasattr(server, "free_slots"):
+        return server.free_slots(split)
+    sem = server.sem if split == "train" else server.eval_sem
+    return sem._value - (sem.min_val() if hasattr(sem, "min_val") else 0)
 
 
 class ServerManager:
+    # defaults for a manager made without __init__ (upstream's tests build one that way)
+    max_n_completions = 8
+    health_interval_s = 1.0
+    unavailable_timeout_s: float | None = None
+    wait_log_interval_s = 30.0
+    reasoning_config: ReasoningConfig | None = None
+    proxy_url: str | None = None
+    use_proxy = False
+    tool_parser: str | None = None
+    _outage: asyncio.Task | None = None
+    _probe_task: asyncio.Task | None = None
+
     def __init__(
         self,
         configs: ServerBaseline | APIServerConfig | list[APIServerConfig],
@@ -130,38 +99,40 @@ class ServerManager:
         testing: bool = False,
         max_n_completions: int = 8,
         reasoning_config: ReasoningConfig | None = None,
+        proxy_url: str | None = None,
+        use_proxy: bool = False,
+        tool_parser: str | None = None,
         health_interval_s: float = 1.0,
         unavailable_timeout_s: float | None = None,
         wait_log_interval_s: float = 30.0,
     ) -> None:
-        """`health_interval_s`: seconds between /health probes of a server that is down
-        (upstream polls every second). `unavailable_timeout_s`: how long requests wait
-        when no server is reachable; None (the default, like upstream) waits until one
-        is. `wait_log_interval_s`: seconds between the notes logged while waiting."""
+        """Upstream's arguments, plus: `health_interval_s`, seconds between /health probes
+        of a server that is down (upstream polls every second); `unavailable_timeout_s`,
+        how long requests wait when no server is reachable (None, the default like
+        upstream, waits until one is); `wait_log_interval_s`, seconds between the notes
+        logged while waiting. `server_class` None or abstract picks the client by each
+        config's `server_type`. `tool_parser` is handed to `managed_server()`'s
+        ManagedServer; `proxy_url` / `use_proxy` (or ATROPOS_PROXY_URL) are accepted,
+        but the proxy is not supported here and `managed_server()` then raises."""
         self.max_n_completions = max_n_completions
+        self.reasoning_config = reasoning_config
+        self.proxy_url = proxy_url or os.environ.get(PROXY_URL_ENV)
+        self.use_proxy = use_proxy or bool(self.proxy_url)
+        self.tool_parser = tool_parser
         self.health_interval_s = health_interval_s
         self.unavailable_timeout_s = unavailable_timeout_s
         self.wait_log_interval_s = wait_log_interval_s
-        self._outage: asyncio.Task | None = None
         if testing:
-            from atroposlib.envs.server_handling.testing_server import TestingServer
-
-            self.servers: list[APIServer] = [TestingServer(APIServerConfig(model_name="testing"))]
+            self.servers: list[APIServer] = [ServerHarness()]
         else:
             resolved = resolve_server_configs(configs, slurm)
-            self.servers = [
-                server_class(c, reasoning_config)
-                if server_class
-                else server_for(c, reasoning_config)
-                for c in resolved
-            ]
-        self._probe_task: asyncio.Task | None = None
+            self.servers = [server_for(c, reasoning_config, server_class) for c in resolved]
 
     # -- routing ------------------------------------------------------------
     def _pick(self, split: str = "train") -> APIServer:
         self._ensure_probe()
         healthy = [s for s in self.servers if s.server_healthy] or self.servers
-        return max(healthy, key=lambda s: s.free_slots(split))
+        return max(healthy, key=lambda s: _slots(s, split))
 
     def _ensure_probe(self) -> None:
         if self._probe_task is None or self._probe_task.done():
@@ -265,18 +236,91 @@ class ServerManager:
             [f for a in answers for f in a[3]],
         )
 
-    @asynccontextmanager
-    async def managed_server(self, tokenizer: Any = None) -> AsyncIterator[ManagedServer]:
-        """A `ManagedServer` over this manager (token-level calls keep the routing).
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """Prompt logprobs from the best server: `{"prompt_tokens", "prompt_topk_token_ids",
+        "prompt_topk_logprobs"}` (see `APIServer.get_logprobs`)."""
+        return await self._dispatch("get_logprobs", kwargs)
 
-        Without `tokenizer`, the servers' own is used (see `tokenizer`). Its recorded
-        nodes are cleared on exit, as upstream does: read `get_state()` inside.
+    async def update_weight(self, weight: float) -> None:
+        """Let this env use only `weight` (0..1] of every server's concurrency limits."""
+        for server in self.servers:
+            await server.update_weight(weight)
+
+    async def wait_for_sem(self, is_training: bool) -> None:
+        """Wait until some server has a free slot for training (or evaluation) requests."""
+        split = "train" if is_training else "eval"
+        while all(_slots(server, split) <= 0 for server in self.servers):
+            await asyncio.sleep(0.05)
+
+    def _get_server_base_url(self, server_idx: int = 0) -> str | None:
+        """The configured `base_url` of server `server_idx`, or None."""
+        if not self.servers:
+            return None
+        return getattr(getattr(self.servers[server_idx], "config", None), "base_url", None)
+
+    @asynccontextmanager
+    async def managed_server(
+        self,
+        tokenizer: Any = None,
+        base_url: str | None = None,
+        preserve_think_blocks: bool = False,
+    ) -> AsyncIterator[Any]:
+        """A `ManagedServer` for one rollout; its recorded nodes are cleared on exit, as
+        upstream does (read `get_state()` inside).
+
+        It works over this whole manager, so its requests keep the routing and failover;
+        `base_url` pins it to that server. Without `tokenizer`, the servers' own is used.
+        Over text-only OpenAI endpoints it raises NotImplementedError unless
+        ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1, which gives a DummyManagedServer
+        (placeholder tokens, never for training), as upstream.
         """
-        managed = ManagedServer(self, tokenizer if tokenizer is not None else self.tokenizer)
+        if self.use_proxy:
+            raise NotImplementedError(
+                f"the ManagedServer OpenAI proxy (proxy_url / use_proxy / {PROXY_URL_ENV}) is "
+                "not supported by this package; unset it to use the in-process ManagedServer"
+            )
+        target: Any = self
+        if base_url is not None:
+            pinned = [s for s in self.servers if s.config.base_url == base_url]
+            if not pinned:
+                known = [s.config.base_url for s in self.servers]
+                raise ValueError(f"no server with base_url {base_url!r}; servers: {known}")
+            target = pinned[0]
+        candidates = [target] if target is not self else self.servers
+        if not any(getattr(s, "token_ids_supported", True) for s in candidates):
+            managed = self._dummy_managed_server(candidates[0], tokenizer)
+        else:
+            managed = self._managed_server(target, tokenizer, preserve_think_blocks)
         try:
             yield managed
         finally:
             managed.reset()
+
+    def _managed_server(self, target: Any, tokenizer: Any, preserve_think_blocks: bool) -> Any:
+        tokenizer = tokenizer if tokenizer is not None else target.tokenizer
+        accepted = inspect.signature(ManagedServer).parameters
+        options = {"tool_parser": self.tool_parser, "preserve_think_blocks": preserve_think_blocks}
+        return ManagedServer(
+            target, tokenizer, **{k: v for k, v in options.items() if k in accepted}
+        )
+
+    @staticmethod
+    def _dummy_managed_server(server: APIServer, tokenizer: Any) -> Any:
+        if os.environ.get(ALLOW_DUMMY_ENV, "").lower() not in ("1", "true", "yes"):
+            raise NotImplementedError(
+                "OpenAI endpoints do not support token IDs or logprobs required for "
+                "ManagedServer (use server_type='vllm' or 'sglang'). If placeholder tokens "
+                f"and logprobs are acceptable (evaluation or testing, never training), set "
+                f"{ALLOW_DUMMY_ENV}=1"
+            )
+        from atroposlib.envs.server_handling.dummy_managed_server import DummyManagedServer
+
+        warnings.warn(
+            "Using DummyManagedServer with an OpenAI endpoint: token IDs and logprobs are "
+            "placeholders, NOT suitable for training",
+            stacklevel=3,
+        )
+        return DummyManagedServer(server=server, tokenizer=tokenizer)
 
     @property
     def tokenizer(self) -> Any:

@@ -10,12 +10,19 @@ with the server's tokenizer) or `input_ids`/`prompt` as token ids; the chat
 spellings `max_completion_tokens` / `max_new_tokens` of `max_tokens`; and any
 vLLM sampling parameter (`top_k`, `min_p`, `ignore_eos`, ...), sent in the
 request body since the SDK's `completions.create` has no argument for it.
+
+`get_logprobs` (teacher distillation) asks vLLM's native `/generate` for
+`prompt_logprobs`, upstream's contract, and normalises the per-position top-k
+into parallel id / logprob lists.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
+
+import httpx
 
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 
@@ -38,7 +45,24 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     return drop_doubled_bos(ids, getattr(tokenizer, "bos_token_id", None))
 
 
+def prompt_token_ids(kwargs: dict[str, Any], tokenizer: Callable[[], Any]) -> list[int]:
+    """The prompt's token ids, popping `prompt` / `input_ids` from `kwargs`.
+
+    `input_ids` win over `prompt` (upstream: ManagedServer passes both); a text prompt
+    is encoded with `tokenizer()` (see `encode_prompt`), token ids are taken as given.
+    """
+    prompt = kwargs.pop("prompt", None)
+    if "input_ids" in kwargs:
+        prompt = kwargs.pop("input_ids")
+    if prompt is None:
+        raise ValueError("Prompt or input_ids is required")
+    if isinstance(prompt, str):
+        return encode_prompt(tokenizer(), prompt)
+    return [int(t) for t in prompt]
+
+
 class VLLMServer(OpenAIServer):
+    token_ids_supported = True
     _completion_args: frozenset[str] | None = None
 
     def _sdk_completion_args(self) -> frozenset[str]:
@@ -47,15 +71,13 @@ class VLLMServer(OpenAIServer):
             VLLMServer._completion_args = frozenset(params)
         return VLLMServer._completion_args
 
+    def _prompt_ids(self, kwargs: dict[str, Any]) -> list[int]:
+        return prompt_token_ids(kwargs, lambda: self.tokenizer)
+
     def _token_request(self, kwargs: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
         """(prompt ids, SDK kwargs) for a token-level call with upstream's arguments."""
         kwargs = dict(kwargs)
-        prompt = kwargs.pop("prompt", None)
-        if "input_ids" in kwargs:  # upstream: input_ids (from ManagedServer) win over prompt
-            prompt = kwargs.pop("input_ids")
-        if prompt is None:
-            raise ValueError("tokens_and_logprobs_completion needs a prompt or input_ids")
-        prompt_ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else prompt
+        prompt_ids = self._prompt_ids(kwargs)
         for alias in MAX_TOKEN_ALIASES:
             if alias in kwargs:
                 kwargs["max_tokens"] = kwargs.pop(alias)
@@ -66,7 +88,7 @@ class VLLMServer(OpenAIServer):
         for name in [k for k in kwargs if k not in accepted]:
             extra[name] = kwargs.pop(name)
         extra["return_tokens_as_token_ids"] = True
-        return [int(t) for t in prompt_ids], {**kwargs, "extra_body": extra}
+        return prompt_ids, {**kwargs, "extra_body": extra}
 
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
         """Token ids in; token ids and the logprob of each out, with finish reasons."""
@@ -80,3 +102,83 @@ class VLLMServer(OpenAIServer):
             logprobs.append([float(v) for v in choice.logprobs.token_logprobs])
             finish.append(choice.finish_reason)
         return prompt, outputs, logprobs, finish
+
+    @property
+    def generate_url(self) -> str:
+        """vLLM's native generation route, beside (not under) the OpenAI `/v1`."""
+        base = self.endpoint_url
+        return (base[: -len("/v1")] if base.endswith("/v1") else base) + "/generate"
+
+    async def _get_logprobs_wrapper(self, **kwargs: Any) -> dict[str, Any]:
+        """Top-k prompt logprobs from `/generate` with `prompt_logprobs` (upstream's request:
+        greedy, n=1, one new token unless `max_tokens` says otherwise)."""
+        kwargs = dict(kwargs)
+        top_k = max(1, int(kwargs.pop("top_k", kwargs.pop("top_logprobs", 1))))
+        prompt_ids = self._prompt_ids(kwargs)
+        for alias in MAX_TOKEN_ALIASES:
+            if alias in kwargs:
+                kwargs["max_tokens"] = kwargs.pop(alias)
+        kwargs.pop("model", None)
+        extra = kwargs.pop("extra_body", None) or {}
+        request = {
+            "prompt": {"prompt_token_ids": prompt_ids},
+            "prompt_logprobs": top_k,
+            **kwargs,
+            **extra,
+            "n": 1,
+            "temperature": 0.0,
+            "top_p": 1.0,
+        }
+        request.setdefault("max_tokens", 1)
+        key = self.endpoint_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(timeout=self.config.timeout, headers=headers) as client:
+            response = await client.post(self.generate_url, json=request)
+            response.raise_for_status()
+            answer = response.json()
+        return normalize_prompt_logprobs(answer, prompt_ids)
+
+    @staticmethod
+    def _normalize_topk_entry(entry: Any) -> tuple[list[int], list[float]]:
+        """Parallel (token ids, logprobs) of one position; see `topk_entry`."""
+        return topk_entry(entry)
+
+
+def topk_entry(entry: Any) -> tuple[list[int], list[float]]:
+    """Parallel (token ids, logprobs) of one prompt position given as `{id: logprob}` or
+    `[{id: logprob}, ...]`; anything else (vLLM's None for the first token) is empty."""
+    pairs: list[tuple[Any, Any]] = []
+    if isinstance(entry, dict):
+        pairs = list(entry.items())
+    elif isinstance(entry, list):
+        pairs = [pair for item in entry if isinstance(item, dict) for pair in item.items()]
+    return [int(k) for k, _ in pairs], [float(_logprob(v)) for _, v in pairs]
+
+
+def _logprob(value: Any) -> float:
+    """A logprob given bare or as vLLM's Logprob object (`{"logprob": x, ...}`)."""
+    return value["logprob"] if isinstance(value, dict) else value
+
+
+def normalize_prompt_logprobs(answer: dict[str, Any], prompt_ids: list[int]) -> dict[str, Any]:
+    """`{prompt_tokens, prompt_topk_token_ids, prompt_topk_logprobs}` from a `/generate`
+    answer whose `prompt_logprobs` is per position, or per sequence then position."""
+    raw = answer.get("prompt_logprobs")
+    if raw is None:
+        raise ValueError(
+            "vLLM /generate response missing 'prompt_logprobs'. "
+            "Ensure backend supports prompt logprobs."
+        )
+    positions = raw
+    if raw and isinstance(raw[0], list) and len(raw) != len(prompt_ids):
+        positions = raw[0]  # [sequence][position]
+    ids, logprobs = [], []
+    for entry in positions:
+        entry_ids, entry_logprobs = topk_entry(entry)
+        ids.append(entry_ids)
+        logprobs.append(entry_logprobs)
+    return {
+        "prompt_tokens": list(prompt_ids),
+        "prompt_topk_token_ids": ids,
+        "prompt_topk_logprobs": logprobs,
+    }

@@ -1,0 +1,205 @@
+"""What an environment reports: wandb metrics, rollout tables, perf stats, eval results.
+
+These are upstream's overridable hooks, with upstream's names, keys and call
+points: `handle_send_to_api` calls `add_rollouts_for_wandb` for every group it
+keeps, and `wandb_log` calls `create_rollout_table` and then `perf_stats`
+before logging, so an env that overrides any of them (many upstream envs do)
+sees them called as it expects. Differences, on purpose:
+
+- wandb is optional (the `envs` extra). Without it, or with `use_wandb` off,
+  the scalar metrics go to the log instead; the hooks still run.
+- wandb runs offline when no API key is configured (never an interactive
+  prompt); `WANDB_MODE` set by the user wins.
+- `setup_wandb` waits, as upstream, for the trainer to say its project and
+  group on the API's `/wandb_info`; a trainer that registered without one gives
+  `WANDB_PROJECT` or "atropos-environments" instead of a wait for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import string
+import time
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from atroposlib.utils.metrics import get_std_min_max_avg
+
+logger = logging.getLogger("atroposlib.envs")
+
+DEFAULT_WANDB_PROJECT = "atropos-environments"
+
+
+def _wandb():
+    try:
+        import wandb
+    except ImportError:
+        return None
+    return wandb
+
+
+def run_name(base: str | None) -> str | None:
+    """Upstream's run name: `<name>-<date>-<6 random letters>`, so reruns never collide."""
+    if not base:
+        return None
+    suffix = "".join(random.choices(string.ascii_lowercase, k=6))
+    return f"{base}-{datetime.now().strftime('%Y-%m-%d')}-{suffix}"
+
+
+class ReportingHooks:
+    """Mixed into BaseEnv; relies on its config, tokenizer, server and counters."""
+
+    async def setup_wandb(self) -> None:
+        """Start the env's wandb run, grouped with the trainer's via the API's /wandb_info."""
+        if not self.config.use_wandb or getattr(self, "_wandb_run", None) is not None:
+            return
+        wandb = _wandb()
+        if wandb is None:
+            logger.warning("use_wandb is set but wandb is not installed; logging to the console")
+            self.config.use_wandb = False
+            return
+        if self.client is not None and self.wandb_project is None:
+            info = await self.client.wandb_info()
+            self.wandb_project, self.wandb_group = info.get("project"), info.get("group")
+        project = self.wandb_project or os.environ.get("WANDB_PROJECT") or DEFAULT_WANDB_PROJECT
+        mode = os.environ.get("WANDB_MODE") or (
+            "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        )
+        self._wandb_run = wandb.init(
+            name=run_name(self.config.wandb_name or self.name),
+            project=project,
+            group=self.wandb_group,
+            config=self.config.model_dump(mode="json"),
+            mode=mode,
+            reinit=True,
+        )
+
+    async def add_rollouts_for_wandb(self, scored_data: Any, item: Any = None) -> None:
+        """Keep (text, score) of the first few sequences of a kept group for the rollout table."""
+        keep = self.config.num_rollouts_per_group_for_logging
+        count = len(scored_data["tokens"])
+        if keep != -1:
+            count = min(keep, count)
+        self.rollouts_for_wandb.append(
+            [
+                (self.tokenizer.decode(scored_data["tokens"][i]), scored_data["scores"][i])
+                for i in range(count)
+            ]
+        )
+        if len(self.rollouts_for_wandb) > self.config.num_rollouts_to_keep:
+            self.rollouts_for_wandb.pop(0)
+
+    async def create_rollout_table(self, wandb_metrics: dict[str, Any]) -> dict[str, Any]:
+        """Add `train/rollouts`, a wandb table of the kept (text, score) rows."""
+        wandb = _wandb()
+        if self.rollouts_for_wandb and wandb is not None:
+            table = wandb.Table(columns=["text", "score"])
+            for group in self.rollouts_for_wandb:
+                for row in group:
+                    table.add_data(row[0], row[1])
+            wandb_metrics["train/rollouts"] = table
+        return wandb_metrics
+
+    def perf_stats(self, metrics_dict: dict[str, Any]) -> dict[str, Any]:
+        """Timing spreads of rollouts and of the serve loop since the last log (`train_perf/*`)."""
+        timings = (
+            ("task_duration", "train_perf/task_duration", None),
+            (
+                "succeeded_task_duration",
+                "train_perf/succeeded_task_duration",
+                "train/items_sent_to_api",
+            ),
+            ("failed_task_duration", "train_perf/failed_task_duration", "train/items_rejected"),
+            ("mainloop_timings", "train_perf/mainloop_timings", None),
+            ("workers_added_list", "train_perf/workers_added_per_attempt", None),
+        )
+        for attribute, key, count_key in timings:
+            values = getattr(self, attribute)
+            if len(values) > 1:
+                get_std_min_max_avg(key, values, metrics_dict)
+                if count_key:
+                    metrics_dict[count_key] = len(values)
+                setattr(self, attribute, [])
+        return metrics_dict
+
+    async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
+        """Log metrics; subclasses add their keys and call super()."""
+        metrics = dict(wandb_metrics or {})
+        server_metrics = await self.server.wandb_metrics({})
+        lengths = self.completion_lengths
+        if lengths:
+            metrics["train/completion_lengths"] = float(np.mean(lengths))
+            metrics["train/completion_lengths_std"] = float(np.std(lengths))
+            metrics["train/completion_lengths_max"] = int(np.max(lengths))
+            metrics["train/completion_lengths_min"] = int(np.min(lengths))
+            if self.max_token_len > 0:
+                metrics["train/completion_lengths_p95"] = float(
+                    (np.array(lengths) > 0.95 * self.max_token_len).mean()
+                )
+        for key, value in self.stats.items():
+            metrics[f"env/{key}"] = value
+        uptime = time.time() - self.start_time
+        metrics["env/groups_per_minute"] = 60 * self.stats["groups_sent"] / max(uptime, 1e-9)
+        metrics = await self.create_rollout_table(metrics)
+        metrics = self.perf_stats(metrics)
+        self.rollouts_for_wandb = []
+        self.completion_lengths = []
+        run = getattr(self, "_wandb_run", None)
+        if self.config.use_wandb and run is not None:
+            if self.wandb_prepend is not None:
+                metrics = {f"{self.wandb_prepend}_{k}": v for k, v in metrics.items()}
+            metrics.update(server_metrics)
+            run.log(metrics, step=self.curr_step)
+            return
+        metrics.update(server_metrics)
+        shown = {
+            k: round(v, 4) if isinstance(v, float) else v
+            for k, v in metrics.items()
+            if isinstance(v, int | float | str)
+        }
+        logger.info("step %d metrics: %s", self.curr_step, shown)
+
+    async def evaluate_log(
+        self,
+        metrics: dict[str, Any],
+        task_name: str | None = None,
+        model_name: str | None = None,
+        start_time: float | None = None,
+        end_time: float | None = None,
+        generation_parameters: dict[str, Any] | None = None,
+        samples: list[dict[str, Any]] | None = None,
+        verbose: bool = True,
+    ) -> None:
+        """metrics.json (lighteval's shape, as nous-evals reads it) and samples.jsonl.
+
+        Written under `data_dir_to_save_evals`; without it, only the log line.
+        """
+        from atroposlib.envs.eval import evaluate_log
+
+        task = task_name or f"{self.name or type(self).__name__}_eval"
+        logger.info("eval %s: %s", task, metrics)
+        if not self.config.data_dir_to_save_evals:
+            logger.warning("data_dir_to_save_evals is not set; evaluation results not saved")
+            return
+        if model_name is None:
+            model_name = getattr(self.config, "model_name", None)
+        if model_name is None and self.server.servers:
+            model_name = getattr(self.server.servers[0].config, "model_name", None)
+        evaluate_log(
+            metrics,
+            eval_dir=self.config.data_dir_to_save_evals,
+            task_name=task,
+            model_name=model_name,
+            start_time=start_time,
+            end_time=end_time,
+            generation_parameters={
+                "max_new_tokens": self.config.max_token_length,
+                **(generation_parameters or {}),
+            },
+            samples=samples,
+            verbose=verbose,
+        )

@@ -1,0 +1,92 @@
+"""The `serve` steps an environment can override: upstream's hooks, on our runtime.
+
+The serve loop (`runtime.py`) owns workers, the backlog, signals and the spool;
+at each of upstream's points it calls these methods on the env, so an override
+(upstream's `sft_loader_server` replaces `env_step_checks`, others replace
+`get_server_info`) runs exactly where upstream runs it:
+
+    env_manager: setup -> setup_wandb -> register_env -> get_server_info -> loop:
+        get_status (sets status_dict) -> env_step_checks -> workers
+
+Calls to the API go through the env's `TrajectoryClient` (retries, auth).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from atroposlib.protocol import RegisterEnv
+
+logger = logging.getLogger("atroposlib.envs")
+
+
+class ServeHooks:
+    """Mixed into BaseEnv; relies on its config, client and runtime attributes."""
+
+    async def register_env(self) -> None:
+        """Register with the trajectory API (waiting until a trainer has) and take its answer."""
+        config = self.config
+        registration = RegisterEnv(
+            max_token_length=config.max_token_length,
+            desired_name=config.wandb_name or self.name or type(self).__name__,
+            weight=config.inference_weight,
+            group_size=config.group_size,
+            min_batch_allocation=config.min_batch_allocation,
+        )
+        answer = await self.client.register_env(registration.model_dump())
+        self.env_id = answer["env_id"]
+        self.wandb_prepend = answer["wandb_name"]
+        self.curr_step = answer["starting_step"]
+        self.checkpoint_dir = answer.get("checkpoint_dir") or ""
+        self.checkpoint_interval = answer.get("checkpoint_interval", -1)
+        if config.total_steps == -1:  # upstream's "as many steps as the trainer runs"
+            config.total_steps = answer.get("num_steps", -1)
+            if config.total_steps == -1:
+                raise ValueError("total_steps is -1 and the trainer registered no num_steps")
+            logger.info("total_steps -1: running to the trainer's num_steps %d", config.total_steps)
+        if self.curr_step > 0:  # a fresh run (step 0) starts from nothing, as upstream
+            self.load_checkpoint()
+
+    async def get_server_info(self) -> None:
+        """The trainer's batch size and token limit, from /info (the trainer's value wins)."""
+        info = await self.client.get_json("/info")
+        if info.get("batch_size", -1) != -1:
+            self.config.batch_size = info["batch_size"]
+        if info.get("max_token_len", -1) != -1:
+            self.max_token_len = info["max_token_len"]
+        if self.config.batch_size == -1:
+            warnings.warn("batch_size is set by neither the config nor the trainer", stacklevel=2)
+        elif self.config.group_size > self.config.batch_size:
+            raise ValueError(
+                f"group_size ({self.config.group_size}) is over the trainer's batch_size "
+                f"({self.config.batch_size})"
+            )
+
+    async def get_status(self) -> dict[str, Any]:
+        """Poll /status-env into `status_dict` (current_step, queue sizes, env_weight...)."""
+        self.status_dict = await self.client.status_env(self.env_id)
+        return self.status_dict
+
+    async def env_step_checks(self) -> None:
+        """After each status poll: evaluations and env checkpoints due, the step, metrics.
+
+        An override reads `self.status_dict` and `self.curr_step` (still the step
+        before this poll) and calls super(), as upstream's do.
+        """
+        self.curr_step = self.status_dict["current_step"]
+        runtime = getattr(self, "_runtime", None)
+        if runtime is not None:
+            await runtime.step_checks()
+
+    @property
+    def derived_batch_size(self) -> int:
+        """This env's share of a batch: the unallocated fraction plus its minimum allocation."""
+        status = getattr(self, "status_dict", None)
+        if not status or self.config.batch_size == -1:
+            return self.config.batch_size
+        fraction = status.get("unallocated_fraction", 1.0)
+        if self.config.min_batch_allocation is not None:
+            fraction += self.config.min_batch_allocation
+        return int(self.config.batch_size * fraction)

@@ -1,0 +1,1 @@
+"""Upstream Atropos code and dialects, run against this package."""

@@ -1,0 +1,165 @@
+"""An upstream gsm8k_server-style env (ManagedServer, `n=group_size`) run unchanged.
+
+It serves a real run-api and trainer stand-in from the CPU inference server, writes
+groups with `process` (twice: the second run must not overwrite the first), and
+runs its `evaluate` subcommand on a local eval set, which must leave upstream's
+metrics.json / samples.jsonl in `--env.data_dir_to_save_evals`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.compat_runs import (
+    ServingEnv,
+    failure,
+    pull_batches,
+    read_jsonl,
+    register_trainer,
+    run_env,
+    serve_flags,
+    tiny_flags,
+)
+
+pytest.importorskip("torch")
+
+SCRIPT = "gsm8k_local_server.py"
+TRAIN = [("What is 1 + 1?", 2), ("What is 2 + 3?", 5), ("What is 4 + 4?", 8)]
+EVAL = [("What is 6 + 1?", 7), ("What is 9 - 2?", 7)]
+
+
+def write_rows(path: Path, rows: list[tuple[str, int]]) -> Path:
+    path.write_text(
+        "".join(json.dumps({"question": q, "answer": f"work\n#### {a}"}) + "\n" for q, a in rows)
+    )
+    return path
+
+
+def data_flags(workdir: Path) -> list[str]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    train = write_rows(workdir / "train.jsonl", TRAIN)
+    test = write_rows(workdir / "test.jsonl", EVAL)
+    return ["--env.train_file", str(train), "--env.eval_file", str(test)]
+
+
+def check_managed_sequence(tokens: list[int], masks: list[int], logprobs: list[float]) -> int:
+    """Prompt first (masked, logprob 1.0), then the sampled tokens; returns the prompt length."""
+    assert len(tokens) == len(masks) == len(logprobs)
+    prompt = [i for i, m in enumerate(masks) if m == -100]
+    assert prompt == list(range(len(prompt))) and len(prompt) < len(tokens)
+    assert all(logprobs[i] == 1.0 for i in prompt)
+    assert all(
+        masks[i] == tokens[i] and logprobs[i] <= 0.0 for i in range(len(prompt), len(tokens))
+    )
+    return len(prompt)
+
+
+def test_serve_sends_managed_groups_to_the_trainer(
+    api_factory, inference_server, tiny_model_path, tmp_path
+):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    api = api_factory()
+    workdir = tmp_path / "serve"
+    args = [
+        *data_flags(workdir),
+        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
+        *serve_flags(api.url, "--env.ensure_scores_are_not_same", "false"),
+    ]
+    with httpx.Client(base_url=api.url, timeout=30) as client:
+        register_trainer(client, batch_size=4, max_token_len=2048)
+        env = ServingEnv(SCRIPT, workdir, *args)
+        try:
+            batches = pull_batches(client, 2, env)
+        finally:
+            env.stop()
+    groups = [group for batch in batches for group in batch]
+    assert len(groups) == 4, env.log()[-3000:]
+    questions = {q for q, _ in TRAIN}
+    for group in groups:
+        assert len(group["tokens"]) == 2 and set(group["scores"]) <= {1.0, -1.0}
+        for tokens, masks, logprobs, messages in zip(
+            group["tokens"],
+            group["masks"],
+            group["inference_logprobs"],
+            group["messages"],
+            strict=True,
+        ):
+            prompt_len = check_managed_sequence(tokens, masks, logprobs)
+            assert messages[1]["content"] in questions
+            assert messages[1]["content"] in tokenizer.decode(tokens[:prompt_len])
+            assert messages[-1]["role"] == "assistant"
+    assert "Traceback" not in env.log(), env.log()[-6000:]
+
+
+def test_process_writes_jsonl_and_html_and_keeps_an_earlier_run(
+    inference_server, tiny_model_path, tmp_path
+):
+    args = [
+        *data_flags(tmp_path),
+        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
+        *("--env.total_steps", "2", "--env.data_path_to_save_groups", "out/gsm8k.jsonl"),
+    ]
+    first = run_env(SCRIPT, "process", tmp_path, *args)
+    assert first.returncode == 0, failure(first)
+    second = run_env(SCRIPT, "process", tmp_path, *args)
+    assert second.returncode == 0, failure(second)
+    for stem in ("gsm8k", "gsm8k_1"):
+        groups = read_jsonl(tmp_path / "out" / f"{stem}.jsonl")
+        assert len(groups) == 2, stem
+        for group in groups:
+            assert len(group["tokens"]) == 2
+            sequences = zip(
+                group["tokens"], group["masks"], group["inference_logprobs"], strict=True
+            )
+            for seq in sequences:
+                check_managed_sequence(*seq)
+        page = (tmp_path / "out" / f"{stem}.html").read_text()
+        assert groups[0]["messages"][0][1]["content"] in page
+    assert not (tmp_path / "out" / "gsm8k_2.jsonl").exists()
+
+
+def test_evaluate_writes_upstream_metrics_and_samples(inference_server, tiny_model_path, tmp_path):
+    evals = tmp_path / "evals"
+    done = run_env(
+        SCRIPT,
+        "evaluate",
+        tmp_path,
+        *data_flags(tmp_path),
+        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
+        *("--env.data_dir_to_save_evals", str(evals), "--env.max_answer_tokens", "7"),
+        *("--env.eval_temperature", "0.0", "--env.max_token_length", "300"),
+    )
+    assert done.returncode == 0, failure(done)
+    metrics = json.loads((evals / "metrics.json").read_text())
+    assert set(metrics) == {"config_general", "results"}
+    general = metrics["config_general"]
+    assert general["model_name"] == "tiny"
+    assert float(general["total_evaluation_time_seconds"]) >= 0.0
+    # the env's own parameters, over the config's max_new_tokens (upstream's merge)
+    assert general["generation_parameters"] == {
+        "max_new_tokens": 300,
+        "temperature": 0.0,
+        "max_tokens": 7,
+    }
+    results = metrics["results"]
+    assert set(results) == {"atropos|gsm8k_local_eval|0", "all"}
+    assert results["all"] == results["atropos|gsm8k_local_eval|0"]
+    assert results["all"]["eval/num_samples"] == len(EVAL)
+    assert 0.0 <= results["all"]["eval/percent_correct"] <= 1.0
+    samples = read_jsonl(evals / "samples.jsonl")
+    assert sorted(s["question"] for s in samples) == sorted(q for q, _ in EVAL)
+    assert all(s["messages"][-1]["role"] == "assistant" for s in samples)
+    assert sum(s["score"] for s in samples) / len(samples) == results["all"]["eval/percent_correct"]
+    # upstream's evaluate also records the resolved config beside the results
+    dumped = yaml.safe_load((evals / "evaluate_config.yaml").read_text())
+    assert dumped["env"]["eval_file"].endswith("test.jsonl")
+    assert dumped["env"]["max_answer_tokens"] == 7
+    servers = dumped["openai"] if isinstance(dumped["openai"], list) else [dumped["openai"]]
+    assert servers[0]["base_url"] == f"{inference_server.url}/v1"

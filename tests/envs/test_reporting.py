@@ -1,0 +1,119 @@
+"""Upstream's reporting hooks: called at upstream's points, with upstream's keys, into wandb."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from atroposlib.envs.base import BaseEnvConfig, ServerBaseline  # noqa: E402
+from tests.envs.arith_env import ArithEnv  # noqa: E402
+from tests.support.wandb_offline import offline_runs  # noqa: E402
+
+
+class RecordingClient:
+    def __init__(self) -> None:
+        self.sent: list[list[dict]] = []
+
+    def send(self, groups: list[dict]) -> None:
+        self.sent.append(groups)
+
+
+class HookedEnv(ArithEnv):
+    """Overrides every reporting hook the way upstream envs do, and records the calls."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[str] = []
+        self.tables: list[dict] = []
+
+    async def add_rollouts_for_wandb(self, scored_data, item=None):
+        self.calls.append(f"add_rollouts:{item}")
+        # upstream envs keep wider tuples and build their own table
+        self.rollouts_for_wandb.append([("text", scored_data["scores"][0], "extra column")])
+
+    async def create_rollout_table(self, wandb_metrics):
+        self.calls.append("create_rollout_table")
+        self.tables.append({"rows": sum(len(g) for g in self.rollouts_for_wandb)})
+        self.rollouts_for_wandb = []
+        wandb_metrics["train/custom_table_rows"] = self.tables[-1]["rows"]
+        return await super().create_rollout_table(wandb_metrics)
+
+    def perf_stats(self, metrics_dict):
+        self.calls.append("perf_stats")
+        return super().perf_stats(metrics_dict)
+
+    async def wandb_log(self, wandb_metrics=None):
+        wandb_metrics = dict(wandb_metrics or {})
+        wandb_metrics["train/mine"] = 0.25
+        await super().wandb_log(wandb_metrics)
+
+
+def make_env(tiny_model_path, **settings) -> HookedEnv:
+    config = BaseEnvConfig(tokenizer_name=str(tiny_model_path), group_size=2, **settings)
+    env = HookedEnv(config, ServerBaseline(), testing=True)
+    env.client = RecordingClient()
+    env.env_id = 0
+    env.max_token_len = 100
+    return env
+
+
+def group(scores=(1.0, 0.0)) -> dict:
+    tokens = [[5, 6, 7, 8] for _ in scores]
+    return {"tokens": tokens, "masks": [[-100, -100, 7, 8] for _ in scores], "scores": list(scores)}
+
+
+def test_hooks_run_at_upstreams_points_and_the_log_has_upstreams_keys(tiny_model_path, caplog):
+    env = make_env(tiny_model_path, use_wandb=False)
+    asyncio.run(env.handle_send_to_api(group(), item="item-7"))
+    asyncio.run(env.handle_send_to_api(group(scores=(1.0, 1.0)), item="same-scores"))
+    assert env.calls == ["add_rollouts:item-7"], "a dropped group reached add_rollouts_for_wandb"
+    env.task_duration = [0.5, 1.5]
+    with caplog.at_level("INFO", logger="atroposlib.envs"):
+        asyncio.run(env.wandb_log())
+    assert env.calls[1:] == ["create_rollout_table", "perf_stats"]
+    assert env.tables == [{"rows": 1}]
+    line = next(r.getMessage() for r in caplog.records if "metrics:" in r.getMessage())
+    for key in (
+        "train/mine",
+        "train/custom_table_rows",
+        "train/completion_lengths",
+        "train/completion_lengths_std",
+        "train/completion_lengths_p95",
+        "train_perf/task_duration_mean",
+    ):
+        assert f"'{key}'" in line, (key, line)
+    assert env.completion_lengths == [] and env.task_duration == []
+
+
+def test_wandb_gets_prefixed_keys_and_the_trainers_project(tiny_model_path, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    env = make_env(tiny_model_path, use_wandb=True, wandb_name="arith")
+    env.wandb_prepend = "arith_env"
+    env.curr_step = 3
+
+    class WandbInfo(RecordingClient):
+        async def wandb_info(self):
+            return {"project": "trainer-project", "group": "trainer-group"}
+
+    env.client = WandbInfo()
+    asyncio.run(env.setup_wandb())
+    asyncio.run(env.handle_send_to_api(group()))
+    asyncio.run(env.wandb_log({"train/extra": 2.0}))
+    run = env._wandb_run
+    assert run.settings.mode == "offline"
+    run.finish()
+    (recorded,) = offline_runs(tmp_path)
+    assert (recorded.project, recorded.group) == ("trainer-project", "trainer-group")
+    assert recorded.name.startswith("arith-") and len(recorded.name.split("-")[-1]) == 6
+    (row,) = recorded.history
+    assert row["_step"] == 3
+    assert row["arith_env_train/extra"] == 2.0 and row["arith_env_train/mine"] == 0.25
+    assert row["arith_env_train/custom_table_rows"] == 1
+    assert not {"train/extra", "train/mine"} & set(row), "keys were not prefixed"
+    assert wandb.run is None
