@@ -9,9 +9,6 @@ checked against the game.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import httpx
 import pytest
 
 from tests.support.compat_policies import (
@@ -23,17 +20,8 @@ from tests.support.compat_policies import (
     blackjack_reply,
     long_episode_seed,
 )
-from tests.support.compat_runs import (
-    ServingEnv,
-    failure,
-    pull_batches,
-    read_jsonl,
-    register_trainer,
-    run_env,
-    serve_flags,
-    tiny_flags,
-)
-from tests.support.policy_server import PolicyChatServer
+from tests.support.compat_runs import process_groups, serve_flags, serve_groups, tiny_flags
+from tests.support.policy_server import policy_fixture
 
 pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
@@ -41,11 +29,7 @@ pytest.importorskip("gymnasium")
 SCRIPT = "blackjack_best_of_n.py"
 
 
-@pytest.fixture
-def model() -> Iterator[PolicyChatServer]:
-    server = PolicyChatServer(blackjack_policy)
-    yield server
-    server.close()
+model = policy_fixture(blackjack_policy)
 
 
 def history_actions(messages: list[dict]) -> list[int]:
@@ -67,16 +51,13 @@ def check_history(messages: list[dict]) -> None:
 
 def test_process_plays_several_turns_scored_by_the_game(model, tiny_model_path, tmp_path):
     seed = long_episode_seed()
-    done = run_env(
+    groups = process_groups(
         SCRIPT,
-        "process",
         tmp_path,
         *tiny_flags(tiny_model_path, model.url),
         *("--env.total_steps", "2", "--env.first_seed", str(seed)),
-        *("--env.data_path_to_save_groups", "game.jsonl"),
+        groups_file="game.jsonl",
     )
-    assert done.returncode == 0, failure(done)
-    groups = read_jsonl(tmp_path / "game.jsonl")
     first_episode = [g for g in groups if g["seed"] == seed]
     assert len(first_episode) >= 2, "the first episode should last several turns"
     for turn, group in enumerate(first_episode):
@@ -101,14 +82,9 @@ def test_serve_sends_every_turn_as_a_group(api_factory, model, tiny_model_path, 
         *serve_flags(api.url, "--env.ensure_scores_are_not_same", "false"),
         *("--env.first_seed", str(seed), "--env.max_num_workers", "1"),
     ]
-    with httpx.Client(base_url=api.url, timeout=30) as client:
-        register_trainer(client, batch_size=4, max_token_len=4096)
-        env = ServingEnv(SCRIPT, tmp_path / "serve", *args)
-        try:
-            batches = pull_batches(client, 2, env)
-        finally:
-            env.stop()
-    groups = [group for batch in batches for group in batch]
+    groups, _ = serve_groups(
+        api.url, SCRIPT, tmp_path / "serve", *args, batch_size=4, max_token_len=4096
+    )
     assert len(groups) == 4
     for group in groups:
         assert len(group["tokens"]) == 2

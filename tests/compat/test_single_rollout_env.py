@@ -10,19 +10,9 @@ from __future__ import annotations
 
 import difflib
 
-import httpx
 import pytest
 
-from tests.support.compat_runs import (
-    ServingEnv,
-    failure,
-    pull_batches,
-    read_jsonl,
-    register_trainer,
-    run_env,
-    serve_flags,
-    tiny_flags,
-)
+from tests.support.compat_runs import process_groups, serve_flags, serve_groups, tiny_flags
 
 pytest.importorskip("torch")
 
@@ -56,30 +46,22 @@ def test_serve_stacks_single_rollouts_into_groups(
         *serve_flags(api.url, "--env.ensure_scores_are_not_same", "false"),
         *("--env.include_messages", "true", "--env.group_size", "2"),
     ]
-    with httpx.Client(base_url=api.url, timeout=30) as client:
-        register_trainer(client, batch_size=4, max_token_len=2048)
-        env = ServingEnv(SCRIPT, tmp_path / "serve", *args)
-        try:
-            batches = pull_batches(client, 2, env)
-        finally:
-            env.stop()
-    groups = [group for batch in batches for group in batch]
+    groups, _ = serve_groups(
+        api.url, SCRIPT, tmp_path / "serve", *args, batch_size=4, max_token_len=2048
+    )
     assert len(groups) == 4
     for group in groups:
         check_group(group, 2)
 
 
 def test_process_writes_stacked_groups(inference_server, tiny_model_path, tmp_path):
-    done = run_env(
+    groups = process_groups(
         SCRIPT,
-        "process",
         tmp_path,
         *tiny_flags(tiny_model_path, f"{inference_server.url}/v1"),
         *("--env.total_steps", "2", "--env.group_size", "3"),
-        *("--env.data_path_to_save_groups", "rollouts.jsonl"),
+        groups_file="rollouts.jsonl",
     )
-    assert done.returncode == 0, failure(done)
-    groups = read_jsonl(tmp_path / "rollouts.jsonl")
     assert len(groups) == 2
     for group in groups:
         check_group(group, 3)

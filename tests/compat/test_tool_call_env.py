@@ -6,34 +6,18 @@ wrong arguments and prose, so the scores the env gives are known exactly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import httpx
 import pytest
 
 from tests.support.compat_policies import HERMES_SCORES, TOOL_ANSWERS, hermes_policy
-from tests.support.compat_runs import (
-    ServingEnv,
-    failure,
-    pull_batches,
-    read_jsonl,
-    register_trainer,
-    run_env,
-    serve_flags,
-    tiny_flags,
-)
-from tests.support.policy_server import PolicyChatServer
+from tests.support.compat_runs import process_groups, serve_flags, serve_groups, tiny_flags
+from tests.support.policy_server import PolicyChatServer, policy_fixture
 
 pytest.importorskip("torch")
 
 SCRIPT = "hermes_tool_call_server.py"
 
 
-@pytest.fixture
-def model() -> Iterator[PolicyChatServer]:
-    server = PolicyChatServer(hermes_policy)
-    yield server
-    server.close()
+model = policy_fixture(hermes_policy)
 
 
 def kind_of(reply: str) -> str:
@@ -63,14 +47,9 @@ def check_requests(model: PolicyChatServer) -> None:
 def test_serve_scores_parsed_tool_calls(api_factory, model, tiny_model_path, tmp_path):
     api = api_factory()
     args = [*tiny_flags(tiny_model_path, model.url), *serve_flags(api.url)]
-    with httpx.Client(base_url=api.url, timeout=30) as client:
-        register_trainer(client, batch_size=6, max_token_len=4096)
-        env = ServingEnv(SCRIPT, tmp_path / "serve", *args)
-        try:
-            batches = pull_batches(client, 2, env)
-        finally:
-            env.stop()
-    groups = [group for batch in batches for group in batch]
+    groups, _ = serve_groups(
+        api.url, SCRIPT, tmp_path / "serve", *args, batch_size=6, max_token_len=4096
+    )
     assert len(groups) == 4
     for group in groups:
         check_group(group)
@@ -78,15 +57,13 @@ def test_serve_scores_parsed_tool_calls(api_factory, model, tiny_model_path, tmp
 
 
 def test_process_scores_parsed_tool_calls(model, tiny_model_path, tmp_path):
-    done = run_env(
+    groups = process_groups(
         SCRIPT,
-        "process",
         tmp_path,
         *tiny_flags(tiny_model_path, model.url),
-        *("--env.total_steps", "2", "--env.data_path_to_save_groups", "tools.jsonl"),
+        *("--env.total_steps", "2"),
+        groups_file="tools.jsonl",
     )
-    assert done.returncode == 0, failure(done)
-    groups = read_jsonl(tmp_path / "tools.jsonl")
     assert len(groups) == 2
     for group in groups:
         check_group(group)

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.support.compat_runs import (
-    ServingEnv,
-    failure,
+    process_groups,
     pull_batches,
     read_jsonl,
-    register_trainer,
-    run_env,
     serve_flags,
+    serving_to_trainer,
     tiny_flags,
 )
 from tests.support.wandb_offline import offline_runs
@@ -89,15 +86,11 @@ def test_serve_calls_the_hooks_and_logs_to_the_trainers_wandb_project(
         *tiny_flags(tiny_model_path, f"{inference_server.url}/v1"),
         *serve_flags(api.url, "--env.hook_log", str(hook_log), "--env.total_steps", "2"),
     ]
-    with httpx.Client(base_url=api.url, timeout=30) as client:
-        register_trainer(client, batch_size=4, max_token_len=2048)
-        env = ServingEnv(SCRIPT, workdir, *args)
-        try:
-            pull_batches(client, 2, env)
-            # at total_steps (with work queued), upstream's env_manager returns by itself
-            code = env.wait(90)
-        finally:
-            env.stop()
+    serving = serving_to_trainer(api.url, SCRIPT, workdir, *args, batch_size=4, max_token_len=2048)
+    with serving as (client, env):
+        pull_batches(client, 2, env)
+        # at total_steps (with work queued), upstream's env_manager returns by itself
+        code = env.wait(90)
     assert code == 0, env.log()[-6000:]
     seen = calls(hook_log)
     for hook in (*ENTRY_HOOKS, "env_step_checks"):
@@ -136,16 +129,14 @@ def test_serve_calls_the_hooks_and_logs_to_the_trainers_wandb_project(
 
 def test_process_calls_the_hooks_and_logs_offline(inference_server, tiny_model_path, tmp_path):
     hook_log = tmp_path / "hooks.jsonl"
-    done = run_env(
+    groups = process_groups(
         SCRIPT,
-        "process",
         tmp_path,
         *tiny_flags(tiny_model_path, f"{inference_server.url}/v1"),
         *("--env.hook_log", str(hook_log), "--env.total_steps", "2"),
-        *("--env.data_path_to_save_groups", "hooked.jsonl"),
+        groups_file="hooked.jsonl",
     )
-    assert done.returncode == 0, failure(done)
-    assert len(read_jsonl(tmp_path / "hooked.jsonl")) == 2
+    assert len(groups) == 2
     seen = calls(hook_log)
     check_logging_hooks(seen, groups=2)
     assert len(seen["wandb_log"]) >= 2, "process logs after every group"

@@ -13,15 +13,7 @@ pytest.importorskip("transformers")
 from atroposlib.envs.api_client import TrajectoryClient  # noqa: E402
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline  # noqa: E402
 from tests.envs.arith_env import ArithEnv  # noqa: E402
-from tests.support.groups import register_env, start_trainer  # noqa: E402
-
-
-class RecordingClient:
-    def __init__(self) -> None:
-        self.sent: list[list[dict]] = []
-
-    def send(self, groups: list[dict]) -> None:
-        self.sent.append(groups)
+from tests.support.groups import RecordingClient, register_env, start_trainer  # noqa: E402
 
 
 @pytest.fixture

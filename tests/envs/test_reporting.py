@@ -10,15 +10,8 @@ pytest.importorskip("transformers")
 
 from atroposlib.envs.base import BaseEnvConfig, ServerBaseline  # noqa: E402
 from tests.envs.arith_env import ArithEnv  # noqa: E402
+from tests.support.groups import RecordingClient  # noqa: E402
 from tests.support.wandb_offline import offline_runs  # noqa: E402
-
-
-class RecordingClient:
-    def __init__(self) -> None:
-        self.sent: list[list[dict]] = []
-
-    def send(self, groups: list[dict]) -> None:
-        self.sent.append(groups)
 
 
 class HookedEnv(ArithEnv):

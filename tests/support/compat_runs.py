@@ -5,6 +5,8 @@ Each env file is started exactly as an upstream user starts one
 working directory, with the Hugging Face caches and wandb pointed into it so a run
 leaves nothing behind and downloads nothing. The trainer stand-in is a plain HTTP
 client: it registers like a trainer, then pulls batches from `/batch`.
+The serve and process flows the compat tests share are functions here, so each
+test file states only its env's flags and what it checks.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +152,37 @@ def pull_batches(
     return batches
 
 
+@contextmanager
+def serving_to_trainer(
+    api_url: str, script: str, workdir: Path, *args: str, batch_size: int, max_token_len: int
+) -> Iterator[tuple[httpx.Client, ServingEnv]]:
+    """A registered trainer stand-in and `script serve ARGS` feeding it; the env stops after."""
+    with httpx.Client(base_url=api_url, timeout=30) as client:
+        register_trainer(client, batch_size=batch_size, max_token_len=max_token_len)
+        env = ServingEnv(script, workdir, *args)
+        try:
+            yield client, env
+        finally:
+            env.stop()
+
+
+def serve_groups(
+    api_url: str,
+    script: str,
+    workdir: Path,
+    *args: str,
+    batch_size: int,
+    max_token_len: int,
+    batches: int = 2,
+) -> tuple[list[dict[str, Any]], ServingEnv]:
+    """The groups of the first `batches` batches the served env sends, and the (stopped) env."""
+    with serving_to_trainer(
+        api_url, script, workdir, *args, batch_size=batch_size, max_token_len=max_token_len
+    ) as (client, env):
+        pulled = pull_batches(client, batches, env)
+    return [group for batch in pulled for group in batch], env
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -155,3 +190,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def failure(done: subprocess.CompletedProcess) -> str:
     """What to show when a run failed: the ends of its output."""
     return f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-6000:]}"
+
+
+def run_env_ok(script: str, command: str, workdir: Path, *args: str) -> None:
+    """`run_env`, failing the test with the run's output unless it exits 0."""
+    done = run_env(script, command, workdir, *args)
+    if done.returncode != 0:
+        raise AssertionError(failure(done))
+
+
+def process_groups(script: str, workdir: Path, *args: str, groups_file: str) -> list[dict]:
+    """`script process ARGS` run to success in `workdir`; the groups it wrote to `groups_file`."""
+    run_env_ok(script, "process", workdir, *args, "--env.data_path_to_save_groups", groups_file)
+    return read_jsonl(workdir / groups_file)

@@ -63,3 +63,13 @@ def drain_batches(client: httpx.Client, most: int = 1000) -> list[list[dict[str,
             return batches
         batches.append(batch)
     raise AssertionError(f"/batch still served batches after {most}")
+
+
+class RecordingClient:
+    """Stands in for an env's TrajectoryClient in-process: keeps what `send` was given."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[dict]] = []
+
+    def send(self, groups: list[dict]) -> None:
+        self.sent.append(groups)

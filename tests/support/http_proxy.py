@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+
+from tests.support.json_http import LocalHttpServer, QuietHandler
 
 
 @dataclass
@@ -20,7 +21,7 @@ class Delivery:
     delivered: bool
 
 
-class LossyProxy:
+class LossyProxy(LocalHttpServer):
     """Forwards every request to `target`; drops the first batch answer for `drop_step`.
 
     Dropping means closing the connection without a response after the API has
@@ -33,17 +34,7 @@ class LossyProxy:
         self.drop_step = drop_step
         self.deliveries: list[Delivery] = []
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> LossyProxy:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(_ForwardingHandler)
 
     def _record(self, path: str, body: bytes) -> bool:
         """Log a batch answer; True when this answer must be lost."""
@@ -61,33 +52,26 @@ class LossyProxy:
             self.deliveries.append(Delivery(step, tags, delivered=not drop))
         return drop
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def _forward(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                headers = {
-                    k: v
-                    for k, v in self.headers.items()
-                    if k.lower() not in ("host", "content-length", "connection")
-                }
-                answer = httpx.request(
-                    self.command, proxy.target + self.path, content=body, headers=headers
-                )
-                if answer.status_code == 200 and proxy._record(self.path, answer.content):
-                    self.close_connection = True  # the answer is lost on the way back
-                    return
-                self.send_response(answer.status_code)
-                self.send_header("Content-Type", answer.headers.get("content-type", "text/plain"))
-                self.send_header("Content-Length", str(len(answer.content)))
-                self.end_headers()
-                self.wfile.write(answer.content)
+class _ForwardingHandler(QuietHandler):
+    def _forward(self) -> None:
+        proxy: LossyProxy = self.owner
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        headers = {
+            k: v
+            for k, v in self.headers.items()
+            if k.lower() not in ("host", "content-length", "connection")
+        }
+        url = proxy.target + self.path
+        answer = httpx.request(self.command, url, content=body, headers=headers)
+        if answer.status_code == 200 and proxy._record(self.path, answer.content):
+            self.close_connection = True  # the answer is lost on the way back
+            return
+        self.send_response(answer.status_code)
+        self.send_header("Content-Type", answer.headers.get("content-type", "text/plain"))
+        self.send_header("Content-Length", str(len(answer.content)))
+        self.end_headers()
+        self.wfile.write(answer.content)
 
-            do_GET = do_POST = _forward
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler
+    do_GET = do_POST = _forward

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from tests.support.json_http import JsonHandler, LocalHttpServer
 
 QUESTION = [
     {"role": "system", "content": "Answer with one digit."},
@@ -31,7 +30,27 @@ CHAT = {
 }
 
 
-class ScriptedServer:
+class _StatusScriptHandler(JsonHandler):
+    def do_POST(self) -> None:  # noqa: N802 - http.server API
+        server: ScriptedServer = self.owner
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        with server.lock:
+            server.requests += 1
+            server.in_flight += 1
+            server.max_in_flight = max(server.max_in_flight, server.in_flight)
+            status = server.script.pop(0) if server.script else 200
+        time.sleep(server.delay_s)  # the scripted latency, so requests overlap
+        self._answer(status, CHAT if status == 200 else {"error": {"message": f"status {status}"}})
+        with server.lock:
+            server.in_flight -= 1
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server API
+        # like a hosted API: a model list, but no /health route
+        found = self.path.rstrip("/").endswith("/models")
+        self._answer(200 if found else 404, {"object": "list", "data": []} if found else {})
+
+
+class ScriptedServer(LocalHttpServer):
     """Answers each request with the next status of `script` (then 200), tracking concurrency."""
 
     def __init__(self, script: list[int], delay_s: float = 0.0) -> None:
@@ -40,45 +59,5 @@ class ScriptedServer:
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
-        lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server API
-                self.rfile.read(int(self.headers.get("content-length", 0)))
-                with lock:
-                    outer.requests += 1
-                    outer.in_flight += 1
-                    outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
-                    status = outer.script.pop(0) if outer.script else 200
-                time.sleep(outer.delay_s)
-                body = json.dumps(
-                    CHAT if status == 200 else {"error": {"message": f"status {status}"}}
-                )
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body.encode())
-                with lock:
-                    outer.in_flight -= 1
-
-            def do_GET(self):  # noqa: N802 - http.server API
-                # like a hosted API: a model list, but no /health route
-                found = self.path.rstrip("/").endswith("/models")
-                body = json.dumps({"object": "list", "data": []} if found else {})
-                self.send_response(200 if found else 404)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body.encode())
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
+        self.lock = threading.Lock()
+        super().__init__(_StatusScriptHandler, path="/v1")

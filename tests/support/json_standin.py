@@ -6,50 +6,33 @@ their documented wire shapes; every request body is recorded for the test to ins
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.support.json_http import JsonHandler, LocalHttpServer
 
 Route = Callable[[dict[str, Any]], Any]
 
 
-class JsonStandIn:
+class _RouteHandler(JsonHandler):
+    def do_POST(self) -> None:  # noqa: N802 - http.server API
+        server: JsonStandIn = self.owner
+        body = self.read_json()
+        server.requests.append((self.path, body))
+        route = server.routes.get(self.path)
+        if route is None:
+            self._answer(404, {"error": "no route"})
+        else:
+            self._answer(200, route(body))
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server API
+        self._answer(200 if self.path == "/health" else 404, {})
+
+
+class JsonStandIn(LocalHttpServer):
+    """Answers a POST to a path in `routes` with `routes[path](body)`; `requests` records them."""
+
     def __init__(self, routes: dict[str, Route]) -> None:
         self.routes = routes
         self.requests: list[tuple[str, dict[str, Any]]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server API
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
-                outer.requests.append((self.path, body))
-                route = outer.routes.get(self.path)
-                self._answer(404, {"error": "no route"}) if route is None else self._answer(
-                    200, route(body)
-                )
-
-            def do_GET(self):  # noqa: N802 - http.server API
-                self._answer(200 if self.path == "/health" else 404, {})
-
-            def _answer(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(10)
+        super().__init__(_RouteHandler)

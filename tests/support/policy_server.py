@@ -9,11 +9,13 @@ the n reply texts. Every request is recorded, so a test can check what the env s
 
 from __future__ import annotations
 
-import json
 import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import pytest
+
+from tests.support.json_http import JsonHandler, LocalHttpServer
 
 Policy = Callable[[list[dict[str, Any]], int], list[str]]
 
@@ -37,51 +39,45 @@ def chat_body(model: str, texts: list[str]) -> dict[str, Any]:
     }
 
 
-class PolicyChatServer:
+class _PolicyHandler(JsonHandler):
+    def do_POST(self) -> None:  # noqa: N802 - http.server API
+        server: PolicyChatServer = self.owner
+        body = self.read_json()
+        with server.lock:
+            server.requests.append(body)
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            return self._answer(404, {"error": {"message": f"no route {self.path}"}})
+        try:
+            texts = server.policy(body["messages"], int(body.get("n") or 1))
+        except Exception as exc:  # a policy bug shows up as a 500 the env logs
+            return self._answer(500, {"error": {"message": repr(exc)}})
+        self._answer(200, chat_body(body.get("model", "policy"), texts))
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server API
+        path = self.path.rstrip("/")
+        if path.endswith("/models"):
+            return self._answer(200, {"object": "list", "data": [{"id": "policy"}]})
+        if path.endswith("/health"):
+            return self._answer(200, {})
+        self._answer(404, {})
+
+
+class PolicyChatServer(LocalHttpServer):
     """Serves `policy` on 127.0.0.1 (port chosen at run time); `url` ends in /v1."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.requests: list[dict[str, Any]] = []
-        lock = threading.Lock()
-        outer = self
+        self.lock = threading.Lock()
+        super().__init__(_PolicyHandler, path="/v1")
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server API
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
-                with lock:
-                    outer.requests.append(body)
-                if not self.path.rstrip("/").endswith("/chat/completions"):
-                    return self._answer(404, {"error": {"message": f"no route {self.path}"}})
-                try:
-                    texts = outer.policy(body["messages"], int(body.get("n") or 1))
-                except Exception as exc:  # a policy bug shows up as a 500 the env logs
-                    return self._answer(500, {"error": {"message": repr(exc)}})
-                self._answer(200, chat_body(body.get("model", "policy"), texts))
 
-            def do_GET(self):  # noqa: N802 - http.server API
-                path = self.path.rstrip("/")
-                if path.endswith("/models"):
-                    return self._answer(200, {"object": "list", "data": [{"id": "policy"}]})
-                if path.endswith("/health"):
-                    return self._answer(200, {})
-                self._answer(404, {})
+def policy_fixture(policy: Policy) -> Any:
+    """A pytest fixture serving `policy` for one test; bind it to the fixture's name."""
 
-            def _answer(self, status: int, payload: dict[str, Any]) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+    @pytest.fixture
+    def serve() -> Iterator[PolicyChatServer]:
+        with PolicyChatServer(policy) as server:
+            yield server
 
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    return serve

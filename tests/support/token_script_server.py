@@ -9,10 +9,10 @@ request takes the next scripted reply per choice; every request body is recorded
 
 from __future__ import annotations
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.support.json_http import JsonHandler, LocalHttpServer
 
 LOGPROB = -0.25  # every scripted token's logprob
 
@@ -42,45 +42,28 @@ def completion_body(replies: list[tuple[list[int], str]]) -> dict[str, Any]:
     }
 
 
-class TokenScriptServer:
+class _ScriptHandler(JsonHandler):
+    def do_POST(self) -> None:  # noqa: N802 - http.server API
+        server: TokenScriptServer = self.owner
+        body = self.read_json()
+        with server.lock:
+            server.requests.append(body)
+            n = body.get("n") or 1
+            if not self.path.endswith("/completions") or len(server.replies) < n:
+                self._answer(400, {"error": {"message": "no scripted reply left"}})
+                return
+            taken, server.replies[:n] = server.replies[:n], []
+        self._answer(200, completion_body(taken))
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server API
+        self._answer(200 if self.path == "/health" else 404, {})
+
+
+class TokenScriptServer(LocalHttpServer):
     """`replies`: (completion token ids, finish reason) pairs, consumed one per choice."""
 
     def __init__(self, replies: list[tuple[list[int], str]]) -> None:
         self.replies = list(replies)
         self.requests: list[dict[str, Any]] = []
-        lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server API
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
-                with lock:
-                    outer.requests.append(body)
-                    n = body.get("n") or 1
-                    if not self.path.endswith("/completions") or len(outer.replies) < n:
-                        self._answer(400, {"error": {"message": "no scripted reply left"}})
-                        return
-                    taken, outer.replies[:n] = outer.replies[:n], []
-                self._answer(200, completion_body(taken))
-
-            def do_GET(self):  # noqa: N802 - http.server API
-                self._answer(200 if self.path == "/health" else 404, {})
-
-            def _answer(self, status: int, payload: dict[str, Any]) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.lock = threading.Lock()
+        super().__init__(_ScriptHandler)

@@ -290,10 +290,26 @@ class APIServer(ABC):
         self.sem.update_weight(weight)
         self.eval_sem.update_weight(weight)
 
+    def native_url(self, route: str) -> str:
+        """A route of the server itself (/health, /generate), beside its OpenAI `/v1`."""
+        base = self.endpoint_url
+        return (base[: -len("/v1")] if base.endswith("/v1") else base) + route
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        key = self.endpoint_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def post_json(self, url: str, body: Any) -> Any:
+        """POST to one of the server's native routes (bearer key, request timeout); its JSON."""
+        async with httpx.AsyncClient(timeout=self.config.timeout, headers=self.auth_headers) as c:
+            response = await c.post(url, json=body)
+            response.raise_for_status()
+            return response.json()
+
     @property
     def health_url(self) -> str:
-        base = self.endpoint_url
-        return (base[: -len("/v1")] if base.endswith("/v1") else base) + "/health"
+        return self.native_url("/health")
 
     async def probe(self) -> bool:
         """One health probe; updates `server_healthy`.
@@ -301,10 +317,8 @@ class APIServer(ABC):
         GET /health (vLLM, sglang, atropos-inference-server). A server with no such route
         (hosted OpenAI-compatible APIs answer 404) is healthy when its model list answers.
         """
-        key = self.endpoint_key
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            async with httpx.AsyncClient(timeout=5, headers=headers) as client:
+            async with httpx.AsyncClient(timeout=5, headers=self.auth_headers) as client:
                 status = (await client.get(self.health_url)).status_code
                 if status in NO_SUCH_ROUTE:
                     status = (await client.get(self.endpoint_url + "/models")).status_code

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.vllm_server import MAX_TOKEN_ALIASES, prompt_token_ids
 
@@ -29,8 +27,7 @@ class SGLangServer(OpenAIServer):
 
     @property
     def generate_url(self) -> str:
-        base = self.endpoint_url
-        return (base[: -len("/v1")] if base.endswith("/v1") else base) + "/generate"
+        return self.native_url("/generate")
 
     async def _tokens_and_logprobs_completion_wrapper(
         self, **kwargs: Any
@@ -50,12 +47,7 @@ class SGLangServer(OpenAIServer):
             "return_logprob": True,
             "return_text_in_logprobs": False,
         }
-        key = self.endpoint_key
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        async with httpx.AsyncClient(timeout=self.config.timeout, headers=headers) as client:
-            response = await client.post(self.generate_url, json=request)
-            response.raise_for_status()
-            answers = response.json()
+        answers = await self.post_json(self.generate_url, request)
         if not isinstance(answers, list):
             answers = [answers]
         outputs, logprobs, finish = [], [], []

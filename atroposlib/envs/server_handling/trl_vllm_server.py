@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 from openai.types.chat import ChatCompletion
 from openai.types.completion import Completion
 
@@ -35,17 +34,14 @@ class TrlVllmServer(APIServer):
 
     @property
     def generate_url(self) -> str:
-        return self.endpoint_url + "/generate/"
+        return self.endpoint_url + "/generate/"  # TRL's server has no /v1
 
     async def _generate(self, prompt: str, kwargs: dict[str, Any]) -> list[list[int]]:
         body = {"prompts": [prompt]}
         for name, default in SAMPLING_DEFAULTS.items():
             value = kwargs.get(name)
             body[name] = default if value is None else value
-        async with httpx.AsyncClient(timeout=self.config.timeout) as client:
-            response = await client.post(self.generate_url, json=body)
-            response.raise_for_status()
-            return response.json()["completion_ids"]
+        return (await self.post_json(self.generate_url, body))["completion_ids"]
 
     def _finish(self, ids: list[int]) -> str:
         return "stop" if self.tokenizer.eos_token_id in ids else "length"

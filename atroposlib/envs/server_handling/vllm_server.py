@@ -22,8 +22,6 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 
 MAX_TOKEN_ALIASES = ("max_new_tokens", "max_completion_tokens")  # upstream's order: last wins
@@ -106,8 +104,7 @@ class VLLMServer(OpenAIServer):
     @property
     def generate_url(self) -> str:
         """vLLM's native generation route, beside (not under) the OpenAI `/v1`."""
-        base = self.endpoint_url
-        return (base[: -len("/v1")] if base.endswith("/v1") else base) + "/generate"
+        return self.native_url("/generate")
 
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> dict[str, Any]:
         """Top-k prompt logprobs from `/generate` with `prompt_logprobs` (upstream's request:
@@ -130,12 +127,7 @@ class VLLMServer(OpenAIServer):
             "top_p": 1.0,
         }
         request.setdefault("max_tokens", 1)
-        key = self.endpoint_key
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        async with httpx.AsyncClient(timeout=self.config.timeout, headers=headers) as client:
-            response = await client.post(self.generate_url, json=request)
-            response.raise_for_status()
-            answer = response.json()
+        answer = await self.post_json(self.generate_url, request)
         return normalize_prompt_logprobs(answer, prompt_ids)
 
     @staticmethod

@@ -16,22 +16,8 @@ from atroposlib.envs.server_handling.server_baseline import APIServer, APIServer
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.server_handling.vllm_server import VLLMServer, encode_prompt
 from tests.support.inference_servers import server_config
-from tests.support.json_standin import JsonStandIn
 
 KEYS = {"prompt_tokens", "prompt_topk_token_ids", "prompt_topk_logprobs"}
-
-
-@pytest.fixture
-def standin():
-    made: list[JsonStandIn] = []
-
-    def make(routes):
-        made.append(JsonStandIn(routes))
-        return made[-1]
-
-    yield make
-    for server in made:
-        server.close()
 
 
 def test_vllm_prompt_logprobs_match_the_model(inference_server, tiny_model_path):

@@ -21,20 +21,6 @@ from atroposlib.envs.server_handling.sglang_server import SGLangServer
 from atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
 from tests.support.inference_servers import ScriptedServer
-from tests.support.json_standin import JsonStandIn
-
-
-@pytest.fixture
-def standin():
-    made: list[JsonStandIn] = []
-
-    def make(routes):
-        made.append(JsonStandIn(routes))
-        return made[-1]
-
-    yield make
-    for server in made:
-        server.close()
 
 
 def test_each_server_type_gets_its_client_and_abstract_class_means_by_type():
