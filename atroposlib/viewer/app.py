@@ -1,0 +1,106 @@
+"""The Gradio page of `view-run`: a button that pulls one batch and shows its groups.
+
+This is the only viewer module that imports Gradio, and it does so inside functions, so
+`import atroposlib.viewer.app` works without it and the tools say how to install it.
+Pulling happens on a click (one `/batch` call each), never in a loop: a page left open
+does not drain the run, and an API that is down or empty is reported at once instead of
+hanging the page. The tokenizer is loaded before the page starts, so a wrong
+`--tokenizer` stops the tool with a message rather than failing on the first click.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from atroposlib.viewer.render import Decoder, render_batch, render_notice, scoped_css
+from atroposlib.viewer.settings import ViewRunSettings
+from atroposlib.viewer.source import GroupSource
+
+INSTALL_HINT = "view-run needs Gradio: pip install gradio"
+PULL_BUTTON = "Grab next batch"
+
+
+class ViewerError(RuntimeError):
+    """A problem that stops the tool before the page starts (message for the user)."""
+
+
+def load_tokenizer(name: str) -> Decoder:
+    """The tokenizer that decodes the tokens; ViewerError when it cannot be loaded."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as error:  # noqa: BLE001 - hub, disk and format errors all end here
+        raise ViewerError(
+            f"cannot load tokenizer {name!r}: {error}. Pass --tokenizer with a local path or "
+            "a name already in the Hugging Face cache."
+        ) from None
+
+
+def _import_gradio() -> Any:
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home
+    try:
+        import gradio
+    except ImportError:
+        raise ViewerError(INSTALL_HINT) from None
+    return gradio
+
+
+def build_app(
+    settings: ViewRunSettings, decoder: Decoder, source: GroupSource, multimodal: bool
+) -> Any:
+    """The Gradio Blocks of the page (not launched)."""
+    gr = _import_gradio()
+    title = "view-run-multimodal" if multimodal else "view-run"
+    pulled = {"batches": 0}
+
+    def grab() -> tuple[Any, Any]:
+        result = source.pull()
+        if result.groups is None:
+            return render_notice(result.kind, result.message), gr.skip()
+        pulled["batches"] += 1
+        notice = render_notice("ok", f"Batch {pulled['batches']} from {settings.api_url}")
+        return notice, render_batch(result.groups, decoder, show_images=multimodal)
+
+    with gr.Blocks(title=title) as app:
+        gr.Markdown(
+            f"## {title}\nGroups pulled from the trajectory API at `{settings.api_url}` "
+            f"(batches of {settings.batch_size} sequences). Each click takes one batch "
+            "off the queue: this page acts as the run's trainer."
+        )
+        button = gr.Button(PULL_BUTTON, variant="primary", elem_id="grab-batch")
+        status = gr.HTML(
+            render_notice("waiting", f"Press '{PULL_BUTTON}' to pull a batch."),
+            elem_id="view-status",
+        )
+        groups = gr.HTML("", elem_id="view-groups")
+        button.click(grab, outputs=[status, groups], api_name="get_batch")
+    return app
+
+
+def serve(settings: ViewRunSettings, multimodal: bool = False) -> int:
+    """Load the tokenizer, then serve the page until interrupted; the exit status."""
+    try:
+        _import_gradio()
+        decoder = load_tokenizer(settings.tokenizer)
+    except ViewerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    source = GroupSource(settings.api_url, settings.batch_size, settings.max_token_len)
+    app = build_app(settings, decoder, source, multimodal)
+    try:
+        app.launch(
+            server_name=settings.host,
+            server_port=settings.port,
+            share=False,
+            css=scoped_css(),
+            footer_links=[],
+        )
+    except OSError as error:
+        print(f"error: cannot serve on {settings.host}:{settings.port}: {error}", file=sys.stderr)
+        return 2
+    finally:
+        source.close()
+    return 0

@@ -1,0 +1,55 @@
+"""The viewers' settings: upstream's four flags plus where the API and the page are.
+
+One pydantic model per tool feeds both `--help` and validation (atroposlib.utils.flags).
+The page binds to loopback unless told otherwise: it shows training data and lets anyone
+who reaches it pull batches off the run (upstream shared it through a public Gradio link).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+DEFAULT_TOKENIZER = "NousResearch/DeepHermes-3-Llama-3-8B-Preview"
+DEFAULT_MULTIMODAL_TOKENIZER = "Qwen/Qwen2-VL-2B-Instruct"
+BATCHES_OF_GROUPS = 8
+"""The viewer registers for batches of group_size * 8 sequences, as upstream does."""
+
+
+class ViewRunSettings(BaseModel):
+    """Flags of `view-run`."""
+
+    port: int = Field(9001, ge=1, le=65535, description="Port of the web page.")
+    group_size: int = Field(
+        2,
+        gt=0,
+        description="Sequences per group; the viewer asks the API for batches of "
+        f"group_size * {BATCHES_OF_GROUPS} sequences.",
+    )
+    max_token_len: int = Field(
+        2048, gt=0, description="Token limit sent to the API when registering."
+    )
+    tokenizer: str = Field(
+        DEFAULT_TOKENIZER,
+        description="Tokenizer (Hugging Face name or local path) that decodes the tokens.",
+    )
+    api_url: str = Field(
+        "http://localhost:8000", description="URL of the running trajectory API (run-api)."
+    )
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the page listens on; 0.0.0.0 shows it to the whole network.",
+    )
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per batch the viewer registers for."""
+        return self.group_size * BATCHES_OF_GROUPS
+
+
+class MultimodalViewRunSettings(ViewRunSettings):
+    """Flags of `view-run-multimodal`: the same, with a vision-language tokenizer."""
+
+    tokenizer: str = Field(
+        DEFAULT_MULTIMODAL_TOKENIZER,
+        description="Tokenizer (Hugging Face name or local path) that decodes the tokens.",
+    )
