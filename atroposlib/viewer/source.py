@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from atroposlib.viewer.puller import BatchPuller, PullError
+from atroposlib.datagen.pull import BatchPuller, PullError
 
 KEY_HINT = "set ATROPOS_API_KEY to the key run-api was started with, then restart the viewer"
 WAITING = "No batch yet: is an environment serving?"
@@ -52,7 +52,9 @@ class GroupSource:
     ) -> None:
         self.api_url = api_url
         self.batch_size = batch_size
-        self._puller = BatchPuller(api_url, batch_size, max_token_len, api_key=api_key)
+        self._puller = BatchPuller(
+            api_url, batch_size, max_token_len, api_key=api_key, tool="atropos-view-run", retry_s=0
+        )
         self._registered = False
 
     def pull(self) -> Pulled:

@@ -1,0 +1,74 @@
+"""The jsonl output: checked before anything else, written one whole line at a time.
+
+Design: each record is serialised first and written as one complete line, then flushed,
+so a reader or a crash sees only whole lines. The writer marks the write as a critical
+section (`busy`) so a signal handler can wait for the line to finish instead of
+interrupting it. The output directory is never created: a typo in the path should stop
+the tool before it registers, not leave data in an unexpected place. An existing file is
+only ever appended to (`--append-to-previous`), never truncated; a new file is created
+exclusively, so a file appearing in between is not overwritten either.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class OutputError(ValueError):
+    """The output path cannot be used; the message says what to do."""
+
+
+def check_output(path: Path, append: bool) -> None:
+    """Refuse a path in a missing directory, a directory, or an existing file without append."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(
+            f"the directory of {path} does not exist: create it first (mkdir -p {parent})"
+        )
+    if path.is_dir():
+        raise OutputError(f"{path} is a directory; give a file path such as {path}/data.jsonl")
+    if path.exists() and not append:
+        raise OutputError(
+            f"{path} already exists: pass --append-to-previous to add to it, or choose "
+            "another path (it is never overwritten)"
+        )
+
+
+class JsonlWriter:
+    """Appends records to a jsonl file, one flushed line per record."""
+
+    def __init__(self, path: Path, append: bool) -> None:
+        self.path = path
+        self.count = 0
+        self.busy = False
+        self._file = open(path, "ab" if append else "xb")  # noqa: SIM115 - closed in close()
+        if append and self._file.tell() > 0 and not _ends_with_newline(path):
+            self._file.write(b"\n")  # finish a line someone else left open
+            self._file.flush()
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False).encode() + b"\n"
+        self.busy = True
+        try:
+            self._file.write(line)
+            self._file.flush()
+        finally:
+            self.busy = False
+        self.count += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as existing:
+        existing.seek(-1, 2)
+        return existing.read(1) == b"\n"

@@ -1,0 +1,367 @@
+"""atropos-sft-gen: upstream's rejection rules, TRL-ready output, and bad input, for real."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import pytest
+
+from atroposlib.datagen.groups import GroupProblem, Scored, sequences, text_sequences
+from atroposlib.datagen.sft import keep_best, sft_record
+from atroposlib.utils.tiny_model_training import SYSTEM_PROMPT
+from tests.support.datagen import DataTool, post_groups, read_jsonl, trl_sft_dataset
+from tests.support.ports import free_port
+from tests.support.processes import EnvProcess, serve_args
+from tests.support.text_groups import text_group
+from tests.support.waiting import wait_until
+
+PROMPT = "Question: what is 3 + 4?\nAnswer:"
+ANSWERS = [" 1", " 0", " 3", " -1", " 2"]
+SCORES = [1.0, 0.0, 3.0, -1.0, 2.0]
+
+
+def scored(*scores: float) -> list[Scored]:
+    return [Scored(score, "p", f"c{i}") for i, score in enumerate(scores)]
+
+
+def names(kept: list[Scored]) -> list[str]:
+    return [seq.completion for seq in kept]
+
+
+def test_keep_best_follows_upstreams_rules():
+    group = scored(*SCORES)
+    assert names(keep_best(group, 3)) == ["c2", "c4", "c0"]  # best first, <= 0 dropped
+    assert names(keep_best(group, 2)) == ["c2", "c4"]
+    assert names(keep_best(group, 9, allow_negative_scores=True)) == ["c2", "c4", "c0", "c1", "c3"]
+    # more than 3.5 above the group's lowest (-1, a dropped sequence) means above 2.5
+    assert names(keep_best(group, 9, minimum_score_diff_max_min=3.5)) == ["c2"]
+    assert names(keep_best(group, 9, minimum_score_diff_max_min=3.0)) == ["c2"]  # 4 > 3, 3 is not
+    assert names(keep_best(scored(1.0, 1.0, 0.5), 9, minimum_score_diff_max_min=0.5)) == []
+    assert names(keep_best(scored(2.0, 5.0, 2.0), 9)) == ["c1", "c0", "c2"]  # ties keep order
+
+
+def test_records_in_trl_and_atropos_keys():
+    seq = Scored(2.0, "Q:", " A")
+    assert sft_record(seq, messages=False) == {"prompt": "Q:", "completion": " A"}
+    assert sft_record(seq, False, "atropos") == {"prefix": "Q:", "completion": " A", "score": 2.0}
+    chat = Scored(1.0, [{"role": "user", "content": "q"}], [{"role": "assistant", "content": "a"}])
+    assert sft_record(chat, messages=True) == {"messages": chat.prompt + chat.completion}
+    assert sft_record(chat, True, "atropos") == {"messages": chat.whole, "score": 1.0}
+
+
+def test_text_split_stops_at_the_masked_prompt(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    group = text_group(tok, PROMPT, [" 42", " 45"], [1.0, 0.0])  # completions share " 4"
+    split = text_sequences(group, tok)
+    assert [(s.prompt, s.completion) for s in split] == [(PROMPT, " 42"), (PROMPT, " 45")]
+    unmasked = {**group, "masks": [list(t) for t in group["tokens"]]}
+    shared = text_sequences(unmasked, tok)  # no masked prompt: the shared tokens are the prompt
+    assert all(
+        s.prompt + s.completion == PROMPT + c for s, c in zip(shared, [" 42", " 45"], strict=True)
+    )
+    assert len(shared[0].prompt) > len(PROMPT)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"scores": [1.0]}, "1 scores for 2 sequences"),
+        ({"masks": [[-100, 1]]}, "1 masks for 2 sequences"),
+        ({"masks": [[-100, 1], [-100]]}, "sequence 1 has 2 tokens but 1 mask values"),
+        ({"scores": [1.0, float("nan")]}, "not all finite"),
+    ],
+)
+def test_a_group_with_mismatched_lengths_is_a_group_problem(change, why):
+    group = {"tokens": [[5, 1], [5, 2]], "masks": [[-100, 1], [-100, 2]], "scores": [1.0, 0.0]}
+    with pytest.raises(GroupProblem, match=why):
+        sequences({**group, **change}, tokenizer=None, messages=True)
+
+
+def test_messages_mode_needs_messages():
+    group = {"tokens": [[5, 1]], "masks": [[-100, 1]], "scores": [1.0]}
+    with pytest.raises(GroupProblem, match="--env.include_messages true"):
+        sequences(group, tokenizer=None, messages=True)
+
+
+def sft_tool(tmp_path, out, api_url, *extra, env=None) -> DataTool:
+    args = [str(out), "--api-url", api_url, "--group-size", "5", "--tasks-per-step", "1", *extra]
+    return DataTool("sft", tmp_path, *args, env=env)
+
+
+def test_text_records_follow_the_rules_and_feed_trls_sft_trainer(
+    api, client, tmp_path, tiny_model_path
+):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    out = tmp_path / "sft.jsonl"
+    tool = sft_tool(
+        tmp_path, out, api.url, "--tokenizer", tiny_model_path, "--num-seqs-to-save", "4"
+    )
+    try:
+        post_groups(client, [text_group(tok, PROMPT, ANSWERS, SCORES)])
+        post_groups(
+            client,
+            [
+                text_group(
+                    tok, "Say hi:", [" hi", " no", " yo", " x", " y"], [0.0, 0.0, 5.0, 0.0, 0.0]
+                )
+            ],
+        )
+        assert tool.wait() == 0, tool.log()
+    finally:
+        tool.stop()
+    records = read_jsonl(out)
+    assert records == [
+        {"prompt": PROMPT, "completion": " 3"},
+        {"prompt": PROMPT, "completion": " 2"},
+        {"prompt": PROMPT, "completion": " 1"},
+        {"prompt": "Say hi:", "completion": " yo"},
+    ]
+    assert "wrote 4 seqs" in tool.log()
+    prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
+    assert len(prepared) == 4
+    first = prepared[0]
+    trained = [
+        t for t, label in zip(first["input_ids"], first["labels"], strict=True) if label != -100
+    ]
+    assert tok.decode(trained).startswith(" 3")
+    assert tok.decode(first["input_ids"]).startswith(PROMPT)
+
+
+def test_messages_and_atropos_keys(api, client, tmp_path, tiny_model_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    question = [{"role": "user", "content": "3 + 4?"}]
+    group = text_group(tok, PROMPT, ANSWERS, SCORES)
+    group["messages"] = [question + [{"role": "assistant", "content": a.strip()}] for a in ANSWERS]
+    out, upstream_out = tmp_path / "chat.jsonl", tmp_path / "upstream.jsonl"
+    tool = sft_tool(
+        tmp_path,
+        out,
+        api.url,
+        "--save-messages",
+        "--num-seqs-to-save",
+        "3",
+        "--tokenizer",
+        "/nonexistent/not-loaded-with-messages",
+    )
+    try:
+        post_groups(client, [group])
+        assert tool.wait() == 0, tool.log()
+    finally:
+        tool.stop()
+    assert [r["messages"][-1]["content"] for r in read_jsonl(out)] == ["3", "2", "1"]
+    assert all(set(r) == {"messages"} and r["messages"][0] == question[0] for r in read_jsonl(out))
+    prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
+    assert len(prepared) == 3 and all(len(row["input_ids"]) > 5 for row in prepared)
+
+    tool = sft_tool(
+        tmp_path,
+        upstream_out,
+        api.url,
+        "--format",
+        "atropos",
+        "--tokenizer",
+        tiny_model_path,
+        "--num-seqs-to-save",
+        "1",
+        "--minimum-score-diff-max-min",
+        "3.5",
+    )
+    try:
+        post_groups(client, [group])
+        assert tool.wait() == 0, tool.log()
+    finally:
+        tool.stop()
+    assert read_jsonl(upstream_out) == [{"prefix": PROMPT, "completion": " 3", "score": 3.0}]
+
+
+def test_bad_output_paths_are_refused_before_registering(api, client, tmp_path):
+    missing = tmp_path / "no-such-dir" / "out.jsonl"
+    tool = sft_tool(tmp_path, missing, api.url)
+    assert tool.wait() == 1
+    assert f"mkdir -p {missing.parent}" in tool.log()
+    assert not missing.parent.exists()
+    existing = tmp_path / "old.jsonl"
+    existing.write_text('{"prompt": "kept", "completion": "!"}\n')
+    tool = sft_tool(tmp_path, existing, api.url)
+    assert tool.wait() == 1
+    assert "already exists: pass --append-to-previous" in tool.log()
+    assert existing.read_text() == '{"prompt": "kept", "completion": "!"}\n'
+    assert client.get("/info").json()["batch_size"] == -1  # nobody registered
+
+
+def test_append_to_previous_keeps_the_old_lines(api, client, tmp_path, tiny_model_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    out = tmp_path / "old.jsonl"
+    out.write_text('{"prompt": "old", "completion": " line"}')  # no final newline
+    tool = sft_tool(
+        tmp_path,
+        out,
+        api.url,
+        "--append-to-previous",
+        "--tokenizer",
+        tiny_model_path,
+        "--num-seqs-to-save",
+        "1",
+    )
+    try:
+        post_groups(client, [text_group(tok, PROMPT, ANSWERS, SCORES)])
+        assert tool.wait() == 0, tool.log()
+    finally:
+        tool.stop()
+    assert read_jsonl(out) == [
+        {"prompt": "old", "completion": " line"},
+        {"prompt": PROMPT, "completion": " 3"},
+    ]
+
+
+def test_a_tokenizer_that_cannot_be_loaded_names_the_flag(api, client, tmp_path):
+    out = tmp_path / "out.jsonl"
+    tool = sft_tool(tmp_path, out, api.url, "--tokenizer", str(tmp_path / "missing-tokenizer"))
+    assert tool.wait() == 1
+    assert "cannot load the tokenizer" in tool.log() and "--tokenizer" in tool.log()
+    assert not out.exists()
+    assert client.get("/info").json()["batch_size"] == -1
+
+
+def test_unreachable_api_and_a_key_protected_one(api_factory, tmp_path, tiny_model_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    tool = sft_tool(tmp_path, tmp_path / "a.jsonl", url, "--tokenizer", tiny_model_path)
+    assert tool.wait() == 1
+    assert f"is run-api running at {url}?" in tool.log()
+    locked = api_factory("--api-key", "k")
+    tool = sft_tool(tmp_path, tmp_path / "b.jsonl", locked.url, "--tokenizer", tiny_model_path)
+    assert tool.wait() == 1
+    assert "wants a token" in tool.log() and "ATROPOS_API_KEY" in tool.log()
+    assert "Traceback" not in tool.log()
+
+
+def test_ctrl_c_leaves_whole_lines_and_a_summary(api, client, tmp_path, tiny_model_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    out = tmp_path / "out.jsonl"
+    tool = sft_tool(
+        tmp_path,
+        out,
+        api.url,
+        "--tokenizer",
+        tiny_model_path,
+        "--save-top-n-per-group",
+        "5",
+        "--allow-negative-scores",
+        "--num-seqs-to-save",
+        "1000",
+    )
+    try:
+        post_groups(client, [text_group(tok, PROMPT, ANSWERS, SCORES)] * 3)
+        wait_until(lambda: out.exists() and out.read_text().count("\n") >= 15, 120, "no lines")
+        tool.proc.send_signal(signal.SIGINT)
+        assert tool.wait() == 0, tool.log()
+    finally:
+        tool.stop()
+    assert len(read_jsonl(out)) == 15
+    assert "wrote 15 seqs" in tool.log() and "stopped early on request" in tool.log()
+    assert httpx.get(f"{api.url}/health").status_code == 200
+
+
+def test_a_real_environments_groups_become_an_sft_dataset(
+    api, client, inference_server, tmp_path, tiny_model_path
+):
+    """arith_env serving on the tiny model, sft-gen pulling: TRL prepares what it wrote."""
+    out = tmp_path / "served.jsonl"
+    tool = sft_tool(
+        tmp_path,
+        out,
+        api.url,
+        "--group-size",
+        "4",
+        "--tokenizer",
+        tiny_model_path,
+        "--num-seqs-to-save",
+        "6",
+        "--save-top-n-per-group",
+        "2",
+    )
+    env = EnvProcess(
+        tmp_path, "serve", *serve_args(api.url, inference_server.url, "--env.fixed_score", "1.0")
+    )
+    try:
+        assert tool.wait(300) == 0, tool.log() + env.log()
+    finally:
+        tool.stop()
+        env.stop()
+    records = read_jsonl(out)
+    assert len(records) == 6 and all(set(r) == {"prompt", "completion"} for r in records)
+    assert all(r["completion"] for r in records)
+    assert all(r["prompt"] == records[2 * (i // 2)]["prompt"] for i, r in enumerate(records))
+    assert all(
+        SYSTEM_PROMPT in r["prompt"] and SYSTEM_PROMPT not in r["completion"] for r in records
+    )
+    prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
+    assert len(prepared) == 6
+    assert all(any(label != -100 for label in row["labels"]) for row in prepared)
+
+
+@pytest.mark.parametrize(
+    ("module", "flags"),
+    [
+        (
+            "atroposlib.cli.sft",
+            {
+                "--api-url": "'http://localhost:8000'",
+                "--group-size": "2",
+                "--max-token-len": "2048",
+                "--tokenizer": "'NousResearch/DeepHermes-3-Llama-3-8B-Preview'",
+                "--save-messages": "False",
+                "--save-top-n-per-group": "3",
+                "--num-seqs-to-save": "100",
+                "--allow-negative-scores": "False",
+                "--minimum-score-diff-max-min": "0.0",
+                "--append-to-previous": "False",
+                "--tasks-per-step": "64",
+            },
+        ),
+        (
+            "atroposlib.cli.dpo",
+            {"--save-n-pairs-per-group": "3", "--minimum-score-diff-max-min": "0.5"},
+        ),
+    ],
+)
+def test_help_lists_upstreams_flags_and_defaults(module, flags):
+    import re
+    import subprocess
+    import sys
+
+    shown = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    flat = re.sub(r"\s+", " ", shown)
+    for flag, default in flags.items():
+        assert re.search(
+            rf"{re.escape(flag)} [A-Z_\[\]]+ .*?\(default: {re.escape(default)}\)", flat
+        ), flag
+
+
+def test_upstream_style_switches_before_the_path():
+    from atroposlib.datagen.settings import switches_first
+
+    switches = {"--save-messages", "--append-to-previous"}
+    assert switches_first(["--save-messages", "out.jsonl"], switches) == [
+        "--save-messages=true",
+        "out.jsonl",
+    ]
+    assert switches_first(["--save-messages", "false", "o"], switches) == [
+        "--save-messages",
+        "false",
+        "o",
+    ]
+    assert switches_first(["o", "--append-to-previous"], switches) == ["o", "--append-to-previous"]
