@@ -101,3 +101,23 @@ def switches_first(argv: list[str], switches: set[str]) -> list[str]:
             arg = f"{arg}=true"
         out.append(arg)
     return out
+
+
+def tool_main(
+    prog: str, description: str, settings_cls: type[GenSettings], argv: list[str] | None
+) -> tuple[GenSettings, str]:
+    """The two generators' command line: FILEPATH plus the settings' flags (one parser)."""
+    import argparse
+    import sys
+
+    from atroposlib.utils.flags import add_model_flags, parse_settings
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("filepath", help="Output jsonl file (its directory must exist).")
+    add_model_flags(parser, settings_cls)
+    argv = switches_first(
+        sys.argv[1:] if argv is None else argv,
+        {"--save-messages", "--allow-negative-scores", "--append-to-previous"},
+    )
+    settings, args = parse_settings(parser, settings_cls, argv)
+    return settings, args.filepath
