@@ -27,12 +27,13 @@ A minimal environment:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,10 @@ __all__ = [
     "ScoredDataItem",
     "ServerBaseline",
 ]
+
+
+async def _resolved(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 class BaseEnv(ServeHooks, ReportingHooks, ABC):
@@ -170,7 +175,7 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
     async def sample_group(
         self,
         messages: list[dict[str, str]],
-        score: Callable[[str], float],
+        score: Callable[[str], float | Awaitable[float]],
         **sampling: Any,
     ) -> ScoredDataGroup:
         """`group_size` samples of one chat, each scored by `score(completion_text)`.
@@ -185,7 +190,10 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
                 messages=messages, n=self.config.group_size, **sampling
             )
             nodes = managed.get_state()["nodes"]
-        scores = [float(score(choice.message.content or "")) for choice in chat.choices]
+        scored = [score(choice.message.content or "") for choice in chat.choices]
+        if any(inspect.isawaitable(value) for value in scored):  # an async scorer (a sandbox)
+            scored = await asyncio.gather(*(_resolved(value) for value in scored))
+        scores = [float(value) for value in scored]
         return group_from_chat(messages, chat.choices, nodes, scores)
 
     @abstractmethod

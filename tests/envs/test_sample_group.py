@@ -49,3 +49,26 @@ def test_a_group_carries_the_engines_tokens_and_each_samples_score(inference_ser
         assert question_for(3, 4) in env.tokenizer.decode(tokens[:prompt_length])
         assert masks[prompt_length:] == tokens[prompt_length:]  # the sample is trained on
         assert env.tokenizer.decode(tokens[prompt_length:]).startswith(completion)
+
+
+def test_an_async_scorer_is_awaited_for_every_sample(inference_server):
+    """Scoring that runs code in a sandbox is async; its results land in sample order."""
+    config, _ = ModArithmeticEnv.config_init()
+    server = APIServerConfig(
+        model_name=inference_server.name,
+        base_url=f"{inference_server.url}/v1",
+        server_type="vllm",
+        timeout=60,
+    )
+    env = ModArithmeticEnv(config.model_copy(update={"group_size": 4}), server)
+    seen: list[str] = []
+
+    async def score(completion: str) -> float:
+        seen.append(completion)
+        position = len(seen)
+        await asyncio.sleep(0.01 * (4 - position))  # later samples finish first
+        return float(position)
+
+    messages = env.messages_for({"a": 1, "b": 2})
+    group = asyncio.run(env.sample_group(messages, score, max_tokens=4))
+    assert group["scores"] == [1.0, 2.0, 3.0, 4.0] and len(seen) == 4

@@ -1,0 +1,236 @@
+"""Structured output: answer a request with JSON that validates against a pydantic model's schema.
+
+Task: the prompt shows a JSON schema (or, in the hub's own rows, the pydantic code) and a
+request ("Describe a classic novel."); the answer is one JSON value, bare or in a
+```` ```json ```` fence (upstream's `<json_output>` tags work too).
+
+Reward: the "json_schema" reward of the registry (`reward_fns/json_schema_reward.py`):
+1.0 when the answer validates against the schema *and* the pydantic model (its custom
+validators included), `invalid_schema_score` (0.25) for well-formed JSON that does not,
+0.0 for no parseable JSON (prose around bare JSON, a truncated object, JSON only inside
+`<think>`). A valid answer always beats an invalid one; the small floor for any JSON
+gives a young policy a first step to climb.
+
+Data: justus27/pydantic-adherance-test, the dataset upstream's
+pydantic_schema_following_environment loads, in its columns: `problem_id`, `task_type`
+(generation or editing; both are "answer with valid JSON"), `prompt`,
+`verification_info` (a JSON string with `pydantic_config`, the model's Python source, and
+`model_name`) and `metadata`. The hub has one split; like upstream, `eval_fraction` of
+the rows (after a seeded shuffle) are held out for `evaluate`. The shipped sample
+(environments/data/structured_output/train.jsonl) has 30 authored models in the same
+columns; its prompts show `model_json_schema()` of the model.
+
+`pydantic_config` is executed in this process to build the model (upstream does the
+same): only point this env at datasets you trust.
+
+Evaluate: greedy `eval/valid_rate` (answers scoring 1.0), `eval/json_rate` (parseable
+JSON) and `eval/mean_score`, with one sample per problem (its schema errors included).
+
+Offline:
+
+    python environments/structured_output.py process --env.total_steps 4 \\
+        --env.use_wandb false --env.tokenizer_name <model dir> \\
+        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny \\
+        --openai.server_type vllm
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
+from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
+from atroposlib.envs.reward_fns.json_schema_reward import (  # noqa: E402
+    NO_JSON,
+    json_schema_score,
+    parse_answer,
+    schema_errors,
+)
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_DIR = Path(__file__).resolve().parent / "data" / "structured_output"
+SYSTEM_PROMPT = (
+    "You answer with structured data. Reply with a single JSON value that validates "
+    "against the schema you are given, either bare or inside one ```json code fence, "
+    "and nothing else."
+)
+_MODELS: dict[str, Any] = {}
+
+
+def build_model(pydantic_config: str, model_name: str) -> Any:
+    """The pydantic model class `model_name` defined by `pydantic_config` (cached)."""
+    key = f"{model_name}\0{pydantic_config}"
+    if key not in _MODELS:
+        namespace: dict[str, Any] = {"__name__": f"schema_{model_name}"}
+        exec(compile(pydantic_config, f"<pydantic_config {model_name}>", "exec"), namespace)  # noqa: S102
+        model = namespace[model_name]
+        model.model_rebuild(_types_namespace=namespace)
+        _MODELS[key] = model
+    return _MODELS[key]
+
+
+def item_from_row(row: dict[str, Any]) -> dict[str, Any] | None:
+    """A hub/sample row as an item (prompt, schema, model source); None if unusable."""
+    try:
+        info = row["verification_info"]
+        info = json.loads(info) if isinstance(info, str) else info
+        model = build_model(info["pydantic_config"], info["model_name"])
+        schema = model.model_json_schema()
+    except Exception as error:  # a row whose model does not build cannot be graded
+        logger.warning("skipping row %s: %r", row.get("problem_id"), error)
+        return None
+    return {
+        "problem_id": row.get("problem_id", ""),
+        "task_type": row.get("task_type", "generation"),
+        "prompt": row["prompt"],
+        "schema": schema,
+        "pydantic_config": info["pydantic_config"],
+        "model_name": info["model_name"],
+    }
+
+
+def split_rows(
+    rows: list[dict[str, Any]], eval_fraction: float, seed: int
+) -> tuple[list[dict], list[dict]]:
+    """(train, eval) items: a seeded shuffle, the first `eval_fraction` (at least 1) held out."""
+    items = [item for item in map(item_from_row, rows) if item is not None]
+    if not items:
+        raise ValueError("no usable rows (every pydantic_config failed to build)")
+    random.Random(seed).shuffle(items)
+    held = max(1, round(len(items) * eval_fraction))
+    train = items[held:]
+    if not train:
+        logger.warning("every row is held out for evaluation; training on them too")
+        train = items
+    return train, items[:held]
+
+
+def score_item(completion: str, item: dict[str, Any], invalid_schema_score: float) -> float:
+    model = build_model(item["pydantic_config"], item["model_name"])
+    return json_schema_score(completion, item["schema"], model, invalid_schema_score)
+
+
+class StructuredOutputConfig(BaseEnvConfig, DataSourceConfig):
+    """`BaseEnvConfig`, where the rows come from, and the reward and sampling settings."""
+
+    hub_dataset: str = Field(
+        "justus27/pydantic-adherance-test", description="Hub dataset (upstream's)."
+    )
+    hub_split: str = Field("train", description="The hub split the rows come from.")
+    eval_fraction: float = Field(
+        0.1, ge=0.0, le=1.0, description="Share of rows held out for evaluate (at least 1)."
+    )
+    invalid_schema_score: float = Field(
+        0.25, ge=0.0, lt=1.0, description="Score of well-formed JSON that fails the schema."
+    )
+    max_tokens: int = Field(1024, ge=1, description="Most completion tokens per rollout.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature for rollouts.")
+    seed: int = Field(0, description="Seed of the shuffle that picks the held-out rows.")
+
+
+class StructuredOutputEnv(BaseEnv):
+    """JSON answers checked against a pydantic model's schema; partial credit for JSON."""
+
+    name = "structured_output"
+    env_config_cls = StructuredOutputConfig
+
+    @classmethod
+    def config_init(cls) -> tuple[StructuredOutputConfig, list[APIServerConfig]]:
+        config = StructuredOutputConfig(
+            tokenizer_name="Qwen/Qwen2.5-1.5B-Instruct",
+            group_size=16,
+            max_token_length=4096,
+            steps_per_eval=50,
+            use_wandb=True,
+        )
+        server = APIServerConfig(
+            model_name="Qwen/Qwen2.5-1.5B-Instruct",
+            base_url="http://localhost:9001/v1",
+            server_type="vllm",
+            num_requests_for_eval=64,
+        )
+        return config, [server]
+
+    async def setup(self) -> None:
+        rows = load_rows(self.config, "train", SAMPLE_DIR, hub_split=self.config.hub_split)
+        self.train, self.test = split_rows(rows, self.config.eval_fraction, self.config.seed)
+        self.position = 0
+
+    async def get_next_item(self) -> dict[str, Any]:
+        item = self.train[self.position % len(self.train)]
+        self.position += 1
+        return item
+
+    @staticmethod
+    def messages_for(item: dict[str, Any]) -> list[dict[str, str]]:
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": item["prompt"]},
+        ]
+
+    def score(self, completion: str, item: dict[str, Any]) -> float:
+        return score_item(completion, item, self.config.invalid_schema_score)
+
+    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[dict[str, Any], list]:
+        group = await self.sample_group(
+            self.messages_for(item),
+            lambda completion: self.score(completion, item),
+            max_tokens=self.config.max_tokens,
+            temperature=self.config.temperature,
+        )
+        return group, []
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+        """Greedy answers to the held-out problems: valid rate, JSON rate, mean score."""
+        started = time.time()
+
+        async def one(item: dict[str, Any]) -> dict[str, Any]:
+            chat = await self.server.chat_completion(
+                messages=self.messages_for(item),
+                max_tokens=self.config.max_tokens,
+                temperature=0.0,
+                split="eval",
+            )
+            completion = chat.choices[0].message.content or ""
+            value = parse_answer(completion)
+            is_json = value is not NO_JSON
+            return {
+                "problem_id": item["problem_id"],
+                "model_name": item["model_name"],
+                "prompt": item["prompt"],
+                "completion": completion,
+                "is_json": is_json,
+                "schema_errors": schema_errors(value, item["schema"])[:5] if is_json else [],
+                "score": self.score(completion, item),
+            }
+
+        samples = await asyncio.gather(*(one(item) for item in self.test))
+        count = max(1, len(samples))
+        metrics = {
+            "eval/valid_rate": sum(s["score"] == 1.0 for s in samples) / count,
+            "eval/json_rate": sum(s["is_json"] for s in samples) / count,
+            "eval/mean_score": sum(s["score"] for s in samples) / count,
+        }
+        await self.evaluate_log(
+            metrics,
+            start_time=started,
+            end_time=time.time(),
+            generation_parameters={"temperature": 0.0, "max_tokens": self.config.max_tokens},
+            samples=samples,
+        )
+
+
+if __name__ == "__main__":
+    StructuredOutputEnv.cli()

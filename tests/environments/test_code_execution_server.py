@@ -1,0 +1,253 @@
+"""The code-execution env: the sandboxed harness against real and adversarial answers,
+`process` and `evaluate` end to end, and the hub path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from atroposlib.envs.base import APIServerConfig
+from atroposlib.envs.data_source import read_jsonl
+from atroposlib.envs.sandbox import SandboxLimits
+from environments.code_execution_harness import (
+    count_cases,
+    extract_code,
+    harness_source,
+    passed_cases,
+    run_tests,
+)
+from environments.code_execution_server import (
+    SAMPLE_DIR,
+    CodeExecutionConfig,
+    CodeExecutionEnv,
+)
+from tests.support.compat_runs import failure, run_env, tiny_flags
+from tests.support.policy_server import PolicyChatServer
+from tests.support.scripted_model import last_turn, scripted_model_fixture
+
+SCRIPT = str(Path(__file__).resolve().parents[2] / "environments" / "code_execution_server.py")
+ADD = {
+    "task_id": "Test/0",
+    "prompt": 'def add(a, b):\n    """Return a + b."""\n',
+    "canonical_solution": "    return a + b\n",
+    "test": "import math\n\n\ndef check(candidate):\n    assert candidate(1, 2) == 3\n"
+    "    x = 5\n    assert candidate(x, 1) == 6\n    for i in range(3):\n"
+    "        assert candidate(i, i) == 2 * i\n"
+    "    assert math.isclose(abs(candidate(0.5, 0.25) - 0.75), 0.0, abs_tol=1e-9)\n",
+    "entry_point": "add",
+}
+LIMITS = SandboxLimits(wall_time_s=10, cpu_time_s=5, memory_mb=512)
+
+
+def fenced(code: str) -> str:
+    return f"Here it is:\n```python\n{code}\n```"
+
+
+RIGHT = fenced("def add(a, b):\n    return a + b")
+ANSWERS = {
+    "right": (RIGHT, 4),
+    "body only": ("    return a + b\n", 4),
+    "reasoning then fence": ("<think>try a - b?</think>" + RIGHT, 4),
+    "last fence wins": (fenced("def add(a, b):\n    return 0") + "\nFixed:\n" + RIGHT, 4),
+    "wrong answer": (fenced("def add(a, b):\n    return a - b"), 0),
+    "partly right": (fenced("def add(a, b):\n    return a + b if a < 2 else 0"), 2),
+    "exception": (fenced("def add(a, b):\n    raise ValueError('no')"), 0),
+    "syntax error": (fenced("def add(a, b) return a + b"), 0),
+    "infinite loop": (fenced("def add(a, b):\n    while True:\n        pass"), 0),
+    "loop in one case": (
+        fenced("def add(a, b):\n    while a == 5:\n        pass\n    return a + b"),
+        3,
+    ),
+    "fake tally": (
+        fenced(
+            "for i in range(4):\n    print('PASS', i)\nprint('4/4 passed')\n"
+            "def add(a, b):\n    return 0"
+        ),
+        0,
+    ),
+    "sys.exit(0) at import": (
+        fenced("import sys\nsys.exit(0)\ndef add(a, b):\n    return a + b"),
+        0,
+    ),
+    "os._exit(0) at import": (fenced("import os\nos._exit(0)"), 0),
+    "os._exit(0) in a case": (fenced("import os\ndef add(a, b):\n    os._exit(0)"), 0),
+    "exit in a case": (fenced("def add(a, b):\n    raise SystemExit(0)"), 0),
+    "always-equal object": (
+        fenced(
+            "class Any:\n    def __eq__(self, other):\n        return True\n"
+            "    def __sub__(self, other):\n        return 0\n"
+            "def add(a, b):\n    return Any()"
+        ),
+        0,
+    ),
+    "patched builtins": (
+        fenced(
+            "import builtins\nbuiltins.abs = lambda x: 0\n"
+            "def add(a, b):\n    return a + b if type(a) is int else 9"
+        ),
+        3,
+    ),
+    "swapped stdout": (
+        fenced("import io, sys\nsys.stdout = io.StringIO()\ndef add(a, b):\n    return a + b"),
+        4,
+    ),
+    "answer only in reasoning": ("<think>" + RIGHT, 0),
+    "empty": ("", 0),
+    "over-long": (fenced("def add(a, b):\n    return a + b\n" + "# pad\n" * 20000), 4),
+    "endless printing": (fenced("def add(a, b):\n    while True:\n        print('x' * 1000)"), 0),
+}
+
+
+@pytest.mark.parametrize("name", list(ANSWERS))
+def test_harness_counts_only_honest_passes(name):
+    completion, passed = ANSWERS[name]
+    run = asyncio.run(run_tests(completion, ADD, LIMITS, case_timeout_s=0.5))
+    assert (run.passed, run.total) == (passed, 4), run.result
+
+
+def test_tally_lines_need_this_runs_nonce():
+    assert (
+        passed_cases("abc PASS 0\nabc PASS 0\nabc PASS 1\nzzz PASS 2\nabc PASS 9\n", "abc", 4) == 2
+    )
+    assert count_cases(ADD["test"]) == 4
+    assert extract_code("```py\nx = 1\n```") == "x = 1"
+    source = harness_source("print('__TESTS__')", ADD["test"], "add", 1.0)
+    assert source.rstrip().endswith(repr(1.0) + ")")
+    compile(source, "harness", "exec")
+
+
+def test_every_shipped_canonical_solution_passes_its_tests():
+    problems = [p for split in ("train", "test") for p in read_jsonl(SAMPLE_DIR / f"{split}.jsonl")]
+    assert len(problems) == 20
+
+    async def all_runs():
+        return await asyncio.gather(
+            *(run_tests(p["prompt"] + p["canonical_solution"], p, LIMITS) for p in problems)
+        )
+
+    for problem, run in zip(problems, asyncio.run(all_runs()), strict=True):
+        assert run.passed == run.total >= 3, problem["task_id"]
+
+
+SCRIPTED = [
+    RIGHT,
+    ANSWERS["partly right"][0],
+    ANSWERS["sys.exit(0) at import"][0],
+    ANSWERS["infinite loop"][0],
+]
+scripted = scripted_model_fixture(
+    lambda prompt, n: SCRIPTED[:n] if "def add(" in last_turn(prompt) else ["?"] * n
+)
+
+
+@pytest.fixture
+def problems_file(tmp_path):
+    path = tmp_path / "problems.jsonl"
+    path.write_text(json.dumps(ADD) + "\n")
+    return path
+
+
+def test_process_scores_a_scripted_policy_exactly(
+    scripted, problems_file, tiny_model_path, tmp_path
+):
+    out = tmp_path / "groups.jsonl"
+    done = run_env(
+        SCRIPT,
+        "process",
+        tmp_path,
+        *("--env.dataset_path", str(problems_file), "--env.tokenizer_name", str(tiny_model_path)),
+        *("--env.group_size", "4", "--env.total_steps", "1", "--env.case_timeout_s", "0.5"),
+        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
+        *("--env.max_token_length", "1024", "--env.max_tokens", "128"),
+        *scripted.flags(),
+    )
+    assert done.returncode == 0, failure(done)
+    (group,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert out.with_suffix(".html").is_file()
+    assert group["scores"] == [1.0, 0.5, 0.0, 0.0]
+    assert [m[-1]["content"] for m in group["messages"]] == SCRIPTED
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
+    for tokens, masks, messages in zip(
+        group["tokens"], group["masks"], group["messages"], strict=True
+    ):
+        rendered = tokenizer.apply_chat_template(
+            messages[:-1], add_generation_prompt=True, tokenize=False
+        )
+        prompt = tokenizer(rendered)["input_ids"]
+        assert tokens[: len(prompt)] == prompt and masks[: len(prompt)] == [-100] * len(prompt)
+        assert masks[len(prompt) :] == tokens[len(prompt) :] and len(tokens) > len(prompt)
+
+
+def test_process_on_the_tiny_model_uses_the_sample(inference_server, tiny_model_path, tmp_path):
+    out = tmp_path / "groups.jsonl"
+    done = run_env(
+        SCRIPT,
+        "process",
+        tmp_path,
+        *("--env.group_size", "2", "--env.total_steps", "1", "--env.max_tokens", "8"),
+        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
+        *("--env.max_token_length", "512", "--env.ensure_scores_are_not_same", "false"),
+        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
+    )
+    assert done.returncode == 0, failure(done)
+    (group,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(group["tokens"]) == 2 and group["scores"] == [0.0, 0.0]  # noise passes nothing
+    assert "Complete this function" in group["messages"][0][1]["content"]
+
+
+def test_evaluate_writes_pass_at_1_and_samples(problems_file, tiny_model_path, tmp_path):
+    second = {
+        **ADD,
+        "task_id": "Test/1",
+        "prompt": ADD["prompt"].replace("add", "plus"),
+        "test": ADD["test"],
+        "entry_point": "plus",
+    }
+    with problems_file.open("a") as f:
+        f.write(json.dumps(second) + "\n")
+
+    def policy(messages, n):
+        text = messages[-1]["content"]
+        return [RIGHT if "def add(" in text else fenced("def plus(a, b):\n    return 3")] * n
+
+    with PolicyChatServer(policy) as server:
+        done = run_env(
+            SCRIPT,
+            "evaluate",
+            tmp_path,
+            *("--env.dataset_path", str(problems_file), "--env.use_wandb", "false"),
+            *("--env.data_dir_to_save_evals", str(tmp_path / "ev")),
+            *tiny_flags(tiny_model_path, server.url),
+        )
+    assert done.returncode == 0, failure(done)
+    results = json.loads((tmp_path / "ev" / "metrics.json").read_text())["results"]["all"]
+    assert results["eval/pass@1"] == 0.5
+    assert results["eval/case_pass_rate"] == pytest.approx((1.0 + 0.25) / 2)
+    samples = {s["task_id"]: s for s in read_jsonl(tmp_path / "ev" / "samples.jsonl")}
+    assert (samples["Test/1"]["passed_cases"], samples["Test/1"]["total_cases"]) == (1, 4)
+
+
+def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):
+    calls = []
+
+    def load_dataset(name, subset=None, split=None):
+        calls.append((name, subset, split))
+        return [ADD]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    config = CodeExecutionConfig(
+        data_source="hub", tokenizer_name=str(tiny_model_path), use_wandb=False
+    )
+    env = CodeExecutionEnv(config, APIServerConfig(model_name="tiny"), testing=True)
+    asyncio.run(env.setup())
+    assert calls == [("openai/openai_humaneval", None, "test")] * 2
+    assert env.train[0]["entry_point"] == "add" and env.test[0]["cases"] == 4
+    run = asyncio.run(env.judge(RIGHT, env.train[0]))
+    assert run.score == 1.0
