@@ -27,6 +27,7 @@ from environments.code_execution_server import (
     CodeExecutionEnv,
 )
 from tests.support.compat_runs import failure, run_env, tiny_flags
+from tests.support.env_groups import assert_prompt_masked
 from tests.support.policy_server import PolicyChatServer
 from tests.support.scripted_model import last_turn, scripted_model_fixture
 
@@ -174,15 +175,7 @@ def test_process_scores_a_scripted_policy_exactly(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
-    for tokens, masks, messages in zip(
-        group["tokens"], group["masks"], group["messages"], strict=True
-    ):
-        rendered = tokenizer.apply_chat_template(
-            messages[:-1], add_generation_prompt=True, tokenize=False
-        )
-        prompt = tokenizer(rendered)["input_ids"]
-        assert tokens[: len(prompt)] == prompt and masks[: len(prompt)] == [-100] * len(prompt)
-        assert masks[len(prompt) :] == tokens[len(prompt) :] and len(tokens) > len(prompt)
+    assert_prompt_masked(group, tokenizer)
 
 
 def test_process_on_the_tiny_model_uses_the_sample(inference_server, tiny_model_path, tmp_path):

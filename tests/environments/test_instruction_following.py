@@ -25,6 +25,7 @@ from environments.instruction_following import (
     items_from_rows,
 )
 from tests.support.compat_runs import failure, run_env, tiny_flags
+from tests.support.env_groups import assert_prompt_masked
 from tests.support.policy_server import PolicyChatServer
 from tests.support.scripted_model import last_turn, scripted_model_fixture
 
@@ -125,20 +126,6 @@ def test_loose_reading_forgives_a_preamble_line_only():
     constraints = [("startend:quotation", {})]
     assert instruction_results('Sure:\n"Hi."', constraints) == {"strict": [False], "loose": [True]}
     assert instruction_results("", constraints) == {"strict": [False], "loose": [False]}
-
-
-def assert_prompt_masked(group, tokenizer):
-    """Masks are -100 exactly on the rendered prompt, the completion's own ids after it."""
-    for tokens, masks, messages in zip(
-        group["tokens"], group["masks"], group["messages"], strict=True
-    ):
-        rendered = tokenizer.apply_chat_template(
-            messages[:-1], add_generation_prompt=True, tokenize=False
-        )
-        prompt = tokenizer(rendered)["input_ids"]
-        assert tokens[: len(prompt)] == prompt
-        assert masks[: len(prompt)] == [-100] * len(prompt)
-        assert masks[len(prompt) :] == tokens[len(prompt) :] and len(tokens) > len(prompt)
 
 
 def test_process_scores_a_scripted_policy_exactly(scripted, rows_file, tiny_model_path, tmp_path):
