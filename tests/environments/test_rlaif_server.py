@@ -1,0 +1,83 @@
+"""RLAIF: the policy's group is scored by a judge model behind its own `--judge.*` flags."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.envs.test_judging import prefer_good
+from tests.support.compat_runs import run_env
+from tests.support.library_envs import LIBRARY, chat_flags, evaluate_files, process_groups
+from tests.support.policy_server import PolicyChatServer, policy_fixture
+from tests.support.scripted_model import scripted_model_fixture
+
+REPLIES = ["GOOD: a clear answer.", "bad", "GOOD: another clear answer.", "meh"]
+scripted = scripted_model_fixture(lambda prompt, n: REPLIES[:n])
+judge = policy_fixture(prefer_good)
+policy_chat = policy_fixture(lambda messages, n: ["GOOD reply"] * n)
+
+
+def judge_flags(url: str) -> list[str]:
+    return [
+        *("--judge.base_url", url, "--judge.model_name", "judge"),
+        *("--judge.server_type", "openai", "--judge.api_key", "x"),
+    ]
+
+
+def test_process_scores_the_group_by_pairwise_wins(scripted, judge, tiny_model_path, tmp_path):
+    groups = process_groups(
+        "rlaif_server.py",
+        tmp_path,
+        tiny_model_path,
+        [*scripted.flags(), *judge_flags(judge.url)],
+        *("--env.max_tokens", "32", "--env.max_token_length", "512"),
+    )
+    assert [g["scores"] for g in groups] == [[1.0, 0.0, 1.0, 0.0]] * 2
+    shown = [r["messages"][-1]["content"] for r in judge.requests]
+    assert len(shown) == 16  # 2 groups x a ring of 4 pairs x both orders
+    prompts = {g["messages"][0][1]["content"] for g in groups}
+    assert all(any(p in s for p in prompts) for s in shown)  # the judge sees the prompt
+    firsts = [re.search(r"\[Reply A\]\n(.*?)\n", s).group(1) for s in shown]
+    assert sorted(set(firsts)) == sorted(REPLIES)
+
+
+def test_a_dead_judge_drops_groups_and_process_says_so(scripted, tiny_model_path, tmp_path):
+    dead = PolicyChatServer(prefer_good)
+    dead.close()
+    done = run_env(
+        str(LIBRARY / "rlaif_server.py"),
+        "process",
+        tmp_path,
+        *("--env.tokenizer_name", str(tiny_model_path), "--env.use_wandb", "false"),
+        *("--env.group_size", "2", "--env.total_steps", "1", "--env.max_tokens", "8"),
+        *("--env.judge_unavailable_s", "0.5", "--env.max_token_length", "512"),
+        *("--env.data_path_to_save_groups", str(tmp_path / "out.jsonl")),
+        *scripted.flags(),
+        *judge_flags(dead.url),
+    )
+    assert done.returncode == 1
+    assert "group dropped: the judge did not answer" in done.stderr
+    assert "no rollout was kept" in done.stderr
+
+
+def test_no_judge_is_a_clear_error(scripted, tiny_model_path, tmp_path):
+    done = run_env(
+        str(LIBRARY / "rlaif_server.py"),
+        "process",
+        tmp_path,
+        *("--env.tokenizer_name", str(tiny_model_path), "--env.use_wandb", "false"),
+        *scripted.flags(),
+    )
+    assert done.returncode != 0 and "no judge: pass --judge.base_url" in done.stderr
+
+
+def test_evaluate_reports_the_judges_mean_rating(policy_chat, judge, tiny_model_path, tmp_path):
+    metrics, samples = evaluate_files(
+        "rlaif_server.py",
+        tmp_path,
+        tiny_model_path,
+        [*chat_flags(policy_chat.url), *judge_flags(judge.url)],
+    )
+    assert len(samples) == 8 and all(s["response"] == "GOOD reply" for s in samples)
+    assert metrics["results"]["all"]["eval/mean_score"] == pytest.approx(8 / 9)
