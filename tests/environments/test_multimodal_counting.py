@@ -1,0 +1,122 @@
+"""Multimodal counting: the picture reaches the model as an OpenAI image part, and the group.
+
+The scripted model counts the asked shapes in the PNG it was sent, by itself (colour
+components, classified by how much of their bounding box they fill), so the test
+checks the picture, the question and the env's scores against each other.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+from environments.multimodal_counting import COLOURS, count_score, make_item
+from tests.support.library_envs import chat_flags, evaluate_files, process_groups
+from tests.support.policy_server import policy_fixture
+
+QUESTION = re.compile(r"How many (\w+) (\w+)s are in the image\?")
+
+
+def count_in_png(png: bytes, colour: str, shape: str) -> int:
+    """Connected blobs of exactly `colour`, kept when their fill ratio fits `shape`."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    width, height = image.size
+    pixels = image.load()
+    target = COLOURS[colour]
+    seen: set[tuple[int, int]] = set()
+    fills = []
+    for start in ((x, y) for y in range(height) for x in range(width)):
+        if start in seen or pixels[start] != target:
+            continue
+        stack, blob = [start], []
+        seen.add(start)
+        while stack:
+            x, y = stack.pop()
+            blob.append((x, y))
+            for near in ((x + 1, y), (x - 1, y), (x, y + 1), (x, y - 1)):
+                inside = 0 <= near[0] < width and 0 <= near[1] < height
+                if inside and near not in seen and pixels[near] == target:
+                    seen.add(near)
+                    stack.append(near)
+        xs, ys = [p[0] for p in blob], [p[1] for p in blob]
+        fills.append(len(blob) / ((max(xs) - min(xs) + 1) * (max(ys) - min(ys) + 1)))
+    ranges = {"square": (0.95, 1.01), "circle": (0.7, 0.9), "triangle": (0.4, 0.65)}
+    low, high = ranges[shape]
+    return sum(low <= fill <= high for fill in fills)
+
+
+def seen_count(messages) -> int:
+    """What the scripted model counts in the picture it was sent."""
+    text_part, image_part = messages[-1]["content"]
+    colour, shape = QUESTION.search(text_part["text"]).groups()
+    url = image_part["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    return count_in_png(base64.b64decode(url.split(",", 1)[1]), colour, shape)
+
+
+def policy(messages, n):
+    count = seen_count(messages)
+    replies = [
+        f"<think>I see {count}.</think><answer>{count}</answer>",
+        f"<answer>{count + 1}</answer>",
+        f"<think><answer>{count}</answer></think>",
+        "",
+    ]
+    return replies[:n]
+
+
+model = policy_fixture(policy)
+counter = policy_fixture(lambda messages, n: [f"<answer>{seen_count(messages)}</answer>"] * n)
+
+
+def test_the_independent_count_agrees_with_the_generator():
+    for seed in range(30):
+        item = make_item(seed)
+        colour, shape = QUESTION.search(item["question"]).groups()
+        png = base64.b64decode(item["image"])
+        assert count_in_png(png, colour, shape) == item["count"], seed
+
+
+def test_scores_right_wrong_and_adversarial():
+    assert count_score("<answer>2</answer>", 2) == 1.0
+    assert count_score("<answer>3</answer>", 2) == 0.0
+    assert count_score("<think><answer>2</answer></think>", 2) == 0.0
+    assert count_score("<answer>2</answer><answer>3</answer>", 2) == 0.0
+    assert count_score("", 2) == 0.0
+    assert count_score("<answer>2</answer>" + "x" * 10000, 2) == 1.0  # only the tag is read
+
+
+def test_process_sends_the_image_and_scores_exactly(model, tiny_model_path, tmp_path):
+    groups = process_groups(
+        "multimodal_counting.py",
+        tmp_path,
+        tiny_model_path,
+        chat_flags(model.url),
+        *("--env.max_tokens", "64", "--env.max_token_length", "512"),
+    )
+    assert [g["scores"] for g in groups] == [[1.0, 0.0, 0.0, 0.0]] * 2
+    sent = [r["messages"][-1]["content"][1]["image_url"]["url"] for r in model.requests]
+    for group in groups:
+        assert len(group["images"]) == 4 and len(set(group["images"])) == 1
+        assert f"data:image/png;base64,{group['images'][0]}" in sent
+        for tokens, masks, conversation in zip(
+            group["tokens"], group["masks"], group["messages"], strict=True
+        ):
+            assert "<image>" in conversation[1]["content"]
+            trained = [t for t, m in zip(tokens, masks, strict=True) if m != -100]
+            assert len(trained) < len(tokens) and masks[0] == -100
+
+
+def test_evaluate_writes_accuracy_and_samples(counter, tiny_model_path, tmp_path):
+    metrics, samples = evaluate_files(
+        "multimodal_counting.py",
+        tmp_path,
+        tiny_model_path,
+        chat_flags(counter.url),
+        *("--env.eval_size", "10"),
+    )
+    assert metrics["results"]["all"]["eval/accuracy"] == 1.0 and len(samples) == 10
+    assert all("image" not in s for s in samples)
