@@ -1,0 +1,236 @@
+"""The MATH env: samples and rows, `process`/`serve`/`evaluate` end to end, the hub path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from atroposlib.envs.base import APIServerConfig
+from atroposlib.envs.data_source import read_jsonl
+from atroposlib.envs.reward_fns.math_verify_reward import gold_from_solution, grade_answer
+from environments.math_server import (
+    EVAL_SAMPLE_DIR,
+    SAMPLE_DIR,
+    MathConfig,
+    MathEnv,
+    accuracy_metrics,
+    item_from_row,
+)
+from tests.support.compat_runs import failure, run_env, serve_flags, serve_groups, tiny_flags
+from tests.support.policy_server import PolicyChatServer
+from tests.support.scripted_model import last_turn, scripted_model_fixture
+
+SCRIPT = str(Path(__file__).resolve().parents[2] / "environments" / "math_server.py")
+TRAIN = read_jsonl(SAMPLE_DIR / "train.jsonl")
+TEST = read_jsonl(EVAL_SAMPLE_DIR / "test.jsonl")
+GOLD = {r["question"]: r["final_answer"] for r in TRAIN} | {r["problem"]: r["answer"] for r in TEST}
+DEEPMATH_COLUMNS = {"question", "final_answer", "difficulty", "topic"} | {
+    f"r1_solution_{i}" for i in (1, 2, 3)
+}
+MATH500_COLUMNS = {"problem", "solution", "answer", "subject", "level", "unique_id"}
+MAX_TOKENS = 150
+
+
+def replies(problem: str) -> list[str]:
+    """Right and well formed, right in two think blocks, a hedge, cut off."""
+    gold = GOLD[problem]
+    return [
+        f"<think>Work it out.</think> The answer is $\\boxed{{{gold}}}$.",
+        f"<think>a</think><think>b</think> \\boxed{{{gold}}}",
+        f"<think>two candidates</think> \\boxed{{{gold}}} or \\boxed{{-12345}}",
+        "<think>" + "and then " * 40 + f"</think> \\boxed{{{gold}}}",
+    ]
+
+
+EXPECTED = [1.0, 0.9, 0.0, -0.1]
+scripted = scripted_model_fixture(lambda prompt, n: replies(last_turn(prompt))[:n])
+
+
+def test_the_shipped_samples_have_the_hub_columns_and_gradeable_golds():
+    assert len(TRAIN) >= 40 and len(TEST) >= 39
+    assert all(set(r) == DEEPMATH_COLUMNS for r in TRAIN)
+    assert all(set(r) == MATH500_COLUMNS for r in TEST)
+    for row in TRAIN:
+        assert grade_answer(row["r1_solution_1"], row["final_answer"])
+    for row in TEST:
+        assert gold_from_solution(row["solution"]) == row["answer"]
+        assert grade_answer(f"\\boxed{{{row['answer']}}}", row["answer"])
+    assert not set(GOLD) - {r["question"] for r in TRAIN} - {r["problem"] for r in TEST}
+    assert len({r["subject"] for r in TEST}) == 7 and {r["level"] for r in TEST} >= {1, 2, 3}
+
+
+def test_rows_of_each_format_convert():
+    deepmath = item_from_row({"question": "Q", "final_answer": "\\frac12", "topic": "T"})
+    assert deepmath["problem"] == "Q" and deepmath["gold"] == "\\frac12"
+    math500 = item_from_row(TEST[0])
+    assert math500["gold"] == TEST[0]["answer"] and math500["level"] == TEST[0]["level"]
+    hendrycks = item_from_row(
+        {"problem": "P", "solution": "So $\\boxed{\\sqrt{3}}$.", "level": "Level 2", "type": "X"}
+    )
+    assert hendrycks == {
+        "problem": "P",
+        "gold": "\\sqrt{3}",
+        "subject": "X",
+        "level": "Level 2",
+        "unique_id": "",
+    }
+    assert item_from_row({"question": "Q", "final_answer": None}) is None
+
+
+def test_accuracy_metrics_by_subject_and_level():
+    samples = [
+        {"score": 1, "subject": "Number Theory", "level": 1},
+        {"score": 0, "subject": "Number Theory", "level": 2},
+        {"score": 1, "subject": "Algebra", "level": 2},
+    ]
+    assert accuracy_metrics(samples, "math500") == pytest.approx(
+        {
+            "eval/math500_percent_correct": 2 / 3,
+            "eval/overall_percent_correct": 2 / 3,
+            "eval/math500_number_theory_percent_correct": 0.5,
+            "eval/math500_algebra_percent_correct": 1.0,
+            "eval/math500_level_1_percent_correct": 1.0,
+            "eval/math500_level_2_percent_correct": 0.5,
+        }
+    )
+
+
+def process_args(tiny_model_path: Path) -> list[str]:
+    return [
+        *("--env.tokenizer_name", str(tiny_model_path), "--env.max_tokens", str(MAX_TOKENS)),
+        *("--env.group_size", "4", "--env.max_token_length", "2048", "--env.use_wandb", "false"),
+    ]
+
+
+def test_process_scores_a_scripted_policy_exactly(scripted, tiny_model_path, tmp_path):
+    out = tmp_path / "groups.jsonl"
+    done = run_env(
+        SCRIPT,
+        "process",
+        tmp_path,
+        *process_args(tiny_model_path),
+        *("--env.total_steps", "2", "--env.data_path_to_save_groups", str(out)),
+        *scripted.flags(),
+    )
+    assert done.returncode == 0, failure(done)
+    groups = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(groups) == 2 and out.with_suffix(".html").is_file()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
+    train_questions = {r["question"] for r in TRAIN}
+    for group in groups:
+        problem = group["messages"][0][1]["content"]
+        assert problem in train_questions
+        assert group["scores"] == pytest.approx(EXPECTED)
+        assert group["overrides"] == [{}, {}, {}, {"set_advantage_to_zero": True}]
+        for tokens, masks, messages in zip(
+            group["tokens"], group["masks"], group["messages"], strict=True
+        ):
+            rendered = tokenizer.apply_chat_template(
+                messages[:-1], add_generation_prompt=True, tokenize=False
+            )
+            prompt = tokenizer(rendered)["input_ids"]
+            assert tokens[: len(prompt)] == prompt and masks[: len(prompt)] == [-100] * len(prompt)
+            assert masks[len(prompt) :] == tokens[len(prompt) :]
+    assert all(r["top_p"] == 0.95 for r in scripted.requests)
+
+
+def test_process_on_the_tiny_model(inference_server, tiny_model_path, tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"problem": "Compute 1/2 + 1/4.", "answer": "\\frac{3}{4}"}) + "\n")
+    out = tmp_path / "groups.jsonl"
+    done = run_env(
+        SCRIPT,
+        "process",
+        tmp_path,
+        *("--env.dataset_path", str(rows), "--env.system_prompt", "Think, then box."),
+        *("--env.group_size", "2", "--env.total_steps", "1", "--env.max_tokens", "8"),
+        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
+        *("--env.max_token_length", "512", "--env.ensure_scores_are_not_same", "false"),
+        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
+    )
+    assert done.returncode == 0, failure(done)
+    (group,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(group["tokens"]) == len(group["masks"]) == 2
+    assert set(group["scores"]) <= {1.0, 0.9, 0.0, -0.1}
+    assert group["messages"][0][1]["content"] == "Compute 1/2 + 1/4."
+
+
+def test_serve_sends_scored_groups_to_a_real_api(api, scripted, tiny_model_path, tmp_path):
+    args = [*process_args(tiny_model_path), *scripted.flags(), *serve_flags(api.url)]
+    groups, _ = serve_groups(
+        api.url, SCRIPT, tmp_path / "serve", *args, batch_size=8, max_token_len=2048
+    )
+    assert len(groups) >= 2
+    for group in groups:
+        assert group["scores"] == pytest.approx(EXPECTED) and len(group["tokens"]) == 4
+
+
+def eval_reply(problem: str) -> str:
+    """Right (in an equivalent form where one is easy) exactly on level-1 problems."""
+    row = next(r for r in TEST if r["problem"] == problem)
+    if row["level"] != 1:
+        return f"<think>\\boxed{{{row['answer']}}}</think> \\boxed{{-12345}}"
+    answer = {"\\frac{3}{10}": "0.3", "\\frac{1}{9}": "1/9", "\\frac{\\pi}{2}": "\\pi/2"}.get(
+        row["answer"], row["answer"]
+    )
+    return f"<think>easy</think> \\boxed{{{answer}}}"
+
+
+def test_evaluate_writes_metrics_and_samples(tiny_model_path, tmp_path):
+    with PolicyChatServer(lambda messages, n: [eval_reply(messages[-1]["content"])] * n) as s:
+        done = run_env(
+            SCRIPT,
+            "evaluate",
+            tmp_path,
+            *("--env.use_wandb", "false", "--env.data_dir_to_save_evals", str(tmp_path / "ev")),
+            *tiny_flags(tiny_model_path, s.url),
+        )
+        requests = list(s.requests)
+    assert done.returncode == 0, failure(done)
+    level_one = [r for r in TEST if r["level"] == 1]
+    results = json.loads((tmp_path / "ev" / "metrics.json").read_text())["results"]["all"]
+    assert results["eval/math500_percent_correct"] == pytest.approx(len(level_one) / len(TEST))
+    assert results["eval/overall_percent_correct"] == results["eval/math500_percent_correct"]
+    assert results["eval/math500_level_1_percent_correct"] == 1.0
+    assert results["eval/math500_level_3_percent_correct"] == 0.0
+    algebra = [r for r in TEST if r["subject"] == "Algebra"]
+    assert results["eval/math500_algebra_percent_correct"] == pytest.approx(
+        sum(r["level"] == 1 for r in algebra) / len(algebra)
+    )
+    assert results["eval/format_rate"] == 1.0
+    samples = {s["unique_id"]: s for s in read_jsonl(tmp_path / "ev" / "samples.jsonl")}
+    assert len(samples) == len(TEST) == len(requests)
+    for row in TEST:
+        sample = samples[row["unique_id"]]
+        assert sample["score"] == int(row["level"] == 1) and sample["gold_answer"] == row["answer"]
+        assert sample["response"] == eval_reply(row["problem"])
+    assert all(r["temperature"] == 0.0 for r in requests)
+
+
+def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):
+    calls = []
+
+    def load_dataset(name, subset=None, split=None):
+        calls.append((name, subset, split))
+        return TRAIN[:6] if name == "zwhe99/DeepMath-103K" else TEST[:4]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    config = MathConfig(data_source="hub", tokenizer_name=str(tiny_model_path), use_wandb=False)
+    env = MathEnv(config, APIServerConfig(model_name="tiny"), testing=True)
+    asyncio.run(env.setup())
+    assert calls == [
+        ("zwhe99/DeepMath-103K", None, "train"),
+        ("HuggingFaceH4/MATH-500", None, "test"),
+    ]
+    assert sorted(i["problem"] for i in env.train) == sorted(r["question"] for r in TRAIN[:6])
+    assert [i["unique_id"] for i in env.test] == [r["unique_id"] for r in TEST[:4]]
+    item = env.test[0]
+    assert env.score(replies(item["problem"])[0], item) == 1.0
+    assert env.score(replies(item["problem"])[2], item) == 0.0
