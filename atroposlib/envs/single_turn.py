@@ -2,14 +2,16 @@
 
 A single-turn task is an item, the chat it becomes, and a score for each completion
 against that item. Training samples a group through `sample_group` (ManagedServer:
-exact tokens, masks and logprobs); `evaluate` answers each eval item greedily and
-writes upstream's metrics.json and samples.jsonl through `evaluate_log`. A subclass
-fills in `messages_for`, `score` and where its items come from; it overrides
-`eval_metrics` to add breakdowns (per subject, per level).
+exact tokens, masks and logprobs); `evaluate` answers the eval items greedily
+(`max_eval_workers` at a time; samples stay in item order) and writes upstream's
+metrics.json and samples.jsonl through `evaluate_log`. A subclass fills in
+`messages_for`, `score` and where its items come from, and overrides `eval_metrics`
+to add breakdowns (per subject, per level).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from abc import abstractmethod
@@ -86,7 +88,14 @@ class SingleTurnEnv(BaseEnv):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         started = time.time()
-        samples = [await self._answer(item) for item in self.eval_items[: self.config.eval_size]]
+        slots = asyncio.Semaphore(max(1, self.config.max_eval_workers))
+
+        async def answer(item: Item) -> dict[str, Any]:
+            async with slots:
+                return await self._answer(item)
+
+        items = self.eval_items[: self.config.eval_size]
+        samples = list(await asyncio.gather(*(answer(item) for item in items)))
         count = max(1, len(samples))
         metrics = {
             "eval/accuracy": sum(s["score"] >= 1.0 for s in samples) / count,
