@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import sys
+import types
 
 import pytest
 
+from atroposlib.envs.base import APIServerConfig
+from environments.rlaif_server import RLAIFEnv, item_from_row
 from tests.envs.test_judging import prefer_good
 from tests.support.compat_runs import run_env
 from tests.support.library_envs import LIBRARY, chat_flags, evaluate_files, process_groups
@@ -81,3 +86,25 @@ def test_evaluate_reports_the_judges_mean_rating(policy_chat, judge, tiny_model_
     )
     assert len(samples) == 8 and all(s["response"] == "GOOD reply" for s in samples)
     assert metrics["results"]["all"]["eval/mean_score"] == pytest.approx(8 / 9)
+
+
+def test_the_hub_path_reads_wildchats_first_user_turns(monkeypatch, judge, tiny_model_path):
+    calls = []
+    rows = [
+        {"conversation_hash": "h1", "conversation": [{"role": "user", "content": "Hi there"}]},
+        {"conversation_hash": "h2", "conversation": [{"role": "assistant", "content": "only"}]},
+    ]
+
+    def load_dataset(name, subset=None, split=None):
+        calls.append((name, subset, split))
+        return rows
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    config, servers = RLAIFEnv.config_init()
+    update = {"data_source": "hub", "tokenizer_name": str(tiny_model_path)}
+    judge_config = APIServerConfig(base_url=judge.url, model_name="judge", server_type="openai")
+    env = RLAIFEnv(config.model_copy(update=update), servers, judge_config, testing=True)
+    asyncio.run(env.setup())
+    assert calls == [("allenai/WildChat", None, "train"), ("allenai/WildChat", None, "test")]
+    assert env.eval_items == [{"prompt": "Hi there", "id": "h1"}]
+    assert item_from_row({"conversation": []}) is None
