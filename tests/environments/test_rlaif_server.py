@@ -11,8 +11,8 @@ import pytest
 
 from atroposlib.envs.base import APIServerConfig
 from environments.rlaif_server import RLAIFEnv, item_from_row
-from tests.envs.test_judging import prefer_good
 from tests.support.compat_runs import run_env
+from tests.support.judges import prefer_good
 from tests.support.library_envs import LIBRARY, chat_flags, evaluate_files, process_groups
 from tests.support.policy_server import PolicyChatServer, policy_fixture
 from tests.support.scripted_model import scripted_model_fixture

@@ -9,6 +9,7 @@ import pytest
 
 from atroposlib.envs.judging import GroupJudge, JudgeUnavailable, parse_rating, parse_verdict
 from atroposlib.envs.server_handling.server_manager import APIServerConfig, ServerManager
+from tests.support.judges import prefer_good
 from tests.support.policy_server import PolicyChatServer
 
 
@@ -46,21 +47,6 @@ def test_parse_verdict(reply, verdict):
 )
 def test_parse_rating(reply, rating):
     assert parse_rating(reply) == rating
-
-
-def prefer_good(messages, n):
-    """A judge that prefers the reply containing GOOD; unreadable for 'CONFUSE'."""
-    text = messages[-1]["content"]
-    if "[Reply A]" not in text:
-        return ["[[9]]" if "GOOD" in text.split("[Reply]")[1] else "[[1]]"] * n
-    first, second = re.search(
-        r"\[Reply A\]\n(.*)\n\n\[Reply B\]\n(.*)\n\nJudge", text, re.S
-    ).groups()
-    if "CONFUSE" in first + second:
-        return ["no idea"] * n
-    if ("GOOD" in first) == ("GOOD" in second):
-        return ["Equal. [[C]]"] * n
-    return ["[[A]]" if "GOOD" in first else "Second is better: [[B]]"] * n
 
 
 def judge_over(server: PolicyChatServer, mode: str) -> GroupJudge:
