@@ -14,9 +14,9 @@ in `atroposlib.api.models` with the API, which is the only side that judges.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 if sys.version_info >= (3, 11):
     from typing import TypedDict
@@ -24,33 +24,60 @@ else:  # pragma: no cover - Python 3.10
     from typing_extensions import TypedDict
 
 
+STRICT_JSON = ConfigDict(strict=True)
+"""Request models take JSON types as they are: a bool is not an int and a string is not
+a number (a JSON integer still fills a float field), so `{"num_steps": false}` is a 422,
+as the OpenAPI document says, instead of a run of 0 steps."""
+
+
+def _is_whole_float(value: Any) -> bool:
+    return type(value) is float and value.is_integer()
+
+
+def _whole_number(value: Any) -> Any:
+    """JSON has one number type: `3.0` is the integer 3, as JSON Schema's "integer" says."""
+    return int(value) if _is_whole_float(value) else value
+
+
+WholeInt = Annotated[int, BeforeValidator(_whole_number)]
+"""A strict int field that also takes a whole JSON number written `3.0`."""
+
+
 class Registration(BaseModel):
     """What a trainer sends to `/register`."""
 
+    model_config = STRICT_JSON
+
     wandb_group: str
     wandb_project: str
-    batch_size: int = Field(gt=0)
-    max_token_len: int
+    batch_size: WholeInt = Field(gt=0)
+    max_token_len: WholeInt
     """The token limit on the wire; `atroposlib.token_limit` holds its rule."""
     checkpoint_dir: str
-    save_checkpoint_interval: int
-    starting_step: int = Field(ge=0)
-    num_steps: int
+    save_checkpoint_interval: WholeInt
+    starting_step: WholeInt = Field(ge=0)
+    num_steps: WholeInt
 
 
 class RegisterEnv(BaseModel):
     """What an environment sends to `/register-env`."""
 
-    max_token_length: int
+    model_config = STRICT_JSON
+
+    max_token_length: WholeInt
     """The environment's token limit (the same notion as `max_token_len`)."""
     desired_name: str
     weight: float = 1.0
-    group_size: int = Field(gt=0)
+    group_size: WholeInt = Field(gt=0)
     min_batch_allocation: float | None = Field(default=None, ge=0.0, le=1.0)
 
 
 class EnvIdentifier(BaseModel):
-    env_id: int = Field(ge=0)
+    """Names a registered environment (`/disconnect-env`, `/status-env`)."""
+
+    model_config = STRICT_JSON
+
+    env_id: WholeInt = Field(ge=0)
 
 
 class ScoredData(BaseModel):
@@ -75,7 +102,7 @@ class ScoredData(BaseModel):
     overrides: list[dict[str, Any]] | None = None
     group_overrides: dict[str, Any] | None = None
     images: Any | None = None
-    env_id: int | None = None
+    env_id: int | None = Field(default=None, ge=0)
     distill_token_ids: list[list[list[int]]] | None = None
     distill_logprobs: list[list[list[float]]] | None = None
 
@@ -120,6 +147,30 @@ class Batch(BaseModel):
 
 GROUPS = TypeAdapter(list[ScoredData])
 """Validates a list of groups, given as dicts or as `ScoredData`."""
+
+
+def read_groups_json(body: bytes, as_list: bool) -> tuple[list[ScoredData], bool]:
+    """The posted group(s), and whether the posted JSON may be handed on verbatim.
+
+    Groups are read strictly, in Rust. A token written `2.0` is the integer 2 in JSON
+    (and in JSON Schema), so a post whose only faults are such whole numbers is read
+    again leniently and must be re-serialised: the trainer then reads `2`, not `2.0`.
+    """
+
+    def read(strict: bool) -> list[ScoredData]:
+        if as_list:
+            return GROUPS.validate_json(body, strict=strict)
+        return [ScoredData.model_validate_json(body, strict=strict)]
+
+    try:
+        return read(strict=True), True
+    except ValidationError as exc:
+        if not all(_is_whole_float(error.get("input")) for error in exc.errors()):
+            raise
+        try:
+            return read(strict=False), False
+        except ValidationError:
+            raise exc from None
 
 
 EMPTY_EXAMPLE: dict[str, list] = {
@@ -173,3 +224,19 @@ class ScoredDataItem(TypedDict, total=False):
     images: Any
     distill_token_ids: list[list[int]] | None
     distill_logprobs: list[list[float]] | None
+
+
+GROUP_ID_FIELD = "group_id"
+"""An optional extra key of a group: a unique id its environment's client stamps on it
+when it is produced (before spooling), so the group can be traced from the env's
+ledger of acknowledged posts to the trainer's ledger of trained groups. Upstream's
+server and trainers ignore unknown keys, so it rides along unchanged."""
+
+
+def group_id_of(group: ScoredData | dict[str, Any]) -> str | None:
+    """The group's `group_id`, if its environment stamped one."""
+    if isinstance(group, ScoredData):
+        value = (group.model_extra or {}).get(GROUP_ID_FIELD)
+    else:
+        value = group.get(GROUP_ID_FIELD)
+    return value if isinstance(value, str) else None

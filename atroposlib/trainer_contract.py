@@ -12,6 +12,16 @@ The contract is three things, all here, so any trainer can satisfy it:
   line and report read `step`, `score_mean` and `loss`; any further fields ride along.
 - Events out. Engine starts and restarts and saved checkpoints, as `TrainerEvent`
   records in `<save_path>/events.jsonl` through `RunRecords.event`, never as log text.
+- Groups out (optional). The `group_id`s of each step's batch, as a
+  `TrainedGroups` record in `<save_path>/trained_groups.jsonl`, written before that
+  step's checkpoint. The launcher counts them against what environments delivered.
+- Resume in. A trainer that exits non-zero is started again with `--resume` and the
+  path of its latest `checkpoint_saved` event (or as first started, if none), so it
+  must accept `--resume DIR`. Exit code 2 means "starting again cannot help" (bad
+  flags, the API refused it): the launcher then stops the run instead.
+
+A step trained again after a resume appends its records again: the last record of
+a step is the one that counts (`read_metrics`, `read_trained_groups`).
 
 Both files are append-only JSON lines; a reader skips a line still being written,
 so a trainer that dies mid-write loses at most that line.
@@ -29,6 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
+GROUPS_FILE = "trained_groups.jsonl"
+FINAL_EXIT_CODE = 2
+"""A trainer's exit code for "a restart would fail the same way"."""
 LAUNCH_CONFIG_ATTRIBUTE = "LAUNCH_CONFIG"
 
 
@@ -79,6 +92,8 @@ class EventKind(str, Enum):
     ENGINE_STARTED = "engine_started"
     ENGINE_RESTARTED = "engine_restarted"
     ENGINE_RESTART_FAILED = "engine_restart_failed"
+    ENGINE_CRASHED = "engine_crashed"
+    """The trainer found its engine dead (and restarts it): a restart after a crash."""
     CHECKPOINT_SAVED = "checkpoint_saved"
 
 
@@ -93,6 +108,13 @@ class TrainerEvent(BaseModel):
     """Free-form facts, e.g. `{"path": ...}` for a checkpoint or `{"reason": ...}`."""
 
 
+class TrainedGroups(BaseModel):
+    """The groups one optimizer step trained on (None for a group without an id)."""
+
+    step: int = Field(ge=1)
+    group_ids: list[str | None]
+
+
 def metrics_path(save_path: str | Path) -> Path:
     return Path(save_path) / METRICS_FILE
 
@@ -101,12 +123,17 @@ def events_path(save_path: str | Path) -> Path:
     return Path(save_path) / EVENTS_FILE
 
 
+def groups_path(save_path: str | Path) -> Path:
+    return Path(save_path) / GROUPS_FILE
+
+
 class RunRecords:
     """The trainer's writer for both files; lines are flushed one at a time."""
 
     def __init__(self, save_path: str | Path) -> None:
         self.metrics_path = metrics_path(save_path)
         self.events_path = events_path(save_path)
+        self.groups_path = groups_path(save_path)
 
     def metrics(self, step: int, values: dict[str, Any]) -> MetricsRow:
         row = MetricsRow.model_validate({**values, "step": step})
@@ -116,6 +143,11 @@ class RunRecords:
     def event(self, kind: EventKind, step: int, **detail: Any) -> TrainerEvent:
         record = TrainerEvent(kind=kind, step=step, detail=detail)
         _append(self.events_path, record)
+        return record
+
+    def trained_groups(self, step: int, group_ids: list[str | None]) -> TrainedGroups:
+        record = TrainedGroups(step=step, group_ids=group_ids)
+        _append(self.groups_path, record)
         return record
 
 
@@ -151,8 +183,17 @@ class RecordTail:
         return found
 
 
+def _last_per_step(records: list[Any]) -> list[Any]:
+    """A step trained again after a resume replaces its earlier record; sorted by step."""
+    return sorted({r.step: r for r in records}.values(), key=lambda r: r.step)
+
+
 def read_metrics(path: Path) -> list[MetricsRow]:
-    return RecordTail(path, MetricsRow).read_new()
+    return _last_per_step(RecordTail(path, MetricsRow).read_new())
+
+
+def read_trained_groups(path: Path) -> list[TrainedGroups]:
+    return _last_per_step(RecordTail(path, TrainedGroups).read_new())
 
 
 def read_events(path: Path) -> list[TrainerEvent]:

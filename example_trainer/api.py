@@ -58,12 +58,14 @@ class TrajectoryAPI:
     restarting); a 4xx is final and raises `APIRefused` quoting the API's answer.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout_s: float = 60.0) -> None:
         key = os.environ.get("ATROPOS_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60)
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
         self.leases = True
         """False once the API refused the lease parameters: plain /batch from then on."""
+        self.registered: tuple[TrainingConfig, int] | None = None
+        """What the last /register sent (config, starting step), to register again."""
 
     def register(self, config: TrainingConfig, starting_step: int) -> None:
         payload = Registration(
@@ -76,6 +78,7 @@ class TrajectoryAPI:
             starting_step=starting_step,
             num_steps=config.training_steps,
         ).model_dump()
+        self.registered = (config, starting_step)
         delay = 0.5
         while True:
             try:
@@ -123,11 +126,24 @@ class TrajectoryAPI:
         except ValidationError as exc:
             raise APIRefused(f"/batch answered a malformed batch: {exc}") from exc
         if answer.status == "error":  # upstream's answer when no trainer is registered
-            raise APIRefused(
-                f"/batch answered an error: {answer.message or response.text[:200]} "
-                "(was the API restarted without its state since this trainer registered?)"
-            )
+            self._register_again(step, answer.message or response.text[:200])
+            return None
         return answer.batch
+
+    def _register_again(self, step: int | None, answer: str) -> None:
+        """The API lost this trainer (restarted without its store, or reset): register at
+        the step being trained, so the run goes on from there."""
+        if self.registered is None:
+            raise APIRefused(f"/batch answered an error before any /register: {answer}")
+        config, starting_step = self.registered
+        at = step - 1 if step is not None else starting_step
+        logger.warning(
+            "/batch answered %r: the API no longer knows this trainer (restarted without its "
+            "state?); registering again at step %d",
+            answer,
+            at,
+        )
+        self.register(config, at)
 
     def _get_batch(self, params: dict[str, int]) -> httpx.Response | None:
         """GET /batch; None (after a WARNING) when it cannot be reached or answers 5xx."""

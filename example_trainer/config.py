@@ -78,6 +78,12 @@ class TrainingConfig(BaseModel):
     lora_dropout: float = Field(0.05, description="LoRA dropout.")
     lora_target_modules: str = Field("q_proj,v_proj", description="Comma-separated module names.")
     atropos_url: str = Field("http://localhost:8000", description="Trajectory API URL.")
+    api_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a call to the API may take before it is abandoned and asked again "
+        "(a stalled API is waited out, never fatal).",
+    )
     resume: str | None = Field(None, description="Checkpoint directory to continue from.")
     seed: int = Field(0, description="Random seed.")
     log_format: Literal["auto", "rich", "text", "json"] = Field(

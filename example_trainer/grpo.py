@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from atroposlib.protocol import ScoredData
-from atroposlib.trainer_contract import EventKind, RunRecords
+from atroposlib.protocol import ScoredData, group_id_of
+from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, RunRecords
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 from example_trainer.api import APIRefused, TrajectoryAPI
@@ -114,6 +114,7 @@ class Trainer:
             self.latest_checkpoint,
             self.engine.log_tail(10),
         )
+        self.records.event(EventKind.ENGINE_CRASHED, self.step, model=self.latest_checkpoint)
         return self.engine.restart(self.latest_checkpoint, self.step, "engine died")
 
     # -------------------------------------------------------------- train
@@ -290,7 +291,7 @@ class Trainer:
 
     def run(self) -> None:
         config, main_rank = self.config, self.parallel.is_main
-        api = TrajectoryAPI(config.atropos_url) if main_rank else None
+        api = TrajectoryAPI(config.atropos_url, config.api_timeout_s) if main_rank else None
         if main_rank:
             self.start_engine()
             api.register(config, self.step)
@@ -303,6 +304,8 @@ class Trainer:
                 trained = time.perf_counter() - started
                 restart = 0.0
                 if main_rank:
+                    # before the checkpoint: a step it holds must be on record
+                    self.records.trained_groups(self.step, [group_id_of(g) for g in batch])
                     if self.step == config.training_steps:
                         self.save()  # the engine stops next: restarting it would be wasted
                     elif self.step % config.vllm_restart_interval == 0:
@@ -340,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run()
     except APIRefused as exc:  # the API's answer says what is wrong; a traceback adds nothing
         print(f"atropos-grpo: {exc}", file=sys.stderr)
-        return 1
+        return FINAL_EXIT_CODE  # asking again would be refused again
     return 0
 
 

@@ -63,6 +63,16 @@ class _StateCollector:
             "Posts answered from the idempotency table instead of being queued again.",
             "idempotent_replays",
         )
+        yield counter(
+            "store_write_errors",
+            "Store writes that failed (disk full, read-only, I/O error); each answered 503.",
+            "store_write_errors",
+        )
+        yield gauge(
+            "store_error",
+            "1 while the last store write failed (see store_error in /status), else 0.",
+            1 if s.store_error is not None else 0,
+        )
         rejected = CounterMetricFamily(
             "atropos_rejected_requests", "Requests refused, by reason.", labels=["reason"]
         )

@@ -13,7 +13,10 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from atroposlib.api.models import ErrorDetail
 
 try:  # ISA-L inflates gzip about twice as fast as zlib; same API
     from isal import isal_zlib as _inflate
@@ -149,3 +152,44 @@ def _replay(body: bytes, receive: Receive) -> Callable[[], Awaitable[Message]]:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replay
+
+
+def document_guard(app: FastAPI, api_key_required: bool) -> None:
+    """Add the guard's answers (and its bearer key) to every operation of `app`'s document.
+
+    The guard answers before any route runs, so its codes hold for every path, present
+    and future; documenting them here keeps the document true without each route
+    repeating them.
+    """
+    build = app.openapi
+    detail = {"application/json": {"schema": ErrorDetail.model_json_schema()}}
+    answers: dict[str, dict[str, Any]] = {
+        "400": {"description": "A gzip request body that does not inflate.", "content": detail},
+        "413": {"description": "A request body over --max-body-mb.", "content": detail},
+    }
+    unauthorized = {
+        "description": "Missing or wrong 'Authorization: Bearer <key>' (--api-key).",
+        "headers": {
+            "WWW-Authenticate": {"required": True, "schema": {"type": "string", "const": "Bearer"}}
+        },
+        "content": detail,
+    }
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = build()
+        if api_key_required:
+            schemes = document.setdefault("components", {}).setdefault("securitySchemes", {})
+            schemes["bearer"] = {"type": "http", "scheme": "bearer"}
+        for path, operations in document["paths"].items():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                for code, answer in answers.items():
+                    responses.setdefault(code, answer)
+                if api_key_required and path not in OPEN_PATHS:
+                    operation["security"] = [{"bearer": []}]
+                    responses.setdefault("401", unauthorized)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -5,12 +5,18 @@ The fields themselves are defined once in `atroposlib.protocol`. Cross-field rul
 limit) live in `group_errors`, which returns errors in FastAPI's 422 format so
 each one names the offending field. `messages: []` is the one length exception:
 upstream's API and its SFT clients use it to mean "no conversation".
+
+The same rules, as far as JSON Schema can state them, are what the OpenAPI
+document publishes for the scored-data bodies (`group_schema`), beside the
+documented error answers the routes share.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from pydantic import BaseModel, Field
 
 from atroposlib.protocol import PER_SEQUENCE_FIELDS, ScoredData
 from atroposlib.token_limit import exceeds_token_limit
@@ -91,3 +97,73 @@ def group_errors(
                     )
                 )
     return errors
+
+
+# ------------------------------------------------------- the OpenAPI description
+# The scored-data routes read their raw body (gzip and pre-serialised JSON are
+# handled before any model sees it), so FastAPI cannot derive their request schema;
+# it is published from `ScoredData` here. The answers below are the ones the routes
+# really give, so a client (or a fuzzer) can rely on the document.
+
+CROSS_FIELD_RULES = (
+    "Rules JSON Schema cannot state, answered with 422: `masks`, `scores` and every "
+    "per-sequence field hold one entry per sequence of `tokens`; each mask and each "
+    "per-token row (`advantages`, `inference_logprobs`, `ref_logprobs`) is as long as its "
+    "token row; a group's env id names a registered environment; no sequence is over the "
+    "registered `max_token_len`."
+)
+
+
+def group_schema() -> dict[str, Any]:
+    """The JSON Schema of one posted group: `ScoredData`'s, plus the per-field rules."""
+    schema = ScoredData.model_json_schema()
+    properties = schema["properties"]
+    properties["tokens"]["minItems"] = 1
+    conversation = properties["messages"]["anyOf"][0]["items"]
+    conversation["items"]["required"] = ["role", "content"]
+    schema["description"] = f"One group: the rollouts of one prompt. {CROSS_FIELD_RULES}"
+    return schema
+
+
+def json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """`openapi_extra` publishing a required JSON request body of `schema`."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+class ErrorDetail(BaseModel):
+    """Why a request was refused."""
+
+    detail: str = Field(description="What went wrong, and what to do about it.")
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int] = Field(description="Where in the request: 'body' or 'query', then keys.")
+    msg: str = Field(description="What is wrong there.")
+    type: str = Field(description="The kind of error (pydantic's error type).")
+
+
+class ValidationFailure(BaseModel):
+    """A 422: every problem found in the request, each naming its field."""
+
+    detail: list[ValidationIssue] = Field(description="One entry per problem.")
+
+
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying.",
+        "required": True,
+        "schema": {"type": "integer"},
+    },
+}
+
+
+def refusal(description: str, **extra: Any) -> dict[str, Any]:
+    """A documented `{"detail": "..."}` answer (JSON even on a plain-text route)."""
+    content = {"application/json": {"schema": ErrorDetail.model_json_schema()}}
+    return {"description": description, "content": content, **extra}
+
+
+INVALID = {422: {"model": ValidationFailure, "description": "The request breaks a rule."}}
+STORE_FAILED = {
+    503: refusal("The durable store failed to read or write; retry later.", headers=RETRY_AFTER)
+}

@@ -99,10 +99,15 @@ class SegmentLog:
             self._drop(segment)
 
     def _rotate(self) -> None:
-        os.close(self._fd)
         previous = self.active
         self.active += 1
-        self._fd = self._open_active()
+        try:  # open first: a failed open (disk full) must leave a usable active segment
+            fd = self._open_active()
+        except OSError:
+            self.active = previous
+            raise
+        os.close(self._fd)
+        self._fd = fd
         self._size = 0
         if self.live.get(previous, 0) == 0:
             self._drop(previous)

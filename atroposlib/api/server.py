@@ -25,7 +25,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
 from atroposlib.api.metrics import ApiMetrics
-from atroposlib.api.middleware import RequestGuard
+from atroposlib.api.middleware import RequestGuard, document_guard
+from atroposlib.api.models import INVALID, STORE_FAILED, group_schema, json_body, refusal
 from atroposlib.api.settings import APISettings, settings_from_environment
 from atroposlib.api.state import (
     InvalidGroups,
@@ -33,14 +34,30 @@ from atroposlib.api.state import (
     RunConflict,
     RunState,
     StepConflict,
+    StoreWriteError,
     UnknownEnv,
 )
 from atroposlib.api.store import open_store
-from atroposlib.protocol import GROUPS, EnvIdentifier, RegisterEnv, Registration, ScoredData
+from atroposlib.protocol import EnvIdentifier, RegisterEnv, Registration, read_groups_json
 
 logger = logging.getLogger("atroposlib.api")
 
 JSON = "application/json"
+
+ENV_ID_QUERY = {
+    "parameters": [
+        {
+            "name": "env_id",
+            "in": "query",
+            "required": True,
+            "schema": {"type": "integer", "minimum": 0},
+            "description": "The id /register-env gave. (Atropos's own env client sends it as "
+            'a JSON body {"env_id": N} on this GET instead; that is read when the query '
+            "has none.)",
+        }
+    ]
+}
+"""`/status-env`'s documented parameter; the route itself also reads the body form."""
 
 
 class ApiService:
@@ -133,6 +150,12 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
         logger.error("refused: %s", exc)
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
+    @app.exception_handler(StoreWriteError)
+    async def _store_write_failed(_: Request, exc: StoreWriteError) -> JSONResponse:
+        reject("store_error")  # logged by RunState, once per distinct cause
+        headers = {"Retry-After": str(settings.retry_after_s)}
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers=headers)
+
     @app.exception_handler(sqlite3.Error)
     @app.exception_handler(OSError)
     async def _store_error(_: Request, exc: Exception) -> JSONResponse:
@@ -152,25 +175,24 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
         s = state()
         return {"status": "ok", "store": s.store.kind, "registered": s.registration is not None}
 
-    @app.post("/register")
+    conflict = refusal("Another run owns this API's state; the message says what to do.")
+
+    @app.post("/register", responses={**INVALID, 409: conflict, **STORE_FAILED})
     async def register(registration: Registration) -> dict[str, int]:
         return state().register(registration)
 
-    @app.post("/register-env")
+    @app.post("/register-env", responses={**INVALID, **STORE_FAILED})
     async def register_env(request: RegisterEnv) -> dict[str, Any]:
         return state().register_env(request)
 
-    @app.post("/disconnect-env")
+    @app.post("/disconnect-env", responses={**INVALID, **STORE_FAILED})
     async def disconnect_env(env: EnvIdentifier) -> dict[str, str]:
         return state().disconnect_env(env.env_id)
 
     async def accept(request: Request, as_list: bool) -> Response:
         body = await request.body()
         try:
-            if as_list:
-                groups = GROUPS.validate_json(body)
-            else:
-                groups = [ScoredData.model_validate_json(body)]
+            groups, verbatim = read_groups_json(body, as_list)
         except ValidationError as exc:
             reject("invalid")
             return _validation_answer(exc)
@@ -178,15 +200,28 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
             groups,
             as_list=as_list,
             idempotency_key=request.headers.get("idempotency-key"),
-            raw=None if as_list else body,
+            raw=body if verbatim and not as_list else None,
         )
         return Response(answer, media_type=JSON)
 
-    @app.post("/scored_data")
+    posted = {
+        200: {"description": "Queued, or held in its env's buffer until a full group."},
+        **INVALID,
+        503: refusal(
+            "The queue is full (--max-queued-sequences) or the store failed; retry later.",
+            headers=STORE_FAILED[503]["headers"],
+        ),
+    }
+
+    @app.post("/scored_data", responses=posted, openapi_extra=json_body(group_schema()))
     async def scored_data(request: Request) -> Response:
         return await accept(request, as_list=False)
 
-    @app.post("/scored_data_list")
+    @app.post(
+        "/scored_data_list",
+        responses=posted,
+        openapi_extra=json_body({"type": "array", "items": group_schema()}),
+    )
     async def scored_data_list(request: Request) -> Response:
         return await accept(request, as_list=True)
 
@@ -196,7 +231,9 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
             return Response(answer, media_type=JSON)
         return JSONResponse(answer)
 
-    @app.get("/batch")
+    step_conflict = refusal("No batch can be served for that step; the message says why.")
+
+    @app.get("/batch", responses={**INVALID, 409: step_conflict, **STORE_FAILED})
     async def batch(
         step: Annotated[int | None, Query(ge=1)] = None,
         committed: Annotated[int | None, Query(ge=0)] = None,
@@ -213,8 +250,15 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
     async def status() -> dict[str, Any]:
         return state().status()
 
-    @app.get("/status-env")
-    async def status_env(request: Request, env_id: int | None = None) -> Response:
+    @app.get(
+        "/status-env",
+        responses={**INVALID, 404: refusal("No env has that env_id.")},
+        openapi_extra=ENV_ID_QUERY,
+    )
+    async def status_env(
+        request: Request,
+        env_id: Annotated[int | None, Query(ge=0, include_in_schema=False)] = None,
+    ) -> Response:
         if env_id is None:
             try:
                 env_id = EnvIdentifier.model_validate_json(await request.body() or b"{}").env_id
@@ -231,17 +275,18 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
     async def wandb_info() -> dict[str, str | None]:
         return state().wandb_info()
 
-    @app.get("/reset_data")
+    @app.get("/reset_data", response_class=PlainTextResponse, responses=STORE_FAILED)
     async def reset_data() -> PlainTextResponse:
         state().reset()
         return PlainTextResponse("Reset successful", status_code=200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         assert service.metrics is not None
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     known = frozenset(route.path for route in app.routes if hasattr(route, "methods"))
+    document_guard(app, api_key_required=bool(settings.api_key))
     if settings.gzip_responses:
         from starlette.middleware.gzip import GZipMiddleware
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from typing import Literal
 
 from pydantic import BaseModel, Field
+
+from atroposlib.utils.exposure import exposure_problem, is_loopback
+
+__all__ = ["SETTINGS_ENV", "APISettings", "is_loopback", "settings_from_environment"]
 
 SETTINGS_ENV = "ATROPOS_API_SETTINGS"
 """Environment variable holding `APISettings` as JSON for an app that uvicorn imports
@@ -76,13 +79,13 @@ class APISettings(BaseModel):
         return self
 
     def exposure_problem(self) -> str | None:
-        """Why this configuration must not start, or None."""
-        if self.api_key or self.insecure or is_loopback(self.host):
-            return None
-        return (
-            f"refusing to bind {self.host} without an API key: anyone who can reach it could "
-            "read batches or wipe the run. Pass --api-key KEY (or set ATROPOS_API_KEY), or "
-            "--insecure to accept the risk."
+        """Why this configuration must not start, or None (the rule: utils.exposure)."""
+        return exposure_problem(
+            self.host,
+            self.api_key,
+            self.insecure,
+            risk="read batches or wipe the run",
+            key_source="set ATROPOS_API_KEY",
         )
 
 
@@ -90,12 +93,3 @@ def settings_from_environment() -> APISettings:
     """`$ATROPOS_API_SETTINGS` if set, else the defaults `run-api` starts with."""
     raw = os.environ.get(SETTINGS_ENV)
     return APISettings.model_validate_json(raw) if raw else APISettings()
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False

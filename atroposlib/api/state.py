@@ -6,6 +6,9 @@ Design decisions:
   touching their JSON.
 - Every mutation is planned first, written to the store, and only then applied
   to memory. A failed write leaves memory as it was, so nothing is half-accepted.
+  Writes go through `_writing`, which turns a store failure (disk full, read-only,
+  I/O error) into `StoreWriteError` (a 503), counts it and keeps the reason for
+  `/status` until a write succeeds again: the API recovers without a restart.
 - `/batch` assembles one batch per call and each served batch advances the step.
   (Atropos assembled every ready batch at once, moving the step ahead of the
   trainer and hiding those groups from the queue size environments throttle on.)
@@ -17,9 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +34,7 @@ from atroposlib.api.intake import plan_intake
 from atroposlib.api.models import group_errors
 from atroposlib.api.packing import plan_batch
 from atroposlib.api.runs import run_name, run_refusal
-from atroposlib.api.store import GroupRow, GroupStore, WriteSet
+from atroposlib.api.store import GroupRow, GroupStore, WriteSet, write_failure
 from atroposlib.protocol import EMPTY_EXAMPLE, RegisterEnv, Registration, ScoredData
 
 logger = logging.getLogger("atroposlib.api")
@@ -60,6 +66,13 @@ class StepConflict(Exception):
     """A trainer asked `/batch` for a step the API cannot serve; the message says why."""
 
 
+class StoreWriteError(OSError):
+    """The store could not commit (disk full, read-only, I/O error); nothing changed.
+
+    An `OSError`, so callers that guard store writes with `except OSError` still do.
+    """
+
+
 class RunState:
     def __init__(
         self,
@@ -74,6 +87,7 @@ class RunState:
         self.idempotency_ttl_s = idempotency_ttl_s
         self.counters: Counter[str] = Counter()
         self.env_counters: Counter[tuple[str, str]] = Counter()
+        self.store_error: str | None = None  # why the last store write failed, until one works
         self._clear_memory()
         self._load()
 
@@ -138,29 +152,51 @@ class RunState:
         self.env_sizes.setdefault(row.env_id, Counter())[row.size] += 1
 
     def _persist(self, **kv: Any) -> None:
-        self.store.write(WriteSet(kv=kv))
+        with self._writing():
+            self.store.write(WriteSet(kv=kv))
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Wrap store writes: a failure is counted, remembered and raised as a 503."""
+        try:
+            yield
+        except StoreWriteError:
+            raise  # an inner write already counted and named it
+        except (sqlite3.Error, OSError) as exc:
+            self.counters["store_write_errors"] += 1
+            reason = write_failure(exc, self.store.dir)
+            if reason != self.store_error:
+                logger.error("store write failed (answering 503 until one works): %s", reason)
+            self.store_error = reason
+            raise StoreWriteError(f"{reason}; retry later") from exc
+        if self.store_error is not None:
+            logger.warning("store writes work again (they failed with: %s)", self.store_error)
+            self.store_error = None
 
     def _envs_json(self) -> list[dict[str, Any]]:
         return self.envs.as_json()
 
     # ----------------------------------------------------------- registration
     def register(self, registration: Registration) -> dict[str, int]:
+        step = registration.starting_step
         if self.registration is None:
+            self._persist(registration=registration.model_dump(), step=step)
             self.registration = registration
-            self.step = registration.starting_step
-            self._persist(registration=registration.model_dump(), step=self.step)
+            self.step = step
         else:
             self._check_same_run(registration)
-            self.registration = self.registration.model_copy(
+            updated = self.registration.model_copy(
                 update={
                     "batch_size": registration.batch_size,
                     "max_token_len": registration.max_token_len,
                     "num_steps": registration.num_steps,
-                    "starting_step": registration.starting_step,
+                    "starting_step": step,
                 }
             )
-            self._rewind(registration.starting_step)
-            self._persist(registration=self.registration.model_dump(), step=self.step)
+            self._rewind(step)
+            self._persist(registration=updated.model_dump(), step=step)
+            self.registration = updated
+            self.step = step
             self.version += 1
         logger.info(
             "trainer registered: batch_size %d, max_token_len %d, num_steps %d",
@@ -197,6 +233,7 @@ class RunState:
 
         Kept batches up to `step` are in the checkpoint it resumed from, so they are
         released; later ones will be served again, in order, when it asks for them.
+        The caller moves `self.step` once the new step is stored.
         """
         self._release(step)
         if step != self.step:
@@ -208,18 +245,24 @@ class RunState:
                 step,
                 sorted(self.leases) or "none",
             )
-        self.step = step
 
     def _release(self, upto: int) -> None:
         """Forget the kept batches of steps <= `upto`: a trainer checkpoint holds them."""
         for step in sorted(s for s in self.leases if s <= upto):
-            self.store.remove([row.id for row in self.leases.pop(step)], {})
+            with self._writing():
+                self.store.remove([row.id for row in self.leases[step]], {})
+            del self.leases[step]
 
     def register_env(self, request: RegisterEnv) -> dict[str, Any]:
         if not self.started or self.registration is None:
             return {"status": "wait for trainer to start"}
         env = self.envs.add(request)
-        self._persist(envs=self._envs_json())
+        try:
+            self._persist(envs=self._envs_json())
+        except StoreWriteError:  # not stored, so not known: the env registers again
+            self.envs.records.pop()
+            self.envs.last_heard.pop(env.registered_id, None)
+            raise
         self.version += 1
         logger.info("env registered: id %d, name %s", env.registered_id, env.real_name)
         reg = self.registration
@@ -236,8 +279,10 @@ class RunState:
     def disconnect_env(self, env_id: int) -> dict[str, str]:
         if not self.envs.knows(env_id):
             return {"status": "failure", "error": f"unknown env_id {env_id}"}
+        envs = self._envs_json()
+        envs[env_id]["connected"] = False
+        self._persist(envs=envs)
         self.envs[env_id].connected = False
-        self._persist(envs=self._envs_json())
         self.version += 1
         return {"status": "success"}
 
@@ -293,11 +338,13 @@ class RunState:
         response = json.dumps(answer).encode()
         if idempotency_key is not None:
             change.idempotency = (idempotency_key, response)
-        self.store.write(change)
+        with self._writing():
+            self.store.write(change)
         if idempotency_key is not None:  # committed: a retry must get this answer, even if
             self.idempotency[idempotency_key] = (response, time.time())  # applying fails
-            self._maybe_prune_idempotency()
         self._apply_accept(change, newly_queued)
+        if idempotency_key is not None:
+            self._maybe_prune_idempotency()
         return response
 
     def _plan_accept(
@@ -342,7 +389,11 @@ class RunState:
         self._writes_since_prune = 0
         cutoff = time.time() - self.idempotency_ttl_s
         self.idempotency = {k: v for k, v in self.idempotency.items() if v[1] >= cutoff}
-        self.store.prune_idempotency(cutoff)
+        try:  # housekeeping after a committed post: its failure must not fail the post
+            with self._writing():
+                self.store.prune_idempotency(cutoff)
+        except StoreWriteError as exc:
+            logger.warning("idempotency answers not pruned: %s", exc)
 
     # ---------------------------------------------------------------- batches
     def heard_from(self, env_id: int) -> None:
@@ -404,8 +455,8 @@ class RunState:
                 "batch": [],
             }
         if not self.started:
-            self.started = True
             self._persist(started=True)
+            self.started = True
         if committed is not None:
             self._release(committed)
         if step is not None:
@@ -423,10 +474,12 @@ class RunState:
         rows = [self.queue[p] for p in positions]
         ids = [r.id for r in rows]
         payload = b'{"batch":[' + b",".join(self.store.bodies(ids)) + b"]}"
-        if step is None:
-            self.store.remove(ids, {"step": self.step + 1})
-        else:
-            self.store.lease(ids, step, {"step": step})
+        with self._writing():  # a failure leaves the queue and step as they were
+            if step is None:
+                self.store.remove(ids, {"step": self.step + 1})
+            else:
+                self.store.lease(ids, step, {"step": step})
+        if step is not None:
             self.leases[step] = [replace(r, served_step=step) for r in rows]
         chosen = set(positions)
         self.queue = [r for i, r in enumerate(self.queue) if i not in chosen]
@@ -454,7 +507,10 @@ class RunState:
 
     def status(self) -> dict[str, Any]:
         if self.registration is None:
-            return {"current_step": 0, "queue_size": 0}
+            unregistered: dict[str, Any] = {"current_step": 0, "queue_size": 0}
+            if self.store_error is not None:
+                unregistered["store_error"] = self.store_error
+            return unregistered
         self._plan_if_stale()
         return {
             "current_step": self.step,
@@ -464,6 +520,7 @@ class RunState:
             "batch_blocked": self.blocked_reason is not None,
             "kept_batch_steps": sorted(self.leases),
             "blocked_reason": self.blocked_reason,
+            "store_error": self.store_error,
         }
 
     def _plan_if_stale(self) -> None:
@@ -499,7 +556,8 @@ class RunState:
         return self.latest if self.latest is not None else EMPTY_EXAMPLE
 
     def reset(self) -> None:
-        self.store.reset()
+        with self._writing():
+            self.store.reset()
         self._clear_memory()
         self.version += 1
         logger.info("run state reset")

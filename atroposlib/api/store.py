@@ -15,11 +15,14 @@ they are, which avoids writing every 100 KB body twice.
 
 The store never decides anything: `RunState` plans a change in memory, hands the
 store a `WriteSet`, and only applies the plan to its own structures once the
-store has committed it.
+store has committed it. A write that fails (disk full, read-only, I/O error)
+rolls back completely, so the caller can refuse the request and retry later;
+`write_failure` turns such an error into words a person can act on.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -70,6 +73,7 @@ class GroupStore(ABC):
     """Persistence seam of the trajectory API."""
 
     kind: str
+    dir: Path | None = None  # where it writes, for naming a failure's cause
 
     @abstractmethod
     def load(self, idempotency_ttl_s: float) -> LoadedState:
@@ -162,6 +166,89 @@ class StateDirLocked(RuntimeError):
     pass
 
 
+class StateDirUnusable(RuntimeError):
+    """The state directory cannot be written; the message names it and the cause."""
+
+
+PROBE_BYTES = 256 * 1024
+"""What `check_state_dir` writes (and deletes) to prove the directory has room."""
+
+_ERRNO_KIND = {
+    errno.ENOSPC: "disk_full",
+    errno.EDQUOT: "disk_full",
+    errno.EFBIG: "disk_full",
+    errno.EROFS: "read_only",
+    errno.EACCES: "permission",
+    errno.EPERM: "permission",
+    errno.ENOTDIR: "not_a_directory",
+    errno.EIO: "io",
+}
+_SQLITE_KIND = {13: "disk_full", 8: "read_only", 3: "permission", 10: "io"}  # FULL, READONLY...
+_SQLITE_EXTENDED_KIND = {4874: "disk_full"}  # SQLITE_IOERR_SHMSIZE: the -shm file cannot grow
+FULL_BELOW_BYTES = 64 * 1024
+"""An I/O error in a directory with less free space than this is reported as a full disk."""
+_TEXT_KIND = (
+    ("disk is full", "disk_full"),
+    ("readonly", "read_only"),
+    ("read-only", "read_only"),
+    ("disk i/o error", "io"),
+)
+CAUSES = {
+    "disk_full": "no space left on device",
+    "read_only": "read-only file system",
+    "permission": "permission denied",
+    "not_a_directory": "a part of the path is not a directory",
+    "io": "I/O error",
+    "other": "cannot write",
+}
+_HEADLINES = {
+    "disk_full": "the API's disk is full",
+    "read_only": "the API's state directory is read-only",
+    "permission": "the API may not write its state directory",
+    "not_a_directory": "the API's state directory is gone",
+    "io": "the API's disk failed to write",
+    "other": "the API's durable store failed to write",
+}
+
+
+def fault_kind(exc: BaseException, directory: Path | None = None) -> str:
+    """disk_full, read_only, permission, not_a_directory, io or other.
+
+    SQLite reports some full-disk failures as plain I/O errors (growing its -shm
+    file, say), so an I/O error where `directory` has no room left counts as full.
+    """
+    kind = _kind_of(exc)
+    if kind in ("io", "other") and directory is not None and _nearly_full(directory):
+        return "disk_full"
+    return kind
+
+
+def _kind_of(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno in _ERRNO_KIND:
+        return _ERRNO_KIND[exc.errno]
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code in _SQLITE_EXTENDED_KIND:
+            return _SQLITE_EXTENDED_KIND[code]
+        if code is not None and code & 0xFF in _SQLITE_KIND:
+            return _SQLITE_KIND[code & 0xFF]
+    text = str(exc).lower()
+    return next((kind for needle, kind in _TEXT_KIND if needle in text), "other")
+
+
+def _nearly_full(directory: Path) -> bool:
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < FULL_BELOW_BYTES
+
+
+def write_failure(exc: BaseException, directory: Path | None = None) -> str:
+    """One line for a client or /status: what broke, then the error itself."""
+    return f"{_HEADLINES[fault_kind(exc, directory)]}: {exc}"
+
+
 class SQLiteStore(GroupStore):
     kind = "sqlite"
 
@@ -177,6 +264,16 @@ class SQLiteStore(GroupStore):
                 f"another run-api process is using the state directory {self.dir}; "
                 "stop it or pass a different --state-dir"
             ) from exc
+        self._db: sqlite3.Connection | None = None
+        try:
+            self._open()
+        except BaseException:
+            if self._db is not None:
+                self._db.close()
+            self._lock_file.close()
+            raise
+
+    def _open(self) -> None:
         self.path = self.dir / "trajectories.sqlite3"
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA page_size=16384")
@@ -203,8 +300,11 @@ class SQLiteStore(GroupStore):
         if broken:
             lost = [found[i][0] for i in sorted(broken)]
             logger.error("%d stored groups have no readable body and are dropped", len(lost))
-            with self._transaction() as db:
-                db.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in lost])
+            try:  # left in the table, they are found broken (and dropped) again next start
+                with self._transaction() as db:
+                    db.executemany("DELETE FROM groups WHERE id = ?", [(i,) for i in lost])
+            except (sqlite3.Error, OSError) as exc:
+                logger.warning("cannot delete the broken groups yet: %s", write_failure(exc))
         rows = []
         for index, (i, e, s, o, b, served, seg, off, n) in enumerate(found):
             if index not in broken:
@@ -212,7 +312,10 @@ class SQLiteStore(GroupStore):
                     GroupRow(id=i, env_id=e, size=s, order=o, buffered=bool(b), served_step=served)
                 )
                 self._where[i] = (seg, off, n)
-        self.prune_idempotency(time.time() - idempotency_ttl_s)
+        try:  # housekeeping: a full disk must not stop a restart
+            self.prune_idempotency(time.time() - idempotency_ttl_s)
+        except (sqlite3.Error, OSError) as exc:
+            logger.warning("cannot prune idempotency answers: %s", write_failure(exc))
         idem = {
             k: (bytes(r), c)
             for k, r, c in self._db.execute("SELECT key, response, created FROM idempotency")
@@ -222,8 +325,10 @@ class SQLiteStore(GroupStore):
         return LoadedState(kv=kv, rows=rows, idempotency=idem, latest=latest)
 
     def write(self, change: WriteSet) -> None:
-        placed = [(row, self.segments.append(body)) for row, body in change.inserts]
+        placed: list[tuple[GroupRow, Location]] = []
         try:
+            for row, body in change.inserts:
+                placed.append((row, self.segments.append(body)))
             self._commit(change, placed)
         except BaseException:
             for _, at in placed:
@@ -280,7 +385,10 @@ class SQLiteStore(GroupStore):
             db.execute("DELETE FROM kv")
             db.execute("DELETE FROM idempotency")
         self._where.clear()
-        self.segments.clear()
+        try:  # committed: leftover segment files are deleted at the next start
+            self.segments.clear()
+        except OSError as exc:
+            logger.warning("segment files not cleared after a reset: %s", exc)
 
     def close(self) -> None:
         self._db.close()
@@ -305,8 +413,57 @@ class _Transaction:
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type is None:
+            try:
+                self.db.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+        else:
+            self._rollback()
+
+    def _rollback(self) -> None:
+        """Undo what is left: SQLite has already rolled back after some errors (SQLITE_FULL)."""
+        if self.db.in_transaction:
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error as exc:  # the original error is the one worth raising
+                logger.error("rollback failed: %s", exc)
 
 
 def open_store(state_dir: str | os.PathLike[str] | None, ephemeral: bool) -> GroupStore:
     return MemoryStore() if ephemeral or state_dir is None else SQLiteStore(state_dir)
+
+
+def check_state_dir(state_dir: str | os.PathLike[str]) -> None:
+    """Open the store as the server will, then write, fsync and delete a probe file.
+
+    Run before the server starts, so an unwritable or full directory is one clear
+    line (`StateDirUnusable`, or `StateDirLocked`) instead of a failed start-up.
+    """
+    try:
+        store = SQLiteStore(state_dir)
+        try:
+            _probe(store.dir)
+        finally:
+            store.close()
+    except (OSError, sqlite3.Error) as exc:
+        cause = CAUSES[fault_kind(exc, Path(state_dir))]
+        raise StateDirUnusable(
+            f"cannot use the state directory {state_dir}: {cause} ({exc})"
+        ) from exc
+
+
+def _probe(directory: Path) -> None:
+    path = directory / f".write-probe-{os.getpid()}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(bytes(PROBE_BYTES))
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)

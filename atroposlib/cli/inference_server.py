@@ -1,7 +1,10 @@
 """`atropos-inference-server`: an OpenAI-compatible server for a local HF model on CPU.
 
 Its core flags are vLLM's api_server flags, so the engine launcher can start
-either one with the same arguments.
+either one with the same arguments. Like vLLM, `--api-key` (or $VLLM_API_KEY) makes
+it require `Authorization: Bearer <key>`; unlike vLLM it guards every route but
+/health, and it refuses a non-loopback --host without a key unless --insecure
+(atroposlib.utils.exposure, docs/security.md).
 """
 
 from __future__ import annotations
@@ -12,13 +15,19 @@ import sys
 import uvicorn
 from pydantic import BaseModel, Field
 
+from atroposlib.utils.exposure import exposure_problem, key_from_environment
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
+
+KEY_ENVIRONMENT = ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY")
+"""Where the key comes from without --api-key, first set wins (VLLM_API_KEY is vLLM's)."""
 
 
 class InferenceServerSettings(BaseModel):
     model: str = Field(..., description="Path (or hub id) of the model and tokenizer to serve.")
-    host: str = Field("127.0.0.1", description="Address to bind.")
+    host: str = Field(
+        "127.0.0.1", description="Address to bind. Non-loopback needs --api-key or --insecure."
+    )
     port: int = Field(8000, ge=0, le=65535, description="TCP port.")
     served_model_name: str | None = Field(
         None, description="Name clients use in 'model' (default: the --model value)."
@@ -31,7 +40,31 @@ class InferenceServerSettings(BaseModel):
     num_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads (default: torch's choice)."
     )
+    api_key: str | None = Field(
+        None,
+        description="Require 'Authorization: Bearer <key>' on every route but /health "
+        "(default: $ATROPOS_ENGINE_API_KEY, else $VLLM_API_KEY, as vLLM's --api-key).",
+    )
+    insecure: bool = Field(
+        False, description="Allow binding a non-loopback address without an API key."
+    )
     log_level: str = Field("info", description="Logging level.")
+
+    def resolved(self) -> InferenceServerSettings:
+        """Fill the key from the environment when --api-key was not given."""
+        if self.api_key is None:
+            return self.model_copy(update={"api_key": key_from_environment(KEY_ENVIRONMENT)})
+        return self
+
+    def exposure_problem(self) -> str | None:
+        """Why this configuration must not start, or None."""
+        return exposure_problem(
+            self.host,
+            self.api_key,
+            self.insecure,
+            risk="generate with this model, read its metrics and tie up its CPU",
+            key_source="set ATROPOS_ENGINE_API_KEY or VLLM_API_KEY",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     settings, _ = parse_settings(build_parser(), InferenceServerSettings, argv)
+    settings = settings.resolved()
+    problem = settings.exposure_problem()
+    if problem:
+        print(f"atropos-inference-server: {problem}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level)
     import torch
 
@@ -62,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     app = create_inference_app(
-        engine, settings.served_model_name or settings.model, settings.max_batch_rows
+        engine,
+        settings.served_model_name or settings.model,
+        settings.max_batch_rows,
+        api_key=settings.api_key,
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
     return 0

@@ -10,6 +10,7 @@ import uvicorn
 
 from atroposlib.api import SETTINGS_ENV
 from atroposlib.api.settings import APISettings
+from atroposlib.api.store import StateDirLocked, StateDirUnusable, check_state_dir
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 
@@ -23,10 +24,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def state_dir_problem(state_dir: str) -> str | None:
+    """Why the durable store cannot work in `state_dir` (unwritable, full, in use), or None.
+
+    Checked before uvicorn starts, with the store's own opening code, so the answer
+    is one line and exit code 2 rather than a traceback from the server's start-up.
+    """
+    try:
+        check_state_dir(state_dir)
+    except (StateDirUnusable, StateDirLocked) as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     settings, _ = parse_settings(build_parser(), APISettings, argv)
     settings = settings.resolved()
     problem = settings.exposure_problem()
+    if problem is None and not settings.ephemeral:
+        problem = state_dir_problem(settings.state_dir)
     if problem:
         print(f"run-api: {problem}", file=sys.stderr)
         return 2

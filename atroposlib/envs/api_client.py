@@ -14,6 +14,11 @@ refused record is therefore moved, with the API's answer, to a dead-letter file
 beside the spool (`dead-letter.jsonl`) and logged as an ERROR, so it can be
 inspected and re-posted by hand instead of vanishing.
 
+Each group is stamped with a `group_id` (`atroposlib.protocol.GROUP_ID_FIELD`)
+when it is spooled, and every post the API acknowledged is appended to a ledger
+beside the spool (`delivered.jsonl`: the key and its group ids) before the spool
+file goes, so a run can count what was acknowledged against what was trained.
+
 The plain calls speak both dialects: `/status-env` carries `env_id` in a JSON body
 (what upstream's server reads) and in the query (which it ignores). Upstream's
 server also ignores the `Idempotency-Key` header. A 4xx on a plain call raises
@@ -36,9 +41,12 @@ from typing import Any
 
 import httpx
 
+from atroposlib.protocol import GROUP_ID_FIELD
+
 logger = logging.getLogger("atroposlib.envs")
 
 GZIP_MIN_BYTES = 1024
+DELIVERED_LEDGER = "delivered.jsonl"
 RETRYABLE_4XX = {408, 429}  # timeouts and rate limits (a proxy's, say) pass with time
 QUERY_REFUSALS = {400, 422}  # how a server that reads no query parameters may refuse one
 
@@ -48,13 +56,23 @@ class APIRefusedError(RuntimeError):
     cannot help, so the caller stops with this message instead of retrying."""
 
 
+class EnvUnknownError(APIRefusedError):
+    """/status-env answered 404: the API lost this env (restarted without its state, or
+    reset), so the env registers again instead of stopping."""
+
+
 def _refused(method: str, path: str, response: httpx.Response) -> APIRefusedError:
     hint = ""
     if response.status_code in (401, 403):
         hint = " (set ATROPOS_API_KEY to the key run-api was started with)"
     elif path == "/status-env" and response.status_code == 404:
         hint = " (the API no longer knows this env: was it reset, or restarted on a new state?)"
-    return APIRefusedError(
+    kind = (
+        EnvUnknownError
+        if path == "/status-env" and response.status_code == 404
+        else (APIRefusedError)
+    )
+    return kind(
         f"{method} {path} was refused by the trajectory API at {response.url.host}:"
         f"{response.url.port} with HTTP {response.status_code}: {response.text[:500]}{hint}"
     )
@@ -77,6 +95,7 @@ class TrajectoryClient:
         self.spool = Path(spool_dir)
         self.spool.mkdir(parents=True, exist_ok=True)
         self.dead_letter = Path(dead_letter_path or self.spool.parent / "dead-letter.jsonl")
+        self.ledger = self.spool.parent / DELIVERED_LEDGER
         self.max_backoff_s = max_backoff_s
         self.counters: Counter[str] = Counter()
         self.records_delivered = 0  # posts answered, accepted or refused
@@ -105,7 +124,8 @@ class TrajectoryClient:
                     return response
                 logger.warning("%s %s answered %d; retrying", method, path, response.status_code)
             except httpx.TransportError as exc:
-                logger.warning("%s %s failed (%s); retrying in %.1fs", method, path, exc, delay)
+                why = "timed out" if isinstance(exc, httpx.TimeoutException) else exc
+                logger.warning("%s %s failed (%s); retrying in %.1fs", method, path, why, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_backoff_s)
 
@@ -188,6 +208,10 @@ class TrajectoryClient:
     def send(self, groups: list[dict[str, Any]]) -> None:
         """Queue groups for delivery (one post, as the protocol prescribes); never blocks."""
         path = "/scored_data" if len(groups) == 1 else "/scored_data_list"
+        groups = [
+            group if GROUP_ID_FIELD in group else {**group, GROUP_ID_FIELD: uuid.uuid4().hex}
+            for group in groups
+        ]
         payload = groups[0] if len(groups) == 1 else groups
         record = {"path": path, "key": uuid.uuid4().hex, "payload": payload}
         target = self.spool / f"{self._next:012d}.json"
@@ -231,6 +255,7 @@ class TrajectoryClient:
         response = await self._request("POST", record["path"], content=body, headers=headers)
         if response.is_success:
             self.counters["groups_delivered"] += 1
+            self._note_delivered(record)
             return
         self.counters[f"rejected_{response.status_code}"] += 1
         self._dead_letter(record, response)
@@ -241,6 +266,15 @@ class TrajectoryClient:
             response.text[:2000],
             self.dead_letter,
         )
+
+    def _note_delivered(self, record: dict[str, Any]) -> None:
+        """Ledger line of an acknowledged post (a replayed key may appear twice)."""
+        payload = record["payload"]
+        groups = payload if isinstance(payload, list) else [payload]
+        ids = [g.get(GROUP_ID_FIELD) for g in groups if isinstance(g, dict)]
+        line = {"time": time.time(), "key": record["key"], "group_ids": ids}
+        with open(self.ledger, "a") as out:
+            out.write(json.dumps(line) + "\n")
 
     def _dead_letter(self, record: dict[str, Any], response: httpx.Response) -> None:
         """Append the refused record durably: the spool file is deleted right after."""

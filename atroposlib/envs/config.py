@@ -42,6 +42,13 @@ class BaseEnvConfig(BaseModel):
     )
     use_wandb: bool = Field(True, description="Log to Weights & Biases (offline without a key).")
     rollout_server_url: str = Field("http://localhost:8000", description="Trajectory API URL.")
+    api_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a call to the trajectory API may take before it is retried "
+        "(ours; a stalled or restarting API is waited out, and a retried post is not queued "
+        "twice).",
+    )
     total_steps: int = Field(
         1000,
         description="Stop after the trainer reaches this step; -1 = the trainer's num_steps "

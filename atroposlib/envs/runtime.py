@@ -68,7 +68,11 @@ class EnvRuntime:
         env._runtime = self
         self._install_signal_handlers()
         await env.setup()
-        self.client = TrajectoryClient(env.config.rollout_server_url, self.state_dir / "spool")
+        self.client = TrajectoryClient(
+            env.config.rollout_server_url,
+            self.state_dir / "spool",
+            timeout_s=env.config.api_timeout_s,
+        )
         env.client = self.client
         try:
             if await self._register():

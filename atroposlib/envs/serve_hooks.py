@@ -17,6 +17,7 @@ import logging
 import warnings
 from typing import Any
 
+from atroposlib.envs.api_client import EnvUnknownError
 from atroposlib.protocol import RegisterEnv
 
 logger = logging.getLogger("atroposlib.envs")
@@ -25,17 +26,20 @@ logger = logging.getLogger("atroposlib.envs")
 class ServeHooks:
     """Mixed into BaseEnv; relies on its config, client and runtime attributes."""
 
-    async def register_env(self) -> None:
-        """Register with the trajectory API (waiting until a trainer has) and take its answer."""
+    def _registration(self) -> dict[str, Any]:
         config = self.config
-        registration = RegisterEnv(
+        return RegisterEnv(
             max_token_length=config.max_token_length,
             desired_name=config.wandb_name or self.name or type(self).__name__,
             weight=config.inference_weight,
             group_size=config.group_size,
             min_batch_allocation=config.min_batch_allocation,
-        )
-        answer = await self.client.register_env(registration.model_dump())
+        ).model_dump()
+
+    async def register_env(self) -> None:
+        """Register with the trajectory API (waiting until a trainer has) and take its answer."""
+        config = self.config
+        answer = await self.client.register_env(self._registration())
         self.env_id = answer["env_id"]
         self.wandb_prepend = answer["wandb_name"]
         self.curr_step = answer["starting_step"]
@@ -65,8 +69,18 @@ class ServeHooks:
             )
 
     async def get_status(self) -> dict[str, Any]:
-        """Poll /status-env into `status_dict` (current_step, queue sizes, env_weight...)."""
-        self.status_dict = await self.client.status_env(self.env_id)
+        """Poll /status-env into `status_dict` (current_step, queue sizes, env_weight...).
+
+        An API that no longer knows this env (restarted without its state) gets a new
+        registration, and the env goes on under the id it answers.
+        """
+        try:
+            self.status_dict = await self.client.status_env(self.env_id)
+        except EnvUnknownError as exc:
+            logger.warning("%s; registering again", exc)
+            self.env_id = (await self.client.register_env(self._registration()))["env_id"]
+            logger.warning("registered again as env_id %d", self.env_id)
+            self.status_dict = await self.client.status_env(self.env_id)
         return self.status_dict
 
     async def env_step_checks(self) -> None:

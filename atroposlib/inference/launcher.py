@@ -15,14 +15,15 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Literal
 
-import httpx
 from pydantic import BaseModel, Field
 
 from atroposlib.utils.processes import log_tail, spawn, stop_group
+from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until, port_in_use
+
+PORT_FREE_TIMEOUT_S = 30.0
 
 logger = logging.getLogger("atroposlib.inference")
 
@@ -120,6 +121,7 @@ class EngineProcess:
             os.close(fd)
             self.log_path = Path(name)
         command = engine_command(self.config, self.engine, self.model_path)
+        self._wait_port_free()
         logger.info("starting %s engine: %s", self.engine, " ".join(command))
         env = {**os.environ, **self.config.env}
         if self.engine == "vllm":
@@ -129,31 +131,35 @@ class EngineProcess:
         self.wait_healthy()
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.config.health_timeout_s
-        while time.monotonic() < deadline:
+        def up() -> bool:
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
                 raise EngineError(
                     f"{self.engine} engine exited with code {code} before it was "
                     f"healthy; last log lines:\n{self.log_tail()}"
                 )
-            if self.healthy():
-                return
-            time.sleep(0.2)
-        self.stop()
-        raise EngineError(
-            f"{self.engine} engine not healthy after "
-            f"{self.config.health_timeout_s:.0f}s; last log lines:\n{self.log_tail()}"
-        )
+            return self.healthy()
+
+        try:
+            poll_until(up, self.config.health_timeout_s, f"{self.engine} engine not healthy")
+        except WaitTimeout as exc:
+            self.stop()
+            raise EngineError(f"{exc}; last log lines:\n{self.log_tail()}") from None
 
     def healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers_200(f"{self.url}/health")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def _wait_port_free(self) -> None:
+        """An engine left by a crashed owner may still hold the port while it stops; a new
+        one started meanwhile would fail to bind, or its health check would reach the old."""
+        port = self.config.port
+        try:
+            poll_until(lambda: not port_in_use(port), PORT_FREE_TIMEOUT_S, f"port {port} busy")
+        except WaitTimeout as exc:
+            raise EngineError(f"{exc}: another process serves on it") from None
 
     def check(self) -> None:
         """Raise `EngineError` with the log tail if the engine has died."""

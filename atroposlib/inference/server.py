@@ -13,6 +13,10 @@ Request parsing lives in `openai_requests` and `generate_requests`, answer
 shapes there and in `atroposlib.utils.openai_shapes`, all pure and tested
 without a model; the route handlers here only parse, submit to the scheduler
 and build the answer, so every route samples through the same batches.
+
+With an `api_key`, every route but `/health` needs `Authorization: Bearer <key>`
+(stricter than vLLM, whose key guards only `/v1`): `/generate`, `/tokenize` and
+`/metrics` cost or reveal as much as the OpenAI routes.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from atroposlib.utils.openai_shapes import (
     token_text,
     usage_body,
 )
+from atroposlib.utils.token_guard import UNAUTHORIZED_MESSAGE, TokenGuard
 
 
 def chat_choices(
@@ -141,8 +146,15 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(validation_error_body(exc.errors()), status_code=400)
 
 
+OPEN_PATHS = frozenset({"/health"})
+"""What a launcher or load balancer may poll without the key."""
+
+
 def create_inference_app(
-    engine: GenerationEngine, served_model_name: str, max_batch_rows: int = 64
+    engine: GenerationEngine,
+    served_model_name: str,
+    max_batch_rows: int = 64,
+    api_key: str | None = None,
 ) -> FastAPI:
     scheduler: BatchScheduler | None = None
 
@@ -157,6 +169,13 @@ def create_inference_app(
 
     app = FastAPI(title="atroposlib inference server", lifespan=lifespan)
     _install_error_handlers(app)
+    if api_key:
+        app.add_middleware(
+            TokenGuard,
+            token=api_key,
+            open_paths=OPEN_PATHS,
+            unauthorized_body=error_body(401, UNAUTHORIZED_MESSAGE, None),
+        )
     tokenizer = engine.tokenizer
 
     def spelling(as_ids: bool) -> Callable[[int], str]:

@@ -1,5 +1,9 @@
 """One supervised child of `atropos-launch`: its process, its log, its restarts.
 
+Restarts back off 1, 2, 4, ... seconds (at most 30) while a child keeps
+crashing; a child that ran for `STABLE_AFTER_S` before crashing starts the
+back-off over, so a long run with a rare crash never waits long.
+
 Output is read line by line by a thread that appends it to the child's own
 log file in the run directory (kept whole) and hands it to a sink that prints
 it with the child's coloured prefix. The process itself comes from
@@ -20,6 +24,8 @@ from atroposlib.launch.plan import ProcessPlan
 from atroposlib.utils.processes import log_tail, spawn, stop_group
 
 Sink = Callable[["Child", str], None]
+STABLE_AFTER_S = 60.0
+MAX_BACKOFF_S = 30.0
 
 
 class Child:
@@ -32,15 +38,19 @@ class Child:
         self.proc: subprocess.Popen | None = None
         self.reader: threading.Thread | None = None
         self.restarts = 0
+        self.crash_streak = 0  # crashes in a row without a stable run between them
+        self.started_at = 0.0
         self.stopped = False  # stopped by the launcher (its exit code says nothing)
         self.next_restart_at: float | None = None
 
-    def start(self) -> None:
+    def start(self, command: list[str] | None = None) -> None:
+        command = command or self.plan.command
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as log:
-            log.write(f"--- start: {' '.join(self.plan.command)}\n")
+            log.write(f"--- start: {' '.join(command)}\n")
+        self.started_at = time.monotonic()
         self.proc = spawn(
-            self.plan.command,
+            command,
             subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.plan.env},
         )
@@ -76,18 +86,21 @@ class Child:
         return code
 
     def schedule_restart(self) -> float:
-        """Back-off before the next restart: 1, 2, 4, ... seconds (at most 30)."""
-        delay = min(30.0, 2.0**self.restarts)
+        """Back-off before the next restart (see the module docstring); its seconds."""
+        if time.monotonic() - self.started_at >= STABLE_AFTER_S:
+            self.crash_streak = 0
+        delay = min(MAX_BACKOFF_S, 2.0**self.crash_streak)
+        self.crash_streak += 1
         self.next_restart_at = time.monotonic() + delay
         return delay
 
     def restart_due(self) -> bool:
         return self.next_restart_at is not None and time.monotonic() >= self.next_restart_at
 
-    def restart(self) -> None:
+    def restart(self, command: list[str] | None = None) -> None:
         self.restarts += 1
         self.next_restart_at = None
-        self.start()
+        self.start(command)
 
     def tail(self, lines: int = 15) -> str:
         return log_tail(self.log_path, lines)

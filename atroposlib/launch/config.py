@@ -33,6 +33,9 @@ class ApiSection(Section):
     args: dict[str, Any] = Field(
         default_factory=dict, description="More run-api flags (APISettings fields)."
     )
+    max_restarts: int = Field(
+        3, ge=0, description="Restarts on its durable store after a crash before giving up."
+    )
 
 
 class EngineSection(Section):
@@ -44,6 +47,7 @@ class EngineSection(Section):
         None, gt=0, description="Longest prompt + completion (default: the trainer's seq_len)."
     )
     args: list[str] = Field(default_factory=list, description="More engine flags.")
+    max_restarts: int = Field(3, ge=0, description="Restarts after a crash before giving up.")
 
 
 class EnvironmentSection(Section):
@@ -72,6 +76,9 @@ class TrainerSection(Section):
     module: str = Field(DEFAULT_TRAINER, description="Trainer module (python -m).")
     nproc: int = Field(1, ge=1, description="Processes (torchrun --nproc_per_node) when > 1.")
     args: dict[str, Any] = Field(default_factory=dict, description="Trainer flags.")
+    max_restarts: int = Field(
+        3, ge=0, description="Restarts with --resume from its latest checkpoint before giving up."
+    )
 
 
 class LaunchConfig(Section):

@@ -35,6 +35,7 @@ from atroposlib.trainer_contract import (
     events_path,
     metrics_path,
 )
+from atroposlib.utils.waiting import port_in_use
 
 TINY_MODEL = "tiny"
 # the settings the launcher owns outright; a trainer.args entry for them is ignored
@@ -48,6 +49,8 @@ class ProcessPlan:
     health_url: str | None = None
     max_restarts: int = 0
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    not_restartable: str | None = None
+    """Why a crash of this process must end the run (None: it is restarted)."""
 
 
 @dataclass
@@ -64,6 +67,8 @@ class Plan:
     trainer: ProcessPlan
     engine: ProcessPlan | None = None
     environments: list[ProcessPlan] = field(default_factory=list)
+    api_state_dir: Path | None = None
+    """The API's durable store (None: it runs ephemeral)."""
 
     @property
     def checkpoints(self) -> Path:
@@ -126,6 +131,7 @@ def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
     environments = _environment_plans(config, shared, settings, base)
     return Plan(
         config=config,
+        api_state_dir=_api_state_dir(config, shared),
         run_dir=run_dir,
         api_url=shared.api_url,
         engine_url=shared.engine_url,
@@ -138,13 +144,28 @@ def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
     )
 
 
+def _api_args(config: LaunchConfig, shared: Shared) -> dict[str, Any]:
+    return {"state_dir": str(shared.run_dir / "api-state"), **config.api.args}
+
+
+def _api_state_dir(config: LaunchConfig, shared: Shared) -> Path | None:
+    args = _api_args(config, shared)
+    return None if args.get("ephemeral") else Path(args["state_dir"]).resolve()
+
+
 def _api_plan(config: LaunchConfig, shared: Shared, port: int) -> ProcessPlan:
-    args = {"port": port, "state_dir": str(shared.run_dir / "api-state"), **config.api.args}
+    args = {"port": port, **_api_args(config, shared)}
     _validate("api.args", args, APISettings)
     return ProcessPlan(
         "api",
         [shared.python, "-m", "atroposlib.cli.run_api", *flags(args)],
         health_url=f"{shared.api_url}/health",
+        max_restarts=config.api.max_restarts,
+        not_restartable=(
+            "the API runs with ephemeral: true, so its queue and registrations died with it"
+            if args.get("ephemeral")
+            else None
+        ),
     )
 
 
@@ -190,6 +211,7 @@ def _trainer_plan(
         "trainer",
         [*runner, "-m", module, *flags(every_flag)],
         health_url=None if config.engine else f"{shared.engine_url}/health",
+        max_restarts=config.trainer.max_restarts,
     )
     return trainer, settings
 
@@ -222,6 +244,7 @@ def _engine_plan(
         "engine",
         engine_command(engine_config, resolve_engine(engine_config), shared.model),
         health_url=f"{engine_config.url}/health",
+        max_restarts=section.max_restarts,
     )
 
 
@@ -329,16 +352,6 @@ def _env_entry(section: EnvironmentSection, base: Path) -> list[str]:
         if candidate.is_file():
             return [str(candidate.resolve())]
     raise ConfigError(f"environment script not found: {section.script}")
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def free_port() -> int:

@@ -17,11 +17,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from atroposlib.launch.ledger import account
 from atroposlib.launch.plan import Plan
 from atroposlib.trainer_contract import (
     EventKind,
     MetricsRow,
     TrainerEvent,
+    groups_path,
     read_events,
     read_metrics,
 )
@@ -158,10 +160,27 @@ def event_counts(events: list[TrainerEvent]) -> dict[str, int]:
     }
 
 
-def run_numbers(plan: Plan) -> dict[str, Any]:
-    """The summary of the trainer's records: learning verdict and event counts."""
+def run_numbers(plan: Plan, restarts: dict[str, int] | None = None) -> dict[str, Any]:
+    """The summary of the run: learning verdict, event counts, restarts after crashes,
+    and where every acknowledged group went (`ledger.py`)."""
     numbers = summary(read_metrics(plan.metrics_path))
-    return {**numbers, **event_counts(read_events(plan.events_path))}
+    events = read_events(plan.events_path)
+    numbers.update(event_counts(events))
+    numbers["restarts"] = dict(restarts or {})
+    saved = [e.step for e in events if e.kind is EventKind.CHECKPOINT_SAVED]
+    try:
+        groups = account(
+            plan.run_dir / "env-state",
+            groups_path(plan.checkpoints),
+            plan.api_state_dir,
+            kept_through=max(saved, default=0),
+        )
+    except OSError as exc:
+        numbers["groups_line"] = f"groups: not counted ({exc})"
+    else:
+        numbers["groups"] = groups.numbers()
+        numbers["groups_line"] = groups.line()
+    return numbers
 
 
 def run_facts(plan: Plan) -> dict[str, Any]:
@@ -196,13 +215,13 @@ def _verdict_html(numbers: dict[str, Any]) -> str:
     return f'<p class="verdict {style}">{html.escape(verdict)}</p>{_list_html(listed)}'
 
 
-def write_report(plan: Plan, config_text: str) -> Path:
+def write_report(plan: Plan, config_text: str, numbers: dict[str, Any] | None = None) -> Path:
     run_dir = plan.run_dir
     rows = read_metrics(plan.metrics_path)
-    for records in (plan.metrics_path, plan.events_path):
+    for records in (plan.metrics_path, plan.events_path, groups_path(plan.checkpoints)):
         if records.exists():
             shutil.copyfile(records, run_dir / records.name)
-    numbers = run_numbers(plan)
+    numbers = numbers if numbers is not None else run_numbers(plan)
     facts = run_facts(plan)
     (run_dir / "summary.json").write_text(json.dumps({**numbers, **facts}, indent=2))
     image = ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -30,7 +30,10 @@ class Snapshot:
     recent_score: float | None = None
     groups_per_s: float | None = None
     engine_restarts: int = 0
-    env_restarts: int = 0
+    restarts: dict[str, int] = field(default_factory=dict)
+    """Restarts after crashes, per process (the trainer's engine included)."""
+    new_engine_recoveries: list[int] = field(default_factory=list)
+    """Steps at which the trainer restarted its crashed engine since the last read."""
 
     def line(self) -> str:
         def show(value, fmt: str) -> str:
@@ -40,8 +43,11 @@ class Snapshot:
             f"step {show(self.step, 'd')}/{self.total} | queue {show(self.queue, 'd')} groups | "
             f"score(last 10) {show(self.recent_score, '.3f')} | "
             f"{show(self.groups_per_s, '.1f')} groups/s | engine restarts {self.engine_restarts}"
-            + (f" | env restarts {self.env_restarts}" if self.env_restarts else "")
+            + (f" | crash restarts: {crashed}" if (crashed := self._crash_restarts()) else "")
         )
+
+    def _crash_restarts(self) -> str:
+        return ", ".join(f"{name} {n}" for name, n in self.restarts.items() if n)
 
 
 class StatusReader:
@@ -54,11 +60,13 @@ class StatusReader:
         self.counts: deque[tuple[float, float]] = deque()
         self.scores: deque[float] = deque(maxlen=10)
         self.engine_restarts = 0
+        self.engine_recoveries = 0
         self.metrics = RecordTail(metrics_path, MetricsRow)  # each file is read once
         self.events = RecordTail(events_path, TrainerEvent)
 
-    def read(self, env_restarts: int) -> Snapshot:
-        snap = Snapshot(total=self.total, env_restarts=env_restarts)
+    def read(self, restarts: dict[str, int]) -> Snapshot:
+        """`restarts`: the launcher's restarts per child; the engine's recoveries are added."""
+        snap = Snapshot(total=self.total)
         try:
             status = self.http.get("/status").json()
             snap.step, snap.queue = status.get("current_step"), status.get("queue_size")
@@ -74,10 +82,16 @@ class StatusReader:
         except (httpx.HTTPError, ValueError):
             pass
         self.scores.extend(row.score_mean for row in self.metrics.read_new())
-        self.engine_restarts += sum(
-            event.kind is EventKind.ENGINE_RESTARTED for event in self.events.read_new()
-        )
+        for event in self.events.read_new():
+            if event.kind is EventKind.ENGINE_RESTARTED:
+                self.engine_restarts += 1
+            elif event.kind is EventKind.ENGINE_CRASHED:
+                self.engine_recoveries += 1
+                snap.new_engine_recoveries.append(event.step)
         snap.engine_restarts = self.engine_restarts
+        snap.restarts = dict(restarts)
+        if self.engine_recoveries:
+            snap.restarts["engine"] = snap.restarts.get("engine", 0) + self.engine_recoveries
         if self.scores:
             snap.recent_score = sum(self.scores) / len(self.scores)
         return snap

@@ -2,12 +2,24 @@
 
 Order: API (wait for /health) -> standalone engine if any (wait) -> trainer
 (wait for the /health of the engine it starts) -> environments. While the run
-goes, an environment that crashes is restarted with back-off up to its
-`max_restarts`; the trainer, the API or a standalone engine exiting is the end
-of the run (success only when the trainer exits 0). Stopping goes in reverse
-order; the trainer gets SIGINT first so it writes its final checkpoint. The
-children run in their own sessions, so a Ctrl-C at the terminal reaches only
-the launcher, which then stops them in this order.
+goes, every child that dies is started again after a back-off, up to its
+`max_restarts`, and each restart is announced and counted:
+
+- the API on its durable store (an ephemeral API cannot be: its crash ends the run);
+- the trainer with `--resume` and its latest checkpoint (the contract's
+  `checkpoint_saved` events); the API serves it the batches after that checkpoint
+  again, so no group is skipped or trained twice;
+- a standalone engine as it was started (the trainer restarts its own engine);
+- environments as they were started; their spools keep what they produced.
+
+The others ride through a restart: env clients spool and retry, the trainer
+waits on /batch, and both find their registrations in the API's store. The run
+ends when the trainer exits 0 (success), when a child's budget is spent, or when
+a child exits 2 (`FINAL_EXIT_CODE`: bad flags, a refusal, something a restart
+repeats); the message quotes the cause. Stopping goes in reverse order; the
+trainer gets SIGINT first so it writes its final checkpoint. The children run in
+their own sessions, so a Ctrl-C at the terminal reaches only the launcher, which
+then stops them in this order.
 """
 
 from __future__ import annotations
@@ -17,8 +29,8 @@ import json
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.panel import Panel
@@ -28,6 +40,8 @@ from atroposlib.launch.children import Child
 from atroposlib.launch.plan import Plan
 from atroposlib.launch.report import run_numbers, write_report
 from atroposlib.launch.status import StatusReader
+from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, read_events
+from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until
 
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan"]
 STATUS_EVERY_S = 1.0
@@ -128,18 +142,17 @@ class Launcher:
         child.start()
 
     def _wait_healthy(self, label: str, url: str, watched: Child) -> None:
-        deadline = time.monotonic() + self.plan.config.health_timeout_s
-        while time.monotonic() < deadline:
+        def up() -> bool:
             if not watched.alive():
                 raise RunFailed(watched, f"exited with code {watched.returncode} while starting")
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    self.say(f"{label} is healthy ({url})")
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise RunFailed(watched, f"not healthy at {url} after {self.plan.config.health_timeout_s}s")
+            return answers_200(url)
+
+        timeout = self.plan.config.health_timeout_s
+        try:
+            poll_until(up, timeout, f"{label} not healthy at {url}", interval_s=0.3)
+        except WaitTimeout:
+            raise RunFailed(watched, f"not healthy at {url} after {timeout}s") from None
+        self.say(f"{label} is healthy ({url})")
 
     def _supervise(self) -> Outcome:
         if self.console.is_terminal:
@@ -147,16 +160,10 @@ class Launcher:
             self.live.start()
         next_status, next_plain = 0.0, time.monotonic() + PLAIN_STATUS_EVERY_S
         while True:
-            code = self.trainer.returncode
-            if code is not None:
-                if code == 0:
-                    return Outcome(0, "the trainer finished; stopping the run")
-                raise RunFailed(self.trainer, f"exited with code {code}")
-            for critical in (self.api, self.engine):
-                if critical is not None and not critical.alive():
-                    raise RunFailed(critical, f"exited with code {critical.returncode}")
-            for env in self.environments:
-                self._supervise_env(env)
+            if self.trainer.returncode == 0:
+                return Outcome(0, "the trainer finished; stopping the run")
+            for child in self.children:
+                self._supervise_child(child)
             now = time.monotonic()
             if now >= next_status:
                 next_status = now + STATUS_EVERY_S
@@ -168,27 +175,69 @@ class Launcher:
                     self.say(line, "dim")
             time.sleep(0.2)
 
-    def _supervise_env(self, env: Child) -> None:
-        if env.alive():
+    def _supervise_child(self, child: Child) -> None:
+        if child.alive():
             return
-        if env.restart_due():
-            self.say(f"restarting {env.name} (restart {env.restarts + 1}/{env.plan.max_restarts})")
-            env.restart()
-            return
-        if env.next_restart_at is not None or env.returncode == 0:
-            return  # waiting out the back-off, or finished on its own
-        if env.restarts >= env.plan.max_restarts:
-            raise RunFailed(
-                env, f"crashed {env.restarts + 1} times (exit code {env.returncode}); giving up"
+        if child.restart_due():
+            command = self._resume_command() if child is self.trainer else None
+            how = f" from {command[-1]}" if command else ""
+            self.say(
+                f"restarting {child.name}{how} (restart {child.restarts + 1}/"
+                f"{child.plan.max_restarts})",
+                "bold yellow",
             )
-        delay = env.schedule_restart()
+            child.restart(command)
+            return
+        if child.next_restart_at is not None:
+            return  # waiting out the back-off
+        code = child.returncode
+        if code == 0 and child in self.environments:
+            return  # finished its share on its own
+        if code == FINAL_EXIT_CODE:
+            raise RunFailed(child, f"exited with code {code}: a restart would fail the same way")
+        if child.plan.not_restartable:
+            raise RunFailed(child, f"exited with code {code}; {child.plan.not_restartable}")
+        if child.restarts >= child.plan.max_restarts:
+            raise RunFailed(
+                child,
+                f"crashed {child.restarts + 1} time{'s' if child.restarts else ''} (exit code "
+                f"{code}); its restart budget "
+                f"({child.plan.max_restarts}) is spent, giving up",
+            )
+        delay = child.schedule_restart()
         self.say(
-            f"{env.name} crashed with exit code {env.returncode}; restarting in {delay:.0f}s",
+            f"{child.name} crashed with exit code {code}; restarting in {delay:.0f}s",
             "bold yellow",
         )
 
+    def _resume_command(self) -> list[str]:
+        """The trainer's command, resuming from its newest checkpoint that still exists."""
+        command = list(self.trainer.plan.command)
+        if "--resume" in command:  # a run that itself resumed: the newer checkpoint wins
+            at = command.index("--resume")
+            del command[at : at + 2]
+        saved = [
+            event.detail.get("path")
+            for event in read_events(self.plan.events_path)
+            if event.kind is EventKind.CHECKPOINT_SAVED
+        ]
+        latest = next((p for p in reversed(saved) if p and Path(p).is_dir()), None)
+        if latest is None:
+            return self.trainer.plan.command
+        return [*command, "--resume", latest]
+
+    def restarts(self) -> dict[str, int]:
+        """Restarts per child, plus the engine restarts the trainer made after a crash."""
+        counts = {child.name: child.restarts for child in self.children}
+        recovered = self.status.engine_recoveries
+        if recovered:
+            counts["engine"] = counts.get("engine", 0) + recovered
+        return counts
+
     def _status_line(self) -> str:
-        snap = self.status.read(sum(e.restarts for e in self.environments))
+        snap = self.status.read({child.name: child.restarts for child in self.children})
+        for step in snap.new_engine_recoveries:
+            self.say(f"the trainer restarted its crashed engine (step {step})", "bold yellow")
         return snap.line()
 
     # ------------------------------------------------------------------ stop
@@ -202,9 +251,10 @@ class Launcher:
         self.api.stop(15)
 
     def _finish(self, outcome: Outcome, elapsed: float) -> None:
+        numbers = run_numbers(self.plan, self.restarts())
         report = None
         try:
-            report = write_report(self.plan, self.config_text)
+            report = write_report(self.plan, self.config_text, numbers)
         except Exception as exc:  # noqa: BLE001 - a report problem must not hide the outcome
             self.say(f"could not write the report: {exc}", "bold red")
         lines = [f"{outcome.message} after {elapsed:.0f}s"]
@@ -212,7 +262,13 @@ class Launcher:
             restarts = f", {child.restarts} restarts" if child.restarts else ""
             how = " (stopped by the launcher)" if child.stopped else ""
             lines.append(f"  {child.name}: exit code {child.returncode}{how}{restarts}")
-        numbers = run_numbers(self.plan)
+        restarts = {name: n for name, n in numbers.get("restarts", {}).items() if n}
+        lines.append(
+            "  restarts after crashes: "
+            + (", ".join(f"{name} {n}" for name, n in restarts.items()) or "none")
+        )
+        if numbers.get("groups_line"):
+            lines.append(f"  {numbers['groups_line']}")
         if numbers["steps"]:
             lines.append(f"  steps trained: {numbers['steps']}; {numbers['verdict']}")
         lines.append(

@@ -6,20 +6,31 @@ Pulling happens on a click (one `/batch` call each), never in a loop: a page lef
 does not drain the run, and an API that is down or empty is reported at once instead of
 hanging the page. The tokenizer is loaded before the page starts, so a wrong
 `--tokenizer` stops the tool with a message rather than failing on the first click.
+
+The Gradio page is mounted in a FastAPI app of our own, served by uvicorn, so that
+one `TokenGuard` sits in front of every route (page, assets, Gradio's API) when the
+page has a token, and `/health` answers for pollers; `share` is never possible.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from typing import Any
 
+from atroposlib.utils.token_guard import TokenGuard
 from atroposlib.viewer.render import Decoder, render_batch, render_notice, scoped_css
 from atroposlib.viewer.settings import ViewRunSettings
 from atroposlib.viewer.source import GroupSource
 
 INSTALL_HINT = "view-run needs Gradio: pip install gradio"
 PULL_BUTTON = "Grab next batch"
+OPEN_PATHS = frozenset({"/health"})
+PAGE_TOKEN_HINT = (
+    "missing or wrong token: open the page once as /?token=<key> (a cookie keeps it), "
+    "or send 'Authorization: Bearer <key>'"
+)
 
 
 class ViewerError(RuntimeError):
@@ -80,27 +91,73 @@ def build_app(
     return app
 
 
+def page_app(settings: ViewRunSettings, blocks: Any) -> Any:
+    """The FastAPI app that serves `blocks` at /, with /health and the token guard."""
+    gr = _import_gradio()
+    from fastapi import FastAPI
+
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app = gr.mount_gradio_app(
+        app, blocks, path="/", css=scoped_css(), footer_links=[], ssr_mode=False
+    )
+    if settings.api_key:
+        app.add_middleware(
+            TokenGuard,
+            token=settings.api_key,
+            open_paths=OPEN_PATHS,
+            cookie_name=f"atropos_view_{settings.port}",
+            unauthorized_body={"detail": PAGE_TOKEN_HINT},
+        )
+    return app
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so a busy port is an error message, not a log line."""
+    bare = host.strip("[]")
+    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bare, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(settings: ViewRunSettings, multimodal: bool = False) -> int:
-    """Load the tokenizer, then serve the page until interrupted; the exit status."""
+    """Check the bind, load the tokenizer, then serve the page until interrupted."""
+    tool = "view-run-multimodal" if multimodal else "view-run"
+    settings = settings.resolved()
+    problem = settings.exposure_problem()
+    if problem:
+        print(f"{tool}: {problem}", file=sys.stderr)
+        return 2
     try:
         _import_gradio()
         decoder = load_tokenizer(settings.tokenizer)
     except ViewerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    source = GroupSource(settings.api_url, settings.batch_size, settings.max_token_len)
-    app = build_app(settings, decoder, source, multimodal)
     try:
-        app.launch(
-            server_name=settings.host,
-            server_port=settings.port,
-            share=False,
-            css=scoped_css(),
-            footer_links=[],
-        )
+        sock = bind(settings.host, settings.port)
     except OSError as error:
         print(f"error: cannot serve on {settings.host}:{settings.port}: {error}", file=sys.stderr)
         return 2
+    import uvicorn
+
+    source = GroupSource(settings.api_url, settings.batch_size, settings.max_token_len)
+    app = page_app(settings, build_app(settings, decoder, source, multimodal))
+    config = uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5)
+    print(f"{tool}: serving on http://{settings.host}:{settings.port}/", flush=True)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         source.close()
     return 0

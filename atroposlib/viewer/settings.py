@@ -3,11 +3,18 @@
 One pydantic model per tool feeds both `--help` and validation (atroposlib.utils.flags).
 The page binds to loopback unless told otherwise: it shows training data and lets anyone
 who reaches it pull batches off the run (upstream shared it through a public Gradio link).
+A non-loopback --host needs a token (--api-key) or --insecure, as every atroposlib
+listener does (atroposlib.utils.exposure, docs/security.md).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
+
+from atroposlib.utils.exposure import exposure_problem, key_from_environment
+
+PAGE_KEY_ENV = "ATROPOS_VIEW_API_KEY"
+"""The page's token when --api-key is not given (not the run-api key: ATROPOS_API_KEY)."""
 
 DEFAULT_TOKENIZER = "NousResearch/DeepHermes-3-Llama-3-8B-Preview"
 DEFAULT_MULTIMODAL_TOKENIZER = "Qwen/Qwen2-VL-2B-Instruct"
@@ -37,8 +44,32 @@ class ViewRunSettings(BaseModel):
     )
     host: str = Field(
         "127.0.0.1",
-        description="Address the page listens on; 0.0.0.0 shows it to the whole network.",
+        description="Address the page listens on; 0.0.0.0 shows it to the whole network "
+        "and needs --api-key or --insecure.",
     )
+    api_key: str | None = Field(
+        None,
+        description="Token the page requires: open it once as /?token=KEY (a cookie keeps it) "
+        f"or send 'Authorization: Bearer KEY' (default: ${PAGE_KEY_ENV}). The key the "
+        "viewer sends to run-api is $ATROPOS_API_KEY.",
+    )
+    insecure: bool = Field(False, description="Allow a non-loopback --host without --api-key.")
+
+    def resolved(self) -> ViewRunSettings:
+        """Fill the page's token from the environment when --api-key was not given."""
+        if self.api_key is None:
+            return self.model_copy(update={"api_key": key_from_environment([PAGE_KEY_ENV])})
+        return self
+
+    def exposure_problem(self) -> str | None:
+        """Why this page must not start, or None."""
+        return exposure_problem(
+            self.host,
+            self.api_key,
+            self.insecure,
+            risk="read the run's rollouts and pull batches off its queue",
+            key_source=f"set {PAGE_KEY_ENV}",
+        )
 
     @property
     def batch_size(self) -> int:

@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from atroposlib.envs.api_client import APIRefusedError, TrajectoryClient
+from atroposlib.envs.api_client import DELIVERED_LEDGER, APIRefusedError, TrajectoryClient
+from atroposlib.protocol import GROUP_ID_FIELD
 from tests.support.groups import make_group, register_env, start_trainer
 
 
@@ -48,7 +49,9 @@ def test_a_refused_group_is_logged_and_dead_lettered(api, client, tmp_path, capl
     lines = [json.loads(line) for line in dead.read_text().splitlines()]
     assert len(lines) == 1
     assert lines[0]["status"] == 422 and lines[0]["path"] == "/scored_data"
-    assert lines[0]["payload"] == malformed and lines[0]["key"]
+    payload = lines[0]["payload"]
+    assert {k: v for k, v in payload.items() if k != GROUP_ID_FIELD} == malformed
+    assert payload[GROUP_ID_FIELD] and lines[0]["key"]
     answer = json.loads(lines[0]["answer"])
     assert answer["detail"], answer
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
@@ -97,3 +100,43 @@ def test_status_env_polls_and_a_refusal_is_one_clear_error(api, client, tmp_path
     assert unknown.startswith("GET /status-env was refused") and "HTTP 404" in unknown
     assert f"unknown env_id {env_id + 5}" in unknown and "no longer knows this env" in unknown
     assert "not JSON" in not_json and "Reset successful" in not_json
+
+
+def test_each_group_gets_an_id_and_each_acknowledged_post_a_ledger_line(api, client, tmp_path):
+    """Ids survive the trip to the trainer; a post answered again (its key replayed after
+    a crash between the 200 and the spool cleanup) adds no group and no new id."""
+    start_trainer(client, batch_size=4)
+    spool = tmp_path / "state" / "spool"
+
+    async def produce(groups: list[list[dict]]) -> TrajectoryClient:
+        trajectories = TrajectoryClient(api.url, spool)
+        for posted in groups:
+            trajectories.send(posted)
+        await trajectories.close()
+        return trajectories
+
+    spooled: list[dict] = []
+    original_deliver = TrajectoryClient._deliver
+
+    async def keep_a_copy(self, record):  # what a crash before the unlink would leave
+        spooled.append(record)
+        await original_deliver(self, record)
+
+    TrajectoryClient._deliver = keep_a_copy
+    try:
+        asyncio.run(produce([[make_group(2, tag=1)], [make_group(2, tag=2), make_group(2, tag=3)]]))
+    finally:
+        TrajectoryClient._deliver = original_deliver
+    ledger = tmp_path / "state" / DELIVERED_LEDGER
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+    ids = [i for line in lines for i in line["group_ids"]]
+    assert len(ids) == 3 == len(set(ids)) and all(isinstance(i, str) and i for i in ids)
+    assert [line["key"] for line in lines] == [record["key"] for record in spooled]
+
+    (spool / "000000000099.json").write_text(json.dumps(spooled[1]))
+    asyncio.run(produce([]))
+    replayed = [json.loads(line) for line in ledger.read_text().splitlines()][-1]
+    assert replayed["key"] == spooled[1]["key"] and replayed["group_ids"] == ids[1:]
+    assert client.get("/status").json()["queued_sequences"] == 6, "the replay queued nothing"
+    served = client.get("/batch").json()["batch"]  # 2 of the 3 groups make a batch of 4
+    assert [group[GROUP_ID_FIELD] for group in served] == ids[:2]

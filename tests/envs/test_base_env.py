@@ -179,3 +179,26 @@ def test_wandb_is_untouched_when_disabled(env, monkeypatch, caplog):
     assert any(m.startswith("step 0 metrics: {'x': 1.0") for m in logged), logged
     assert not any("wandb" in m for m in logged), "an import of wandb was attempted"
     assert getattr(env, "_wandb_run", None) is None
+
+
+def test_an_env_the_api_forgot_registers_again(env, api, client, tmp_path, caplog):
+    """/status-env answering 404 (the API lost its state) is a new registration, not a stop."""
+    start_trainer(client, batch_size=2, max_token_len=64)
+
+    async def poll_after_a_reset() -> tuple[int, int, dict]:
+        env.client = TrajectoryClient(api.url, tmp_path / "spool")
+        await env.register_env()
+        first = env.env_id
+        assert client.get("/reset_data").status_code == 200
+        start_trainer(client, batch_size=2, max_token_len=64)
+        status = await env.get_status()
+        await env.client.close()
+        return first, env.env_id, status
+
+    with caplog.at_level(logging.WARNING, logger="atroposlib.envs"):
+        first, again, status = asyncio.run(poll_after_a_reset())
+    assert (first, again) == (0, 0)
+    assert status["current_step"] == 0 and "env_weight" in status
+    assert "HTTP 404" in caplog.text and "registering again" in caplog.text
+    assert "registered again as env_id 0" in caplog.text
+    assert client.get("/status-env", params={"env_id": 0}).status_code == 200

@@ -42,3 +42,25 @@ def test_an_unreachable_api_is_a_warning_and_no_batch(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="example_trainer"):
         assert client.batch(step=1) is None
     assert "/batch failed" in caplog.text
+
+
+def test_a_trainer_the_api_forgot_registers_again_at_its_step(api_factory, tmp_path, caplog):
+    """An API restarted without its state (here: reset) answers /batch with an error; the
+    trainer registers again at the step it is on, instead of stopping the run."""
+    api = api_factory()
+    client = TrajectoryAPI(api.url)
+    client.register(config(tmp_path), starting_step=0)
+    for tag in (1, 2):
+        assert client.http.post("/scored_data", json=make_group(4, tag=tag)).status_code == 200
+    assert client.batch(step=1, committed=0) is not None
+    assert client.http.get("/reset_data").status_code == 200
+    assert client.http.get("/info").json()["batch_size"] == -1  # it forgot the trainer
+    with caplog.at_level(logging.WARNING, logger="example_trainer"):
+        assert client.batch(step=2, committed=1) is None
+    assert "registering again at step 1" in caplog.text
+    assert client.http.get("/info").json()["batch_size"] == 8
+    assert client.http.get("/status").json()["current_step"] == 1
+    for tag in (3, 4):
+        assert client.http.post("/scored_data", json=make_group(4, tag=tag)).status_code == 200
+    served = client.batch(step=2, committed=1)
+    assert served is not None and [g.tokens[0][0] for g in served] == [3, 4]

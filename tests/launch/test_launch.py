@@ -89,14 +89,42 @@ def test_a_killed_environment_is_restarted_and_the_run_completes(launch, tmp_pat
     assert run.leftovers() == []
 
 
-def test_a_killed_api_stops_the_run_with_a_summary(launch, tmp_path):
+def test_a_killed_ephemeral_api_stops_the_run_with_the_cause(launch, tmp_path):
+    """An API without a store cannot be restarted: its queue died with it."""
     run_dir = tmp_path / "run"
     run = long_run(launch, run_dir, until_steps=1)
     os.kill(run.child_pid("atroposlib.cli.run_api"), signal.SIGKILL)
     assert run.wait(120) == 1
     out = run.output()
-    assert "api exited with code -9" in out
+    assert "api exited with code -9; the API runs with ephemeral: true" in out
     assert f"last lines of {run_dir / 'logs' / 'api.log'}" in out.replace("\n", "")
+    assert run.leftovers() == []
+
+
+def test_a_crash_past_the_restart_budget_stops_the_run_with_the_cause(launch, tmp_path):
+    run_dir = tmp_path / "run"
+    config = launch_config(run_dir, steps=50)
+    config["trainer"]["args"]["vllm_restart_interval"] = 100
+    config["environments"][0]["max_restarts"] = 0
+    run = launch(config)
+    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 1) is None
+    os.kill(run.child_pid("arith_env.py"), signal.SIGKILL)
+    assert run.wait(120) == 1
+    expected = "arith_env crashed 1 time (exit code -9); its restart budget (0) is spent"
+    assert expected in re.sub(r"\s+", " ", run.output())
+    assert run.leftovers() == []
+
+
+def test_a_process_that_exits_2_is_not_restarted(launch, tmp_path):
+    """Exit code 2 (bad flags here) would repeat on every restart: the run stops at once."""
+    run_dir = tmp_path / "run"
+    config = launch_config(run_dir, steps=4)
+    config["environments"][0]["args"] = ["--env.no_such_setting", "1"]
+    run = launch(config)
+    assert run.wait(240) == 1
+    out = run.output()
+    assert "arith_env exited with code 2: a restart would fail the same way" in out
+    assert "restarting arith_env" not in out
     assert run.leftovers() == []
 
 

@@ -26,19 +26,22 @@ POLL_S = 0.2
 BATCH_TIMEOUT_S = 240
 
 
-def parse(argv: list[str] | None) -> tuple[LaunchSettings, int]:
+def parse(argv: list[str] | None) -> tuple[LaunchSettings, int, int]:
     parser = argparse.ArgumentParser(prog="minimal-trainer")
     for name in LaunchSettings.model_fields:
         parser.add_argument(f"--{name.replace('_', '-')}")
     parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--resume", help="a checkpoint of this trainer: continue after its step")
     args = vars(parser.parse_args(argv))
     batch_size = args.pop("batch_size")
+    resume = args.pop("resume")
+    first = json.loads((Path(resume) / "state.json").read_text())["step"] + 1 if resume else 1
     settings = LaunchSettings.model_validate({k: v for k, v in args.items() if v is not None})
-    return settings, batch_size
+    return settings, batch_size, first
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings, batch_size = parse(argv)
+    settings, batch_size, first_step = parse(argv)
     records = RunRecords(settings.save_path)
     print("starting transformers engine: (not really; this line must not count)", flush=True)
     http = httpx.Client(base_url=settings.atropos_url, timeout=30)
@@ -49,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         max_token_len=settings.seq_len,
         checkpoint_dir=settings.save_path,
         save_checkpoint_interval=1,
-        starting_step=0,
+        starting_step=first_step - 1,
         num_steps=settings.training_steps,
     )
     http.post("/register", json=registration.model_dump()).raise_for_status()
-    for step in range(1, settings.training_steps + 1):
+    for step in range(first_step, settings.training_steps + 1):
         groups, deadline = None, time.monotonic() + BATCH_TIMEOUT_S
         while not groups:
             groups = Batch.model_validate_json(http.get("/batch").content).batch

@@ -1,0 +1,123 @@
+"""Where every acknowledged group went: trained once, still queued, or lost.
+
+Three records, all written by the processes as they work, so a crash of any one
+of them leaves the others' intact:
+
+- what environments were told 200 for: each env client's `delivered.jsonl`
+  (`atroposlib.envs.api_client`), under the run's `env-state/`;
+- what the trainer trained on: `trained_groups.jsonl` (the trainer contract), the
+  last record of each step counting, since a resumed trainer trains a step again;
+- what is still queued in the API's durable store when the run ends.
+
+A group is lost when it was acknowledged and is neither trained nor queued, and
+duplicated when the final training lineage holds it twice. Ids are compared, not
+totals, so a loss and a duplicate cannot cancel out. Steps after the newest
+checkpoint (a trainer that died and was not resumed) are not in that lineage:
+their groups stay leased in the API's store for a resume, so they count as queued.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atroposlib.envs.api_client import DELIVERED_LEDGER
+from atroposlib.protocol import group_id_of
+from atroposlib.trainer_contract import read_trained_groups
+
+
+@dataclass
+class GroupAccount:
+    delivered: set[str] = field(default_factory=set)
+    trained: Counter[str] = field(default_factory=Counter)
+    queued: set[str] | None = None
+    """Groups left in the API's store (None: it ran ephemeral, or the store is unreadable)."""
+    trained_without_id: int = 0
+
+    @property
+    def lost(self) -> set[str] | None:
+        if self.queued is None:
+            return None
+        return self.delivered - set(self.trained) - self.queued
+
+    @property
+    def duplicated(self) -> set[str]:
+        return {group for group, times in self.trained.items() if times > 1}
+
+    def numbers(self) -> dict[str, Any]:
+        lost = self.lost
+        return {
+            "delivered": len(self.delivered),
+            "trained": len(self.trained),
+            "queued_at_end": None if self.queued is None else len(self.queued),
+            "lost": None if lost is None else len(lost),
+            "duplicated": len(self.duplicated),
+            "trained_without_id": self.trained_without_id,
+        }
+
+    def line(self) -> str:
+        numbers = self.numbers()
+        unknown = "unknown (ephemeral API)"
+        queued = numbers["queued_at_end"]
+        lost = numbers["lost"]
+        return (
+            f"groups acknowledged {numbers['delivered']}, trained {numbers['trained']}, "
+            f"still queued {unknown if queued is None else queued}, "
+            f"lost {unknown if lost is None else lost}, trained twice {numbers['duplicated']}"
+        )
+
+
+def delivered_ids(env_state_root: Path) -> set[str]:
+    ids: set[str] = set()
+    for ledger in sorted(env_state_root.rglob(DELIVERED_LEDGER)):
+        for line in ledger.read_text().splitlines():
+            try:
+                ids.update(i for i in json.loads(line)["group_ids"] if isinstance(i, str))
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a kill
+    return ids
+
+
+def queued_ids(state_dir: Path, kept_through: int | None = None) -> set[str]:
+    """Ids of the groups the API's store still holds for training: queued, or leased to a
+    step after `kept_through` (the newest checkpoint's step; None: every lease is trained)."""
+    from atroposlib.api.store import open_store
+
+    def waiting(served_step: int | None) -> bool:
+        return served_step is None or (kept_through is not None and served_step > kept_through)
+
+    store = open_store(state_dir, ephemeral=False)
+    try:
+        rows = [
+            row
+            for row in store.load(idempotency_ttl_s=float("inf")).rows
+            if waiting(row.served_step)
+        ]
+        bodies = store.bodies([row.id for row in rows])
+    finally:
+        store.close()
+    return {i for i in (group_id_of(json.loads(body)) for body in bodies) if i is not None}
+
+
+def account(
+    env_state_root: Path,
+    trained_groups: Path,
+    api_state_dir: Path | None,
+    kept_through: int | None = None,
+) -> GroupAccount:
+    """`kept_through`: the newest checkpoint's step; later steps are not in the lineage."""
+    result = GroupAccount(delivered=delivered_ids(env_state_root))
+    for record in read_trained_groups(trained_groups):
+        if kept_through is not None and record.step > kept_through:
+            continue
+        result.trained.update(i for i in record.group_ids if i is not None)
+        result.trained_without_id += sum(i is None for i in record.group_ids)
+    if api_state_dir is not None and api_state_dir.exists():
+        try:
+            result.queued = queued_ids(api_state_dir, kept_through)
+        except Exception:  # noqa: BLE001 - a store still locked or damaged: say unknown
+            result.queued = None
+    return result

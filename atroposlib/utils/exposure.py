@@ -1,0 +1,51 @@
+"""The one rule every atroposlib listener follows before it binds a socket.
+
+Loopback is private to this machine; any other address is open to whoever can reach
+it. So a listener binds 127.0.0.1 by default and refuses a non-loopback address unless
+it has a token to check or the user passed `--insecure`. `run-api`, the inference
+server and the viewers all call `exposure_problem`, so the rule and its message are
+the same everywhere (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Iterable
+
+INSECURE_FLAG = "--insecure"
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(
+    host: str, api_key: str | None, insecure: bool, risk: str, key_source: str
+) -> str | None:
+    """Why binding `host` must not happen, or None when it is safe or explicitly allowed.
+
+    `risk` completes "anyone who can reach it could ..."; `key_source` says where the
+    key can come from besides `--api-key` (e.g. "set ATROPOS_API_KEY").
+    """
+    if api_key or insecure or is_loopback(host):
+        return None
+    return (
+        f"refusing to bind {host} without an API key: anyone who can reach it could {risk}. "
+        f"Pass --api-key KEY (or {key_source}), or {INSECURE_FLAG} to accept the risk."
+    )
+
+
+def key_from_environment(names: Iterable[str]) -> str | None:
+    """The first non-empty environment variable of `names`, or None."""
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None

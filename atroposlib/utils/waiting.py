@@ -1,0 +1,53 @@
+"""The one way processes here wait for something: poll a check against a deadline.
+
+Health waits (the engine's, the launcher's) and port waits all go through
+`poll_until`, so a wait is never a fixed sleep and always ends in a clear error.
+A check may raise to stop the wait early (a process that died while starting).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import httpx
+
+T = TypeVar("T")
+
+
+class WaitTimeout(TimeoutError):
+    """The check never came true before the deadline."""
+
+
+def poll_until(
+    check: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.2
+) -> T:
+    """The first truthy result of `check()`, polled every `interval_s` until `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"{what} after {timeout_s:.0f}s")
+        time.sleep(interval_s)
+
+
+def answers_200(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether GET `url` answers 200 (any transport error is a no)."""
+    try:
+        return httpx.get(url, timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
