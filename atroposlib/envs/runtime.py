@@ -173,9 +173,13 @@ class EnvRuntime:
         allowed_groups = math.floor(
             config.max_batches_offpolicy * config.batch_size * weight / config.group_size
         )
-        room = (
-            max(1, allowed_groups) - status["self_queue_size"] - in_transit - self.client.pending()
-        )
+        on_the_way = in_transit + self.client.pending()
+        room = max(1, allowed_groups) - status["self_queue_size"] - on_the_way
+        if (status["queue_size"] + on_the_way) * config.group_size < config.batch_size:
+            # the queue cannot make a batch, so the trainer waits: whatever the weights
+            # say (envs that crashed and registered again dilute them until they time
+            # out), keep one worker going, or the run would stall
+            room = max(room, 1)
         cap = config.max_num_workers
         if cap <= 0:
             cap = config.max_num_workers_per_node * len(self.env.server.servers)

@@ -88,3 +88,17 @@ def test_group_delivered_during_status_poll_still_counts(api, tmp_path: Path):
     items_asked, delivered = asyncio.run(scenario())
     assert delivered == 1
     assert items_asked == 0, "the runtime started a worker beyond max_batches_offpolicy"
+
+
+def test_a_starving_trainer_always_gets_one_worker():
+    """An env whose weight share is diluted (here 0.25: three registrations of crashed
+    copies still count) and whose window is full still works while the queue cannot
+    make a batch; once it can, the window holds again."""
+    config = BaseEnvConfig(group_size=8, batch_size=64, max_batches_offpolicy=3, max_num_workers=4)
+    runtime = EnvRuntime.__new__(EnvRuntime)  # only what the budget reads
+    runtime.env = SimpleNamespace(config=config)
+    runtime.client = SimpleNamespace(pending=lambda: 0)
+    runtime.eval_blocking, runtime.eval_task = False, None
+    starving = {"env_weight": 0.25, "self_queue_size": 6, "queue_size": 6}
+    assert runtime._worker_budget(starving, in_transit=0) == 1
+    assert runtime._worker_budget({**starving, "queue_size": 8}, in_transit=0) == 0
