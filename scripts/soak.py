@@ -4,8 +4,8 @@
 
 It runs `atropos-launch` on the CPU quickstart (made long enough to last, with a
 large restart budget for every process), kills the API, the trainer, the
-trainer's engine or an environment at random, stops the run with Ctrl-C's
-SIGINT at the end, and prints what the launcher's ledger found: restarts, groups
+trainer's engine or an environment at random, stops the run at the end as
+Ctrl-C does, and prints what the launcher's ledger found: restarts, groups
 acknowledged, trained, still queued, lost and trained twice (`launch/ledger.py`:
 ids, not totals). Exit code 1 when a group was lost or trained twice. Not part of
 CI: it takes as long as you ask.
@@ -121,8 +121,10 @@ def main() -> int:
             flush=True,
         )
     if launcher.poll() is None:
-        print("[soak] time is up; stopping the run (SIGINT)", flush=True)
-        launcher.send_signal(signal.SIGINT)
+        # SIGTERM, which the launcher treats as Ctrl-C: a SIGINT would be ignored when
+        # this script runs in the background (the shell makes background jobs ignore it)
+        print("[soak] time is up; stopping the run (SIGTERM, as Ctrl-C)", flush=True)
+        launcher.send_signal(signal.SIGTERM)
     try:
         code = launcher.wait(300)
     except subprocess.TimeoutExpired:

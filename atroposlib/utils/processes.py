@@ -20,7 +20,13 @@ from typing import IO, Any
 
 
 def die_with_parent() -> None:
-    """In the child: get SIGTERM when the parent dies (Linux only; a no-op elsewhere)."""
+    """In the child: get SIGTERM when the parent dies (Linux only; a no-op elsewhere).
+
+    Also restores SIGINT's default: a parent started in the background by a shell
+    ignores SIGINT and its children would inherit that, so the SIGINT that asks a
+    trainer for its final checkpoint would never arrive.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
