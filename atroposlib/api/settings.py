@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from atroposlib.utils.exposure import exposure_problem, is_loopback
+from atroposlib.utils.exposure import ExposureRule, is_loopback
 
 __all__ = ["SETTINGS_ENV", "APISettings", "is_loopback", "settings_from_environment"]
 
@@ -16,7 +16,10 @@ SETTINGS_ENV = "ATROPOS_API_SETTINGS"
 (`run-api --reload` sets it); unset, the module-level app uses run-api's defaults."""
 
 
-class APISettings(BaseModel):
+class APISettings(ExposureRule, BaseModel):
+    KEY_ENVIRONMENT: ClassVar[tuple[str, ...]] = ("ATROPOS_API_KEY",)
+    EXPOSURE_RISK: ClassVar[str] = "read batches or wipe the run"
+
     host: str = Field(
         "127.0.0.1", description="Address to bind. Non-loopback needs --api-key or --insecure."
     )
@@ -71,22 +74,6 @@ class APISettings(BaseModel):
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 2**20)
-
-    def resolved(self) -> APISettings:
-        """Fill values that come from the environment."""
-        if self.api_key is None and os.environ.get("ATROPOS_API_KEY"):
-            return self.model_copy(update={"api_key": os.environ["ATROPOS_API_KEY"]})
-        return self
-
-    def exposure_problem(self) -> str | None:
-        """Why this configuration must not start, or None (the rule: utils.exposure)."""
-        return exposure_problem(
-            self.host,
-            self.api_key,
-            self.insecure,
-            risk="read batches or wipe the run",
-            key_source="set ATROPOS_API_KEY",
-        )
 
 
 def settings_from_environment() -> APISettings:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import ClassVar
 
 import uvicorn
 from pydantic import BaseModel, Field
 
-from atroposlib.utils.exposure import exposure_problem, key_from_environment
+from atroposlib.utils.exposure import ExposureRule
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 
@@ -23,7 +24,10 @@ KEY_ENVIRONMENT = ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY")
 """Where the key comes from without --api-key, first set wins (VLLM_API_KEY is vLLM's)."""
 
 
-class InferenceServerSettings(BaseModel):
+class InferenceServerSettings(ExposureRule, BaseModel):
+    KEY_ENVIRONMENT: ClassVar[tuple[str, ...]] = KEY_ENVIRONMENT
+    EXPOSURE_RISK: ClassVar[str] = "generate with this model, read its metrics and tie up its CPU"
+
     model: str = Field(..., description="Path (or hub id) of the model and tokenizer to serve.")
     host: str = Field(
         "127.0.0.1", description="Address to bind. Non-loopback needs --api-key or --insecure."
@@ -49,22 +53,6 @@ class InferenceServerSettings(BaseModel):
         False, description="Allow binding a non-loopback address without an API key."
     )
     log_level: str = Field("info", description="Logging level.")
-
-    def resolved(self) -> InferenceServerSettings:
-        """Fill the key from the environment when --api-key was not given."""
-        if self.api_key is None:
-            return self.model_copy(update={"api_key": key_from_environment(KEY_ENVIRONMENT)})
-        return self
-
-    def exposure_problem(self) -> str | None:
-        """Why this configuration must not start, or None."""
-        return exposure_problem(
-            self.host,
-            self.api_key,
-            self.insecure,
-            risk="generate with this model, read its metrics and tie up its CPU",
-            key_source="set ATROPOS_ENGINE_API_KEY or VLLM_API_KEY",
-        )
 
 
 def build_parser() -> argparse.ArgumentParser:

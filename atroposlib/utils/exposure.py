@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Iterable
+from typing import Any, ClassVar
 
 INSECURE_FLAG = "--insecure"
 
@@ -49,3 +50,31 @@ def key_from_environment(names: Iterable[str]) -> str | None:
         if value:
             return value
     return None
+
+
+class ExposureRule:
+    """Mixed into a listener's pydantic settings (fields `host`, `api_key`, `insecure`):
+    the key from the environment and the rule, named once for every listener."""
+
+    KEY_ENVIRONMENT: ClassVar[tuple[str, ...]]
+    """Environment variables the key may come from, first set wins."""
+    EXPOSURE_RISK: ClassVar[str]
+    """What anyone who can reach the listener could do ("anyone ... could <this>")."""
+
+    def resolved(self: Any) -> Any:
+        """Fill the key from the environment when --api-key was not given."""
+        if self.api_key is None:
+            key = key_from_environment(self.KEY_ENVIRONMENT)
+            if key:
+                return self.model_copy(update={"api_key": key})
+        return self
+
+    def exposure_problem(self: Any) -> str | None:
+        """Why this configuration must not start, or None."""
+        return exposure_problem(
+            self.host,
+            self.api_key,
+            self.insecure,
+            risk=self.EXPOSURE_RISK,
+            key_source="set " + " or ".join(self.KEY_ENVIRONMENT),
+        )

@@ -9,9 +9,11 @@ listener does (atroposlib.utils.exposure, docs/security.md).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, Field
 
-from atroposlib.utils.exposure import exposure_problem, key_from_environment
+from atroposlib.utils.exposure import ExposureRule
 
 PAGE_KEY_ENV = "ATROPOS_VIEW_API_KEY"
 """The page's token when --api-key is not given (not the run-api key: ATROPOS_API_KEY)."""
@@ -22,7 +24,10 @@ BATCHES_OF_GROUPS = 8
 """The viewer registers for batches of group_size * 8 sequences, as upstream does."""
 
 
-class ViewRunSettings(BaseModel):
+class ViewRunSettings(ExposureRule, BaseModel):
+    KEY_ENVIRONMENT: ClassVar[tuple[str, ...]] = (PAGE_KEY_ENV,)
+    EXPOSURE_RISK: ClassVar[str] = "read the run's rollouts and pull batches off its queue"
+
     """Flags of `view-run`."""
 
     port: int = Field(9001, ge=1, le=65535, description="Port of the web page.")
@@ -54,22 +59,6 @@ class ViewRunSettings(BaseModel):
         "viewer sends to run-api is $ATROPOS_API_KEY.",
     )
     insecure: bool = Field(False, description="Allow a non-loopback --host without --api-key.")
-
-    def resolved(self) -> ViewRunSettings:
-        """Fill the page's token from the environment when --api-key was not given."""
-        if self.api_key is None:
-            return self.model_copy(update={"api_key": key_from_environment([PAGE_KEY_ENV])})
-        return self
-
-    def exposure_problem(self) -> str | None:
-        """Why this page must not start, or None."""
-        return exposure_problem(
-            self.host,
-            self.api_key,
-            self.insecure,
-            risk="read the run's rollouts and pull batches off its queue",
-            key_source=f"set {PAGE_KEY_ENV}",
-        )
 
     @property
     def batch_size(self) -> int:
