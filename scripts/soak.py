@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from atroposlib.utils.processes import descendants
+from atroposlib.utils.processes import descendant_matching
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {
@@ -48,17 +48,6 @@ def soak_config(base: Path, run_dir: Path) -> dict:
     config.setdefault("trainer", {})["max_restarts"] = BUDGET
     config["trainer"].setdefault("args", {})["training_steps"] = 1_000_000
     return config
-
-
-def find(launcher: int, pattern: str) -> int | None:
-    for pid in sorted(descendants(launcher)):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if pattern in cmdline:
-            return pid
-    return None
 
 
 def step_of(run_dir: Path) -> int:
@@ -108,7 +97,7 @@ def main() -> int:
             break
         next_kill += args.kill_every
         victim = rng.choice(sorted(TARGETS))
-        pid = find(launcher.pid, TARGETS[victim])
+        pid = descendant_matching(launcher.pid, TARGETS[victim])
         elapsed = time.monotonic() - started
         if pid is None:  # down (being restarted) right now: that is a skipped turn
             print(f"[soak] {elapsed / 60:5.1f} min: no {victim} running; skipped", flush=True)

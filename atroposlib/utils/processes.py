@@ -107,3 +107,15 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state[state.rindex(")") + 2] != "Z"
+
+
+def descendant_matching(root: int, pattern: str) -> int | None:
+    """The lowest pid below `root` whose command line contains `pattern`, or None."""
+    for pid in sorted(descendants(root)):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if pattern in cmdline:
+            return pid
+    return None

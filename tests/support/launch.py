@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from atroposlib.utils.processes import descendant_matching
 from tests.support.process_tree import alive, descendants
 from tests.support.processes import ARITH_ENV
 from tests.support.source import REPO
@@ -88,14 +89,10 @@ class LaunchRun:
         return self.log_path.read_text(errors="replace")
 
     def child_pid(self, pattern: str) -> int:
-        for pid in descendants(self.proc.pid):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if pattern in cmdline:
-                return pid
-        raise AssertionError(f"no child matches {pattern!r}")
+        pid = descendant_matching(self.proc.pid, pattern)
+        if pid is None:
+            raise AssertionError(f"no child matches {pattern!r}")
+        return pid
 
     def leftovers(self, grace_s: float = LEFTOVER_GRACE_S) -> list[int]:
         """Processes of this run still alive once they all exited or `grace_s` passed."""
