@@ -94,8 +94,11 @@ class Engine:
                 self._failed(model, step, reason, attempt, exc)
                 continue
             self._served(model)
-            self.records.event(EventKind.ENGINE_RESTARTED, step, reason=reason, model=model)
-            return time.perf_counter() - started
+            spent = time.perf_counter() - started
+            self.records.event(
+                EventKind.ENGINE_RESTARTED, step, reason=reason, model=model, seconds=spent
+            )
+            return spent
         fallback = next((m for m in reversed(self.served) if m != model), None)
         if fallback is None:
             raise EngineError(f"the engine did not come up on {model} in {RESTART_ATTEMPTS} tries")

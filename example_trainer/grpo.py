@@ -254,7 +254,7 @@ class Trainer:
             self._wandb().log({f"train/{k}": v for k, v in metrics.items()}, step=self.step)
         logger.info(
             "step %d/%d loss %.4f score %.3f clip %.3f mismatch %.4f grad %.3f %.0f tok/s "
-            "(wait %.1fs train %.1fs restart %.1fs)",
+            "(wait %.1fs train %.1fs)",
             self.step,
             self.config.training_steps,
             metrics["loss"],
@@ -265,7 +265,6 @@ class Trainer:
             metrics["tokens_per_s"],
             metrics["wait_s"],
             metrics["train_s"],
-            metrics["restart_s"],
         )
 
     def _wandb(self):
@@ -302,23 +301,22 @@ class Trainer:
                 metrics = self.train_step(batch)
                 self.step += 1
                 trained = time.perf_counter() - started
-                restart = 0.0
                 if main_rank:
-                    # before the checkpoint: a step it holds must be on record
+                    # both records before the checkpoint: a step it holds is on record
                     self.records.trained_groups(self.step, [group_id_of(g) for g in batch])
+                    metrics.update(
+                        wait_s=waited,
+                        train_s=trained,
+                        tokens_per_s=metrics["tokens"] / max(trained, 1e-9),
+                    )
+                    self.log(metrics)
                     if self.step == config.training_steps:
                         self.save()  # the engine stops next: restarting it would be wasted
                     elif self.step % config.vllm_restart_interval == 0:
                         restart = self.checkpoint_and_restart()
+                        logger.info("engine restarted on step %d in %.1fs", self.step, restart)
                     elif config.checkpoint_interval and self.step % config.checkpoint_interval == 0:
                         self.save()
-                    metrics.update(
-                        wait_s=waited,
-                        train_s=trained,
-                        restart_s=restart,
-                        tokens_per_s=metrics["tokens"] / max(trained, 1e-9),
-                    )
-                    self.log(metrics)
         except KeyboardInterrupt:
             if main_rank:
                 logger.info("interrupted at step %d; writing a final checkpoint", self.step)

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline  # noqa: E402
-from example_trainer.api import APIRefused, TrajectoryAPI  # noqa: E402
+from example_trainer.api import TrajectoryAPI  # noqa: E402
 from example_trainer.config import TrainingConfig  # noqa: E402
 from tests.support.upstream_api import UpstreamAPI  # noqa: E402
 from tests.support.waiting import wait_until_async  # noqa: E402
@@ -161,11 +161,17 @@ def test_status_env_without_a_json_body_is_refused_by_the_stand_in(tmp_path):
         assert answer.status_code == 200 and answer.json()["env_weight"] == 1.0
 
 
-def test_trainer_stops_clearly_when_the_api_lost_its_registration(tmp_path):
+def test_trainer_registers_again_when_the_api_lost_its_registration(tmp_path, caplog):
+    """Upstream's server forgets the trainer on a restart (or /reset_data) and answers
+    /batch with an error; the trainer registers again instead of stopping."""
     with UpstreamAPI() as upstream:
         api = TrajectoryAPI(upstream.url)
         api.register(trainer_config(tmp_path, upstream.url, 1), starting_step=0)
         assert api.batch(step=1, committed=0) is None
         httpx.get(f"{upstream.url}/reset_data")  # as an upstream API restart does
-        with pytest.raises(APIRefused, match="Trainer not registered.*restarted"):
-            api.batch(step=1, committed=0)
+        assert httpx.get(f"{upstream.url}/info").json()["batch_size"] == -1
+        with caplog.at_level(logging.WARNING, logger="example_trainer"):
+            assert api.batch(step=1, committed=0) is None
+        assert "Trainer not registered" in caplog.text
+        assert "registering again at step 0" in caplog.text
+        assert httpx.get(f"{upstream.url}/info").json()["batch_size"] == BATCH_SIZE

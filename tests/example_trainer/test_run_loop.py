@@ -88,6 +88,7 @@ def test_a_failed_restart_is_retried_then_falls_back_then_gives_up(tiny_model_pa
         trainer.ensure_engine()  # two tries on step-3, then back to the base model
         assert trainer.engine.alive()
         assert events(save)[1:] == [
+            ("engine_crashed", 0, None, "step-3"),
             ("engine_restart_failed", 0, "engine died", "step-3"),
             ("engine_restart_failed", 0, "engine died", "step-3"),
             ("engine_restarted", 0, "fallback: engine died", "base"),
@@ -96,7 +97,9 @@ def test_a_failed_restart_is_retried_then_falls_back_then_gives_up(tiny_model_pa
         kill_engine(trainer)
         with pytest.raises(EngineError, match="nor on the previous checkpoint"):
             trainer.ensure_engine()
-        assert [e[0] for e in events(save)[4:]] == ["engine_restart_failed"] * 3
+        assert [e[0] for e in events(save)[5:]] == ["engine_crashed"] + [
+            "engine_restart_failed"
+        ] * 3
     finally:
         trainer.engine.stop()
 
