@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from atroposlib.utils.waiting import WaitTimeout, poll_until
+
 T = TypeVar("T")
 
 POLL_S = 0.05
@@ -20,13 +22,10 @@ def wait_until(
     The predicate is checked once more at the deadline, so a slow machine that gets
     there late still passes; the AssertionError carries `message` otherwise.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        _fail_if_past(deadline, timeout_s, message)
-        time.sleep(poll_s)
+    try:
+        return poll_until(predicate, timeout_s, message, interval_s=poll_s)
+    except WaitTimeout:
+        raise AssertionError(f"{message} (waited {timeout_s}s)") from None
 
 
 async def wait_until_async(
