@@ -233,6 +233,12 @@ ledger of acknowledged posts to the trainer's ledger of trained groups. Upstream
 server and trainers ignore unknown keys, so it rides along unchanged."""
 
 
+WEIGHT_VERSIONS_FIELD = "weight_versions"
+"""An optional extra key of a group: per sequence, the label (the trainer step) of the
+weights that sampled it, or None where the engine gave none, so a trainer can tell how
+stale its data is. Upstream ignores it, as it ignores every extra key."""
+
+
 def group_id_of(group: ScoredData | dict[str, Any]) -> str | None:
     """The group's `group_id`, if its environment stamped one."""
     if isinstance(group, ScoredData):

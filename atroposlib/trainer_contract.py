@@ -95,6 +95,8 @@ class EventKind(str, Enum):
     ENGINE_CRASHED = "engine_crashed"
     """The trainer found its engine dead (and restarts it): a restart after a crash."""
     CHECKPOINT_SAVED = "checkpoint_saved"
+    WEIGHT_SYNC_FAILED = "weight_sync_failed"
+    """A hot push the engine did not take; the trainer restarts the engine instead."""
 
 
 class TrainerEvent(BaseModel):

@@ -74,7 +74,8 @@ class TrajectoryAPI:
             batch_size=config.batch_size,
             max_token_len=config.seq_len,
             checkpoint_dir=str(Path(config.save_path).resolve()),
-            save_checkpoint_interval=config.checkpoint_interval or config.vllm_restart_interval,
+            save_checkpoint_interval=config.save_checkpoint_interval
+            or config.vllm_restart_interval,
             starting_step=starting_step,
             num_steps=config.training_steps,
         ).model_dump()

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+WeightBridgeMode = Literal[
+    "none", "restart", "hot_reload", "lora_only", "lora_restart", "shared_vllm"
+]
+LORA_MODES = ("lora_only", "lora_restart")
+RESTART_MODES = ("none", "restart", "lora_restart")
 
 
 class TrainingConfig(BaseModel):
@@ -39,8 +45,14 @@ class TrainingConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto.")
     save_path: str = Field("trained_model_checkpoints", description="Where checkpoints go.")
-    checkpoint_interval: int = Field(
-        0, ge=0, description="Extra checkpoints every N steps (0: off)."
+    save_checkpoint_interval: int = Field(
+        0,
+        ge=0,
+        description="Write a resumable checkpoint every N steps (0: only those a restart "
+        "mode needs, and the last). Independent of weight syncs.",
+    )
+    checkpoint_interval: int | None = Field(
+        None, ge=0, description="Upstream's spelling of --save-checkpoint-interval."
     )
     keep_checkpoints: int = Field(
         0,
@@ -48,7 +60,19 @@ class TrainingConfig(BaseModel):
         description="Keep only the N newest checkpoints, plus the one the engine serves (0: all).",
     )
     vllm_restart_interval: int = Field(
-        3, ge=1, description="Checkpoint and restart the inference engine every N steps."
+        3,
+        ge=1,
+        description="Restart modes (none, restart, lora_restart): checkpoint and restart the "
+        "inference engine every N steps.",
+    )
+    weight_sync_interval: int = Field(
+        1,
+        ge=1,
+        description="Hot modes (hot_reload, lora_only, shared_vllm): push the weights to the "
+        "running engine every N steps.",
+    )
+    weight_sync_timeout_s: float = Field(
+        120.0, gt=0, description="Seconds a weight push may take before it counts as failed."
     )
     vllm_port: int = Field(9001, description="Port of the inference engine.")
     vllm_gpu_memory_utilization: float = Field(0.45, description="vLLM's GPU memory share.")
@@ -70,8 +94,13 @@ class TrainingConfig(BaseModel):
     use_wandb: bool = Field(False, description="Log to Weights & Biases (offline without a key).")
     wandb_project: str = Field("atropos-grpo", description="wandb project.")
     wandb_group: str = Field("grpo", description="wandb group (also sent to the API).")
-    weight_bridge_mode: Literal["none", "lora_restart"] = Field(
-        "none", description="none (full fine-tune) or lora_restart (LoRA, merged for the engine)."
+    weight_bridge_mode: WeightBridgeMode = Field(
+        "none",
+        description="How new weights reach the engine: none or restart (checkpoint + engine "
+        "restart), hot_reload (full weights into the running engine), lora_only (LoRA "
+        "adapters into the running engine), lora_restart (LoRA, merged, restart), "
+        "shared_vllm (one copy of the weights shared with vLLM through CUDA IPC). "
+        "See docs/trainer.md.",
     )
     lora_r: int = Field(16, description="LoRA rank.")
     lora_alpha: int = Field(32, description="LoRA alpha.")
@@ -90,3 +119,22 @@ class TrainingConfig(BaseModel):
         "auto", description="Console logs: rich on a terminal (auto), rich, text or json."
     )
     batch_poll_s: float = Field(0.5, gt=0, description="Longest wait between /batch polls.")
+
+    @model_validator(mode="after")
+    def _one_checkpoint_interval(self) -> TrainingConfig:
+        """Upstream's --checkpoint-interval is --save-checkpoint-interval by another name."""
+        if self.checkpoint_interval is not None:
+            if self.save_checkpoint_interval and (
+                self.save_checkpoint_interval != self.checkpoint_interval
+            ):
+                raise ValueError(
+                    "--checkpoint-interval and --save-checkpoint-interval disagree; give one"
+                )
+            self.save_checkpoint_interval = self.checkpoint_interval
+            self.checkpoint_interval = None
+        return self
+
+    @property
+    def restarts_engine(self) -> bool:
+        """Whether new weights reach the engine by restarting it from a checkpoint."""
+        return self.weight_bridge_mode in RESTART_MODES

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from atroposlib.protocol import GROUPS, ScoredData
+from atroposlib.protocol import GROUPS, WEIGHT_VERSIONS_FIELD, ScoredData
 from example_trainer.loss import group_advantages
 
 PER_TOKEN_FIELDS = ("advantages", "inference_logprobs", "ref_logprobs")
@@ -173,3 +173,18 @@ def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:
 def trained_tokens(sequence: Sequence) -> int:
     """Label positions that carry loss (position t predicts token t+1)."""
     return sum(1 for m in sequence.masks[1:] if m != -100)
+
+
+def staleness(batch: list[ScoredData], step: int) -> dict[str, float]:
+    """How many steps behind `step` the weights that sampled the batch were.
+
+    From each group's `weight_versions` (see `atroposlib.protocol`); empty when no
+    sequence carries a numeric version (an engine that labels nothing).
+    """
+    lags = []
+    for group in batch:
+        versions = (group.model_extra or {}).get(WEIGHT_VERSIONS_FIELD) or []
+        lags += [step - int(v) for v in versions if isinstance(v, str) and v.isdigit()]
+    if not lags:
+        return {}
+    return {"staleness_mean": sum(lags) / len(lags), "staleness_max": float(max(lags))}

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from atroposlib.cli.inference_server import WEIGHT_VERSION_ENVIRONMENT
 from atroposlib.trainer_contract import EventKind, RunRecords
 from example_trainer.config import TrainingConfig
 
@@ -28,24 +29,33 @@ RESTART_ATTEMPTS = 2
 class Engine:
     """One engine subprocess and the checkpoints it served; see the module docstring."""
 
-    def __init__(self, config: TrainingConfig, records: RunRecords) -> None:
+    def __init__(
+        self,
+        config: TrainingConfig,
+        records: RunRecords,
+        extras: tuple[list[str], dict[str, str]] = ([], {}),
+        kind: str | None = None,
+    ) -> None:
+        """`extras`: flags and environment a hot weight bridge needs the engine to have;
+        `kind`: vllm or transformers, when already resolved from `--inference-engine`."""
         from atroposlib.inference.launcher import EngineConfig, EngineProcess
 
         threads = (
             ["--num-threads", str(config.num_threads)]
-            if config.num_threads and config.inference_engine == "transformers"
+            if config.num_threads and (kind or config.inference_engine) == "transformers"
             else []
         )
         self.process = EngineProcess(
             EngineConfig(
-                engine=config.inference_engine,
+                engine=kind or config.inference_engine,
                 served_model_name=config.served_model_name or config.model_name,
                 port=config.vllm_port,
                 python=config.inference_python or sys.executable,
                 max_model_len=config.max_model_len or config.seq_len,
                 dtype=config.dtype,
                 gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                extra_args=shlex.split(config.engine_args) + threads,
+                extra_args=shlex.split(config.engine_args) + threads + extras[0],
+                env=dict(extras[1]),
                 log_path=str(Path(config.save_path) / "engine.log"),
             )
         )
@@ -68,7 +78,12 @@ class Engine:
         gone = {str(m) for m in models}
         self.served = [m for m in self.served if m not in gone]
 
+    def _label(self, step: int) -> None:
+        """The CPU engine labels what it samples with the step its weights come from."""
+        self.process.config.env[WEIGHT_VERSION_ENVIRONMENT] = str(step)
+
     def start(self, model: str, step: int) -> None:
+        self._label(step)
         self.process.start(model)
         self._served(model)
         self.records.event(EventKind.ENGINE_STARTED, step, model=model)
@@ -87,6 +102,7 @@ class Engine:
         from atroposlib.inference.launcher import EngineError
 
         started = time.perf_counter()
+        self._label(step)
         for attempt in range(1, RESTART_ATTEMPTS + 1):
             try:
                 self.process.restart(model)

@@ -2,11 +2,13 @@
 
 register with the API -> start the inference engine on the base model -> loop:
 pull a batch, train one step (micro-batches packed by length, loss in
-`loss.py`), and every `--vllm-restart-interval` steps save a checkpoint and
-restart the engine from it, so environments sample from the current policy.
-The last step only saves (the engine is about to stop). An engine that dies is
-restarted from the latest checkpoint; a restart that fails is retried, then
-falls back to the previous checkpoint (`engine.py`). Ctrl-C writes a final
+`loss.py`), and hand the new weights to the engine so environments sample from
+the current policy: a hot mode pushes them into the running engine every
+`--weight-sync-interval` steps, a restart mode checkpoints and restarts it every
+`--vllm-restart-interval` steps (`weight_bridge.py`). Checkpoints follow
+`--save-checkpoint-interval`; the last step always saves. An engine that dies
+is restarted from the newest weights it can load; a restart that fails is
+retried, then falls back to the previous checkpoint (`engine.py`). Ctrl-C writes a final
 checkpoint and stops the engine. Under torchrun, rank 0 alone does the
 talking (API, engine, checkpoints, metrics); see `distributed.py`.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from atroposlib.inference.weight_sync_errors import WeightSyncError
 from atroposlib.protocol import ScoredData, group_id_of
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, RunRecords
 from atroposlib.utils.flags import add_model_flags, parse_settings
@@ -30,11 +33,12 @@ from atroposlib.utils.logging import configure_logging
 from example_trainer.api import APIRefused, TrajectoryAPI
 from example_trainer.checkpoint import load_trainer_state, prune_checkpoints, save_checkpoint
 from example_trainer.config import TrainingConfig
-from example_trainer.data import BatchGroups, flatten, micro_batches, trained_tokens
+from example_trainer.data import BatchGroups, flatten, micro_batches, staleness, trained_tokens
 from example_trainer.distributed import init_data_parallel
 from example_trainer.engine import Engine
 from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
 from example_trainer.model import MasterWeights, build_optimizer, load_policy
+from example_trainer.weight_bridge import build_bridge
 
 logger = logging.getLogger("example_trainer")
 
@@ -46,6 +50,14 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def resolve_engine_kind(config: TrainingConfig) -> str:
+    """vllm or transformers: what `--inference-engine` (auto included) starts."""
+    from atroposlib.inference.launcher import EngineConfig, resolve_engine
+
+    python = config.inference_python or sys.executable
+    return resolve_engine(EngineConfig(engine=config.inference_engine, python=python))
 
 
 def fill_missing(values: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor:
@@ -95,6 +107,7 @@ class Trainer:
         )
         self.records = RunRecords(config.save_path)
         self.engine: Engine | None = None
+        self.bridge = None  # a hot weight bridge (weight_bridge.py); None in restart modes
         self._wandb_run = None
         self._warned_missing_logprobs = False
 
@@ -102,20 +115,55 @@ class Trainer:
     def start_engine(self) -> None:
         if self.config.inference_engine == "none":
             return
-        self.engine = Engine(self.config, self.records)
+        kind = resolve_engine_kind(self.config)
+        self.bridge = build_bridge(self.config, kind, self.model)
+        extras = self.bridge.launch_extras() if self.bridge is not None else ([], {})
+        self.engine = Engine(self.config, self.records, extras, kind)
         self.engine.start(self.latest_checkpoint, self.step)
 
+    def newest_servable(self) -> tuple[str, int]:
+        """(weights, step): the newest weights an engine can start on."""
+        exported = self.bridge.restart_from if self.bridge is not None else None
+        if exported is not None and exported[1] > self.committed_step:
+            return exported
+        return self.latest_checkpoint, self.committed_step
+
     def ensure_engine(self) -> float:
-        """Restart a dead engine from the latest checkpoint; returns seconds spent."""
+        """Restart a dead engine on the newest weights it can load; returns seconds spent."""
         if self.engine is None or self.engine.alive():
             return 0.0
+        model, step = self.newest_servable()
         logger.error(
-            "inference engine died; restarting from %s\n%s",
-            self.latest_checkpoint,
-            self.engine.log_tail(10),
+            "inference engine died; restarting from %s\n%s", model, self.engine.log_tail(10)
         )
-        self.records.event(EventKind.ENGINE_CRASHED, self.step, model=self.latest_checkpoint)
-        return self.engine.restart(self.latest_checkpoint, self.step, "engine died")
+        self.records.event(EventKind.ENGINE_CRASHED, self.step, model=model)
+        return self.restart_engine(model, step, "engine died")
+
+    def restart_engine(self, model: str, step: int, reason: str) -> float:
+        """Restart on `model`; a hot mode then pushes the current weights if those are older."""
+        spent = self.engine.restart(model, step, reason)
+        if self.bridge is not None and step < self.step:
+            try:
+                spent += self.bridge.sync(self.model, self.tokenizer, self.step)
+            except WeightSyncError as exc:  # the next due push tries again
+                logger.error("weight push after the restart failed: %s", exc)
+        return spent
+
+    def push_weights(self) -> float:
+        """Hot modes: this step's weights into the running engine; seconds spent.
+
+        A push the engine did not take restarts the engine on the newest weights it can
+        start on (this step's export, when one was written).
+        """
+        try:
+            return self.bridge.sync(self.model, self.tokenizer, self.step)
+        except WeightSyncError as exc:
+            logger.error(
+                "weight push at step %d failed (%s); restarting the engine", self.step, exc
+            )
+            self.records.event(EventKind.WEIGHT_SYNC_FAILED, self.step, error=str(exc)[:300])
+            model, step = self.newest_servable()
+            return self.restart_engine(model, step, "weight push failed")
 
     # -------------------------------------------------------------- train
     def wait_for_batch(self, api: TrajectoryAPI) -> tuple[list[ScoredData], float]:
@@ -248,13 +296,26 @@ class Trainer:
             return 0.0
         return self.engine.restart(str(path), self.step, "new weights")
 
+    def hand_over_weights(self) -> None:
+        """After a step: restart modes checkpoint and restart at their interval (the
+        step's records are written before, since the checkpoint commits the step)."""
+        config = self.config
+        if self.engine is not None and self.bridge is None:
+            if self.step % config.vllm_restart_interval == 0:
+                restart = self.checkpoint_and_restart()
+                logger.info("engine restarted on step %d in %.1fs", self.step, restart)
+                return
+        interval = config.save_checkpoint_interval
+        if interval and self.step % interval == 0 and self.committed_step != self.step:
+            self.save()
+
     def log(self, metrics: dict[str, float]) -> None:
         self.records.metrics(self.step, metrics)
         if self.config.use_wandb:
             self._wandb().log({f"train/{k}": v for k, v in metrics.items()}, step=self.step)
         logger.info(
             "step %d/%d loss %.4f score %.3f clip %.3f mismatch %.4f grad %.3f %.0f tok/s "
-            "(wait %.1fs train %.1fs)",
+            "(wait %.1fs train %.1fs sync %.2fs)",
             self.step,
             self.config.training_steps,
             metrics["loss"],
@@ -265,6 +326,7 @@ class Trainer:
             metrics["tokens_per_s"],
             metrics["wait_s"],
             metrics["train_s"],
+            metrics["sync_s"],
         )
 
     def _wandb(self):
@@ -301,27 +363,37 @@ class Trainer:
                 metrics = self.train_step(batch)
                 self.step += 1
                 trained = time.perf_counter() - started
+                synced = 0.0
+                last = self.step == config.training_steps
+                if (
+                    main_rank
+                    and self.bridge is not None
+                    and not last
+                    and self.bridge.due(self.step)
+                ):
+                    synced = self.push_weights()
                 if main_rank:
                     # both records before the checkpoint: a step it holds is on record
                     self.records.trained_groups(self.step, [group_id_of(g) for g in batch])
                     metrics.update(
                         wait_s=waited,
                         train_s=trained,
+                        sync_s=synced,
                         tokens_per_s=metrics["tokens"] / max(trained, 1e-9),
+                        **staleness(batch, self.step - 1),
                     )
                     self.log(metrics)
-                    if self.step == config.training_steps:
-                        self.save()  # the engine stops next: restarting it would be wasted
-                    elif self.step % config.vllm_restart_interval == 0:
-                        restart = self.checkpoint_and_restart()
-                        logger.info("engine restarted on step %d in %.1fs", self.step, restart)
-                    elif config.checkpoint_interval and self.step % config.checkpoint_interval == 0:
-                        self.save()
+                    if last:
+                        self.save()  # the engine stops next: syncing it would be wasted
+                    else:
+                        self.hand_over_weights()
         except KeyboardInterrupt:
             if main_rank:
                 logger.info("interrupted at step %d; writing a final checkpoint", self.step)
                 self.save()
         finally:
+            if self.bridge is not None:
+                self.bridge.close()
             if self.engine is not None:
                 self.engine.stop()
             if self._wandb_run is not None:
@@ -334,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     add_model_flags(parser, TrainingConfig)
     config, _ = parse_settings(parser, TrainingConfig, argv)
     configure_logging("info", config.log_format)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a bar per weight export would flood the log
     trainer = Trainer(config)
     if not trainer.parallel.is_main:
         logging.getLogger().setLevel(logging.WARNING)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from example_trainer.checkpoint import ADAPTER_DIR
-from example_trainer.config import TrainingConfig
+from example_trainer.config import LORA_MODES, TrainingConfig
 
 logger = logging.getLogger("example_trainer")
 
@@ -92,7 +92,7 @@ def load_policy(config: TrainingConfig, device: torch.device):
     dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
     source = config.resume or config.model_name
     tokenizer = AutoTokenizer.from_pretrained(source)
-    if config.weight_bridge_mode != "lora_restart":
+    if config.weight_bridge_mode not in LORA_MODES:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
         return model, tokenizer, True
     from peft import LoraConfig, PeftModel, get_peft_model

@@ -10,6 +10,7 @@ it require `Authorization: Bearer <key>`; unlike vLLM it guards every route but
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import ClassVar
 
@@ -21,6 +22,8 @@ from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 
 KEY_ENVIRONMENT = ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY")
+WEIGHT_SYNC_KEY_ENVIRONMENT = "ATROPOS_WEIGHT_SYNC_KEY"
+WEIGHT_VERSION_ENVIRONMENT = "ATROPOS_WEIGHT_VERSION"
 """Where the key comes from without --api-key, first set wins (VLLM_API_KEY is vLLM's)."""
 
 
@@ -48,6 +51,17 @@ class InferenceServerSettings(ExposureRule, BaseModel):
         None,
         description="Require 'Authorization: Bearer <key>' on every route but /health "
         "(default: $ATROPOS_ENGINE_API_KEY, else $VLLM_API_KEY, as vLLM's --api-key).",
+    )
+    weight_sync_key: str | None = Field(
+        None,
+        description="Key that POST /update_weights_from_disk needs (default: "
+        "$ATROPOS_WEIGHT_SYNC_KEY; without either, --api-key guards it, and with neither "
+        "hot reload is off).",
+    )
+    weight_version: str | None = Field(
+        None,
+        description="Version label of the weights loaded at start, e.g. the trainer step "
+        "(default: $ATROPOS_WEIGHT_VERSION).",
     )
     insecure: bool = Field(
         False, description="Allow binding a non-loopback address without an API key."
@@ -80,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     try:
-        engine = GenerationEngine.load(settings.model, settings.dtype, settings.max_model_len)
+        engine = GenerationEngine.load(
+            settings.model,
+            settings.dtype,
+            settings.max_model_len,
+            settings.weight_version or os.environ.get(WEIGHT_VERSION_ENVIRONMENT),
+        )
     except (OSError, ValueError) as exc:
         print(
             f"atropos-inference-server: cannot load model {settings.model!r}: {exc}",
@@ -92,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         settings.served_model_name or settings.model,
         settings.max_batch_rows,
         api_key=settings.api_key,
+        weight_sync_key=settings.weight_sync_key or os.environ.get(WEIGHT_SYNC_KEY_ENVIRONMENT),
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
     return 0

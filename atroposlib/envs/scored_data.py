@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from atroposlib.protocol import ITEM_FIELDS, ScoredDataGroup, ScoredDataItem
+from atroposlib.protocol import (
+    ITEM_FIELDS,
+    WEIGHT_VERSIONS_FIELD,
+    ScoredDataGroup,
+    ScoredDataItem,
+)
 
 __all__ = ["ScoredDataGroup", "ScoredDataItem", "group_from_chat", "stack_items"]
 
@@ -33,9 +38,10 @@ def group_from_chat(
 
     `nodes` (from `managed.get_state()["nodes"]`) carry the token ids, masks and
     sampling logprobs aligned with `choices`; each conversation ends with its
-    sample as the assistant turn.
+    sample as the assistant turn. `weight_versions` is added when the engine labelled
+    its samples (see `atroposlib.protocol.WEIGHT_VERSIONS_FIELD`).
     """
-    return {
+    group: ScoredDataGroup = {
         "tokens": [node.tokens for node in nodes],
         "masks": [node.masked_tokens for node in nodes],
         "scores": list(scores),
@@ -45,3 +51,7 @@ def group_from_chat(
             for choice in choices
         ],
     }
+    versions = [(node.metadata or {}).get("weight_version") for node in nodes]
+    if any(v is not None for v in versions):
+        group[WEIGHT_VERSIONS_FIELD] = versions  # type: ignore[literal-required]
+    return group

@@ -15,6 +15,9 @@ Design decisions:
 - Prompt logprobs (vLLM's `prompt_logprobs`) are read from the same batched
   prefill pass that starts sampling, so scoring a prompt costs no extra forward
   pass and goes through the same batching as every other request.
+- New weights (`load_weights`) wait for the round in flight: a round runs
+  wholly on one weight version, which every sample records (`weight_version`),
+  so a trainer can tell how stale each sample is.
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ class Sample:
     top_logprobs: list[list[tuple[int, float]]]
     text: str
     finish_reason: str
+    weight_version: str | None = None
+
+    def weight_version_spans(self) -> list[dict[str, object]] | None:
+        """vLLM's per-choice `weight_versions`: which weights sampled tokens [start, end)."""
+        if self.weight_version is None:
+            return None
+        return [{"version": self.weight_version, "start": 0, "end": len(self.token_ids)}]
 
 
 @dataclass
@@ -61,8 +71,11 @@ class GenerationJob:
 
 
 class GenerationEngine:
-    def __init__(self, model, tokenizer, max_model_len: int) -> None:
+    def __init__(
+        self, model, tokenizer, max_model_len: int, weight_version: str | None = None
+    ) -> None:
         self.model = model
+        self.weight_version = weight_version
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -75,7 +88,13 @@ class GenerationEngine:
         self._shared_generator = torch.Generator().manual_seed(0)
 
     @classmethod
-    def load(cls, path: str, dtype: str = "float32", max_model_len: int | None = None):
+    def load(
+        cls,
+        path: str,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        weight_version: str | None = None,
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch_dtype = {
@@ -88,7 +107,20 @@ class GenerationEngine:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
         model.eval()
         limit = max_model_len or getattr(model.config, "max_position_embeddings", 2048)
-        return cls(model, tokenizer, limit)
+        return cls(model, tokenizer, limit, weight_version)
+
+    def load_weights(self, path: str, weight_version: str | None = None) -> None:
+        """Serve the weights at `path` from the next round on (see `weight_reload`).
+
+        Raises `WeightLoadError` and keeps the old weights when they do not fit.
+        """
+        from atroposlib.inference.weight_reload import check_compatible, copy_into, read_checkpoint
+
+        tensors = read_checkpoint(path)  # read outside the lock: rounds go on meanwhile
+        check_compatible(self.model, tensors)
+        with self._lock:
+            copy_into(self.model, tensors)
+            self.weight_version = weight_version
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
@@ -158,7 +190,14 @@ class GenerationEngine:
             logits = output.logits[:, -1, :].float()
         for i, (job, _) in enumerate(rows):
             job.samples.append(
-                Sample(tokens[i], logprobs[i], tops[i], texts[i], finish[i] or "length")
+                Sample(
+                    tokens[i],
+                    logprobs[i],
+                    tops[i],
+                    texts[i],
+                    finish[i] or "length",
+                    self.weight_version,
+                )
             )
 
     def _score_prompt(self, job: GenerationJob, logits: torch.Tensor) -> None:

@@ -170,6 +170,7 @@ def generate_body(
         "finish_reasons": [s.finish_reason for s in job.samples],
         "prompt_token_ids": list(job.prompt_ids),
         "token_ids": [list(s.token_ids) for s in job.samples],
+        "weight_versions": [s.weight_version_spans() for s in job.samples],
     }
     if request.logprobs is not None:
         body["logprobs"] = [

@@ -16,7 +16,9 @@ and build the answer, so every route samples through the same batches.
 
 With an `api_key`, every route but `/health` needs `Authorization: Bearer <key>`
 (stricter than vLLM, whose key guards only `/v1`): `/generate`, `/tokenize` and
-`/metrics` cost or reveal as much as the OpenAI routes.
+`/metrics` cost or reveal as much as the OpenAI routes. The weight routes
+(hot reload, `weight_info`) are in `weight_routes`; every choice carries vLLM's
+`weight_versions` once the engine has a version.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from atroposlib.inference.openai_requests import (
     validation_error_body,
 )
 from atroposlib.inference.scheduler import BatchScheduler
+from atroposlib.inference.weight_routes import RELOAD_PATH, install_weight_routes
 from atroposlib.utils.openai_shapes import (
     chat_choice,
     chat_logprobs,
@@ -68,18 +71,29 @@ from atroposlib.utils.openai_shapes import (
 from atroposlib.utils.token_guard import UNAUTHORIZED_MESSAGE, TokenGuard
 
 
+def with_weight_versions(choice: dict[str, Any], sample: Sample) -> dict[str, Any]:
+    """vLLM's extra choice field; absent when the engine was given no version."""
+    spans = sample.weight_version_spans()
+    if spans is not None:
+        choice["weight_versions"] = spans
+    return choice
+
+
 def chat_choices(
     samples: list[Sample], logprobs: bool, spell: Callable[[int], str]
 ) -> list[dict[str, Any]]:
     """One chat choice per sample, in order; logprobs only when the request asked for them."""
     return [
-        chat_choice(
-            index,
-            sample.text,
-            sample.finish_reason,
-            chat_logprobs(sample.token_ids, sample.logprobs, sample.top_logprobs, spell)
-            if logprobs
-            else None,
+        with_weight_versions(
+            chat_choice(
+                index,
+                sample.text,
+                sample.finish_reason,
+                chat_logprobs(sample.token_ids, sample.logprobs, sample.top_logprobs, spell)
+                if logprobs
+                else None,
+            ),
+            sample,
         )
         for index, sample in enumerate(samples)
     ]
@@ -90,15 +104,18 @@ def text_choices(
 ) -> list[dict[str, Any]]:
     """Text choices are numbered across all prompts; `logprobs=0` still returns token logprobs."""
     return [
-        text_choice(
-            index,
-            sample.text,
-            sample.finish_reason,
-            completion_logprobs(
-                sample.token_ids, sample.logprobs, sample.top_logprobs, spell, bool(logprobs)
-            )
-            if logprobs is not None
-            else None,
+        with_weight_versions(
+            text_choice(
+                index,
+                sample.text,
+                sample.finish_reason,
+                completion_logprobs(
+                    sample.token_ids, sample.logprobs, sample.top_logprobs, spell, bool(logprobs)
+                )
+                if logprobs is not None
+                else None,
+            ),
+            sample,
         )
         for index, sample in enumerate(samples)
     ]
@@ -155,6 +172,7 @@ def create_inference_app(
     served_model_name: str,
     max_batch_rows: int = 64,
     api_key: str | None = None,
+    weight_sync_key: str | None = None,
 ) -> FastAPI:
     scheduler: BatchScheduler | None = None
 
@@ -173,9 +191,11 @@ def create_inference_app(
         app.add_middleware(
             TokenGuard,
             token=api_key,
-            open_paths=OPEN_PATHS,
+            # the weight sync key, when there is one, guards the reload route itself
+            open_paths=OPEN_PATHS | {RELOAD_PATH} if weight_sync_key else OPEN_PATHS,
             unauthorized_body=error_body(401, UNAUTHORIZED_MESSAGE, None),
         )
+    install_weight_routes(app, engine, weight_sync_key, api_key)
     tokenizer = engine.tokenizer
 
     def spelling(as_ids: bool) -> Callable[[int], str]:

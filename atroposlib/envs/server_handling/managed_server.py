@@ -46,6 +46,7 @@ from atroposlib.envs.server_handling.sequence_node import SequenceNode
 from atroposlib.envs.server_handling.server_baseline import APIServer
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.envs.server_handling.vllm_server import MAX_TOKEN_ALIASES, drop_doubled_bos
+from atroposlib.envs.server_handling.weight_versions import weight_version_of
 from atroposlib.utils.openai_shapes import chat_choice, completion_body, text_choice
 
 __all__ = ["DummyManagedServer", "ManagedServer", "ManagedServerAdapter", "SequenceNode"]
@@ -225,13 +226,17 @@ class ManagedServer:
         samples = []
         for output, output_logprobs, finish in zip(outputs, logprobs, finishes, strict=True):
             output_logprobs = (list(output_logprobs) + [1.0] * len(output))[: len(output)]
+            version = weight_version_of(finish)
             finish = finish.get("type", "stop") if isinstance(finish, dict) else finish
+            metadata = {"finish_reason": finish, "kind": kind}
+            if version is not None:
+                metadata["weight_version"] = version
             node = SequenceNode(
                 full_text=prompt + self.tokenizer.decode(output, skip_special_tokens=False),
                 tokens=prompt_ids + output,
                 masked_tokens=base_masks + output,
                 logprobs=base_logprobs + output_logprobs,
-                metadata={"finish_reason": finish, "kind": kind},
+                metadata=metadata,
             )
             if self.track_tree:
                 self.sequences[node.full_text] = node

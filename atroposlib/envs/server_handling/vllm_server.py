@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.weight_versions import FinishReason, choice_weight_version
 
 MAX_TOKEN_ALIASES = ("max_new_tokens", "max_completion_tokens")  # upstream's order: last wins
 NOT_SENT = ("logprobs", "top_logprobs", "skip_reasoning")  # the call sets its own logprobs
@@ -98,7 +99,7 @@ class VLLMServer(OpenAIServer):
         for choice in answer.choices:
             outputs.append([int(t.split(":", 1)[1]) for t in choice.logprobs.tokens])
             logprobs.append([float(v) for v in choice.logprobs.token_logprobs])
-            finish.append(choice.finish_reason)
+            finish.append(FinishReason(choice.finish_reason, choice_weight_version(choice)))
         return prompt, outputs, logprobs, finish
 
     @property

@@ -1,0 +1,89 @@
+"""Loading new weights into a model that is serving: the CPU engine's hot reload.
+
+Design decisions:
+- The new weights come from a directory on disk in `save_pretrained`'s layout
+  (`*.safetensors`, one file or shards; `pytorch_model*.bin` as a fallback), the
+  same thing a restart would load, so a trainer can point either mode at the
+  same checkpoint. Reading it costs milliseconds for the tiny model and is what
+  SGLang's `/update_weights_from_disk` does.
+- All or nothing: every tensor is read and checked (names, shapes) before the
+  first one is copied, so a bad or truncated checkpoint leaves the old weights
+  serving. Tensors the model ties to another (`lm_head` on a tied-embedding
+  model) may be absent from the file, as `save_pretrained` leaves them out.
+- The copy is in place (`param.copy_`), so the engine keeps its model object,
+  its KV-cache code and its threads; the caller holds the engine's generation
+  lock, so a round in flight finishes on the old weights and the next starts on
+  the new ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+class WeightLoadError(ValueError):
+    """The checkpoint cannot replace the served weights; the message says why."""
+
+
+def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a `save_pretrained` directory (or a single .safetensors file)."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".safetensors":
+        files = [path]
+    elif path.is_dir():
+        files = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
+    else:
+        raise WeightLoadError(f"{path}: no such checkpoint directory or .safetensors file")
+    if not files:
+        raise WeightLoadError(f"{path}: holds no *.safetensors or pytorch_model*.bin weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            if file.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                tensors.update(load_file(str(file)))
+            else:
+                tensors.update(torch.load(file, map_location="cpu", weights_only=True))
+        except Exception as exc:  # a truncated or foreign file: say which
+            raise WeightLoadError(f"{file}: unreadable ({type(exc).__name__}: {exc})") from None
+    return tensors
+
+
+def _tied_to_loaded(model: torch.nn.Module, names: set[str]) -> set[str]:
+    """Names of the model's tensors that share storage with one of `names`."""
+    state = model.state_dict()
+    pointers = {state[name].data_ptr() for name in names if name in state}
+    return {name for name, tensor in state.items() if tensor.data_ptr() in pointers}
+
+
+def check_compatible(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Raise `WeightLoadError` naming the first mismatches; nothing is copied."""
+    state = model.state_dict()
+    unknown = sorted(set(tensors) - set(state))
+    if unknown:
+        raise WeightLoadError(
+            f"{len(unknown)} tensors the served model does not have, e.g. {unknown[:3]}"
+        )
+    wrong = [
+        f"{name}: {tuple(tensor.shape)} for {tuple(state[name].shape)}"
+        for name, tensor in tensors.items()
+        if tensor.shape != state[name].shape
+    ]
+    if wrong:
+        raise WeightLoadError(f"shapes differ from the served model's: {'; '.join(wrong[:3])}")
+    missing = sorted(set(state) - _tied_to_loaded(model, set(tensors)))
+    if missing:
+        raise WeightLoadError(
+            f"{len(missing)} of the model's tensors are missing, e.g. {missing[:3]}"
+        )
+
+
+@torch.no_grad()
+def copy_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy checked tensors over the model's own, converting dtype as needed."""
+    state = model.state_dict()
+    for name, tensor in tensors.items():
+        state[name].copy_(tensor)

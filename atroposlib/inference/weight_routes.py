@@ -1,0 +1,94 @@
+"""The CPU engine's weight routes: hot reload from disk and the served weight version.
+
+Design decisions:
+- `POST /update_weights_from_disk` takes SGLang's body (`model_path`,
+  `weight_version`) and answers `{"success", "message", ...}` like SGLang;
+  `GET /weight_info` answers `{"weight_version"}` like vLLM's RL routes. A
+  trainer that already drives either engine drives this one unchanged.
+- Replacing the weights is the one route that can ruin a run, so it has a key
+  of its own (`--weight-sync-key`, $ATROPOS_WEIGHT_SYNC_KEY): the trainer that
+  owns the engine holds it and environments, which only sample, never see it.
+  Without that key the engine's `--api-key` guards it; with neither, the route
+  refuses (403) rather than let anyone who can reach the port swap the model.
+- The load runs on a worker thread and waits for the round in flight
+  (`GenerationEngine.load_weights`), so no request fails or mixes weights; the
+  event loop keeps answering meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from atroposlib.inference.engine import GenerationEngine
+from atroposlib.inference.weight_reload import WeightLoadError
+
+RELOAD_PATH = "/update_weights_from_disk"
+DISABLED_MESSAGE = (
+    "weight reload is off on this engine: start it with --weight-sync-key "
+    "(or $ATROPOS_WEIGHT_SYNC_KEY) or --api-key"
+)
+
+
+class UpdateWeightsFromDisk(BaseModel):
+    """SGLang's request body, minus what this engine cannot honour."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str = Field(..., min_length=1, description="save_pretrained directory to load.")
+    weight_version: str | None = Field(None, description="Label the new weights carry.")
+    load_format: Literal["auto", "safetensors", "pt"] | None = Field(
+        None, description="Accepted for SGLang clients; the files found decide."
+    )
+    abort_all_requests: Literal[False] = Field(
+        False, description="Requests in flight always finish on the old weights here."
+    )
+
+
+def _refusal(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message}, status_code=status)
+
+
+def install_weight_routes(
+    app: FastAPI,
+    engine: GenerationEngine,
+    sync_key: str | None,
+    api_key: str | None,
+) -> None:
+    """Add the routes; with a `sync_key`, the caller must leave RELOAD_PATH out of the
+    api-key guard (the sync key guards it here)."""
+    expected = f"Bearer {sync_key}".encode() if sync_key else None
+
+    @app.get("/weight_info")
+    async def weight_info() -> dict[str, str | None]:
+        return {"weight_version": engine.weight_version}
+
+    @app.post(RELOAD_PATH)
+    async def update_weights_from_disk(
+        body: UpdateWeightsFromDisk, request: Request
+    ) -> JSONResponse:
+        if expected is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return _refusal(401, "missing or wrong weight sync key")
+        elif not api_key:
+            return _refusal(403, DISABLED_MESSAGE)
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(engine.load_weights, body.model_path, body.weight_version)
+        except WeightLoadError as exc:
+            return _refusal(400, f"weights not loaded, the old ones still serve: {exc}")
+        return JSONResponse(
+            {
+                "success": True,
+                "message": f"loaded {body.model_path}",
+                "weight_version": engine.weight_version,
+                "seconds": time.perf_counter() - started,
+            }
+        )

@@ -1,0 +1,202 @@
+"""How new weights reach the inference engine: `--weight-bridge-mode`.
+
+Design decisions:
+- Two families. Restart modes (`none`, upstream's default, also spelled
+  `restart`; `lora_restart`) checkpoint and restart the engine every
+  `--vllm-restart-interval` steps: slow (seconds on a CPU, ~45 s for vLLM on a
+  GPU) but works with any engine. Hot modes push weights into the running
+  engine every `--weight-sync-interval` steps, with no restart and no outage:
+  `hot_reload` (full weights, loaded from disk by the engine), `lora_only` (an
+  adapter), `shared_vllm` (vLLM reads the trainer's GPU memory; GPU only).
+- A hot push writes the policy to `<save_path>/live/step-N` in
+  `save_pretrained` layout (with the tokenizer), so the same directory is what a
+  crashed engine restarts from; only the newest two are kept. Pushes are not
+  checkpoints: `--save-checkpoint-interval` decides those.
+- Each engine takes weights its own way (`EnginePush`): our CPU engine through
+  its authenticated `/update_weights_from_disk`, vLLM through the routes in
+  `atroposlib.inference.vllm_weights`. A LoRA run on the CPU engine pushes the
+  merged weights (it has no adapter slots); on vLLM it loads the adapter.
+- A push that fails raises `WeightSyncError`; the trainer then restarts the
+  engine on the newest exported weights, so a failed push costs one restart,
+  never the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from atroposlib.inference.weight_sync_errors import WeightSyncError
+from example_trainer.config import TrainingConfig
+
+logger = logging.getLogger("example_trainer")
+
+LIVE_DIR = "live"
+KEEP_LIVE = 2
+SYNC_KEY_ENVIRONMENT = "ATROPOS_WEIGHT_SYNC_KEY"  # read by atropos-inference-server
+
+
+def export_weights(model: torch.nn.Module, tokenizer, target: Path, adapter_only: bool) -> Path:
+    """Write what the engine loads to `target` (atomically: staged, then renamed)."""
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    if adapter_only:
+        model.save_pretrained(staging)  # peft: adapter_config.json + adapter weights
+    else:
+        merged = (
+            copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+        )
+        merged.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+class EnginePush:
+    """Pushes an exported directory into one running engine."""
+
+    def __init__(self, config: TrainingConfig, engine_kind: str, sync_key: str) -> None:
+        self.config = config
+        self.url = f"http://127.0.0.1:{config.vllm_port}"
+        self.engine_kind = engine_kind
+        self.sync_key = sync_key
+
+    @property
+    def adapter_only(self) -> bool:
+        """vLLM takes LoRA adapters at run time; the CPU engine takes merged weights."""
+        return self.config.weight_bridge_mode == "lora_only" and self.engine_kind == "vllm"
+
+    def launch_extras(self) -> tuple[list[str], dict[str, str]]:
+        """Flags and environment the engine must start with for this push to work."""
+        if self.engine_kind != "vllm":
+            return [], {SYNC_KEY_ENVIRONMENT: self.sync_key}
+        from atroposlib.inference.vllm_weights import vllm_launch_extras
+
+        mode = "lora_only" if self.adapter_only else "hot_reload"
+        return vllm_launch_extras(mode, self.config.lora_r)
+
+    def push(self, path: Path, version: str) -> float:
+        timeout = self.config.weight_sync_timeout_s
+        served = self.config.served_model_name or self.config.model_name
+        if self.engine_kind == "vllm":
+            from atroposlib.inference import vllm_weights
+
+            if self.adapter_only:
+                return vllm_weights.load_vllm_lora(
+                    self.url, served, str(path), version, timeout_s=timeout
+                )
+            return vllm_weights.reload_vllm_weights(self.url, str(path), version, timeout_s=timeout)
+        return push_to_cpu_engine(self.url, path, version, self.sync_key, timeout)
+
+
+def push_to_cpu_engine(url: str, path: Path, version: str, key: str, timeout_s: float) -> float:
+    """`POST /update_weights_from_disk` on atropos-inference-server; seconds it took."""
+    started = time.perf_counter()
+    try:
+        response = httpx.post(
+            f"{url}/update_weights_from_disk",
+            json={"model_path": str(path), "weight_version": version},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=timeout_s,
+        )
+    except httpx.HTTPError as exc:
+        raise WeightSyncError(f"cannot push weights to the engine at {url}: {exc!r}") from None
+    if not response.is_success:
+        raise WeightSyncError(
+            f"the engine refused the weights (HTTP {response.status_code}): {response.text[:300]}"
+        )
+    return time.perf_counter() - started
+
+
+class HotBridge:
+    """hot_reload and lora_only: export, push, keep the newest exports."""
+
+    def __init__(self, config: TrainingConfig, engine_kind: str) -> None:
+        self.config = config
+        self.live = Path(config.save_path) / LIVE_DIR
+        self.pusher = EnginePush(config, engine_kind, secrets.token_urlsafe(24))
+        self.exports: list[Path] = []
+        self.latest: tuple[str, int] | None = None
+
+    def launch_extras(self) -> tuple[list[str], dict[str, str]]:
+        return self.pusher.launch_extras()
+
+    def due(self, step: int) -> bool:
+        return step % self.config.weight_sync_interval == 0
+
+    def sync(self, model: torch.nn.Module, tokenizer, step: int) -> float:
+        """Export and push this step's weights; seconds spent (export included)."""
+        started = time.perf_counter()
+        path = export_weights(
+            model, tokenizer, self.live / f"step-{step}", self.pusher.adapter_only
+        )
+        self.exports.append(path)
+        self.latest = (str(path), step)  # servable even if the push below fails
+        self.pusher.push(path, str(step))
+        for old in self.exports[:-KEEP_LIVE]:
+            shutil.rmtree(old, ignore_errors=True)
+        self.exports = self.exports[-KEEP_LIVE:]
+        return time.perf_counter() - started
+
+    @property
+    def restart_from(self) -> tuple[str, int] | None:
+        """(path, step) a restarted engine can load: the newest export, if full weights."""
+        return None if self.pusher.adapter_only else self.latest
+
+    def close(self) -> None:
+        pass
+
+
+class SharedBridge:
+    """shared_vllm: `example_trainer.shared_vllm.SharedVLLMBridge` behind the same seam."""
+
+    restart_from = None  # vLLM restarts on a checkpoint, then gets the weights pushed
+
+    def __init__(self, config: TrainingConfig, model: torch.nn.Module) -> None:
+        from example_trainer.shared_vllm import SharedVLLMBridge, shared_vllm_launch_extras
+
+        self.config = config
+        self._extras = shared_vllm_launch_extras()
+        self.bridge = SharedVLLMBridge(
+            f"http://127.0.0.1:{config.vllm_port}", model, timeout_s=config.weight_sync_timeout_s
+        )
+        self.connected = False
+
+    def launch_extras(self) -> tuple[list[str], dict[str, str]]:
+        return self._extras
+
+    def due(self, step: int) -> bool:
+        return step % self.config.weight_sync_interval == 0
+
+    def sync(self, model: torch.nn.Module, tokenizer, step: int) -> float:
+        if not self.connected:
+            self.bridge.connect()
+            self.connected = True
+        return self.bridge.push(str(step))
+
+    def close(self) -> None:
+        if self.connected:
+            self.bridge.close()
+
+
+def build_bridge(config: TrainingConfig, engine_kind: str | None, model: torch.nn.Module):
+    """The hot bridge for this run, or None for the restart modes (and no engine)."""
+    mode = config.weight_bridge_mode
+    if config.restarts_engine or engine_kind is None:
+        return None
+    if mode == "shared_vllm":
+        if engine_kind != "vllm":
+            raise SystemExit(
+                "--weight-bridge-mode shared_vllm needs vLLM on a CUDA GPU (trainer and engine "
+                "on the same GPU); on a CPU use --weight-bridge-mode hot_reload"
+            )
+        return SharedBridge(config, model)
+    return HotBridge(config, engine_kind)
