@@ -25,6 +25,9 @@ logger = logging.getLogger("example_trainer")
 
 
 LEASE_REFUSALS = frozenset({400, 404, 405, 422})
+BATCH_WAIT_S = 2.0
+"""How long an empty /batch may be held open for data (`Prefer: wait`, see
+atroposlib/api/long_poll.py): the trainer hears of a batch the moment it is ready."""
 """Answers of a server that does not know `?step=&committed=` (and would not use them)."""
 
 
@@ -64,6 +67,10 @@ class TrajectoryAPI:
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
         self.leases = True
         """False once the API refused the lease parameters: plain /batch from then on."""
+        self.batch_wait_s = min(BATCH_WAIT_S, timeout_s / 2)  # well inside the call timeout
+        self.waits = False
+        """True while the API honours `Prefer: wait` (it answers as soon as a batch is
+        ready, so polling again needs no back-off); upstream's answers at once."""
         self.registered: tuple[TrainingConfig, int] | None = None
         """What the last /register sent (config, starting step), to register again."""
 
@@ -75,7 +82,7 @@ class TrajectoryAPI:
             max_token_len=config.seq_len,
             checkpoint_dir=str(Path(config.save_path).resolve()),
             save_checkpoint_interval=config.save_checkpoint_interval
-            or config.vllm_restart_interval,
+            or (config.vllm_restart_interval if config.restarts_engine else config.training_steps),
             starting_step=starting_step,
             num_steps=config.training_steps,
         ).model_dump()
@@ -149,10 +156,13 @@ class TrajectoryAPI:
     def _get_batch(self, params: dict[str, int]) -> httpx.Response | None:
         """GET /batch; None (after a WARNING) when it cannot be reached or answers 5xx."""
         try:
-            response = self.http.get("/batch", params=params)
+            response = self.http.get(
+                "/batch", params=params, headers={"Prefer": f"wait={self.batch_wait_s:g}"}
+            )
         except httpx.TransportError as exc:
             logger.warning("/batch failed: %s", exc)
             return None
+        self.waits = "preference-applied" in response.headers
         if response.status_code >= 500:
             logger.warning("/batch answered HTTP %d: %s", response.status_code, response.text[:200])
             return None

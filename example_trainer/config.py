@@ -118,7 +118,12 @@ class TrainingConfig(BaseModel):
     log_format: Literal["auto", "rich", "text", "json"] = Field(
         "auto", description="Console logs: rich on a terminal (auto), rich, text or json."
     )
-    batch_poll_s: float = Field(0.5, gt=0, description="Longest wait between /batch polls.")
+    batch_poll_s: float = Field(
+        0.5,
+        gt=0,
+        description="Longest back-off between /batch polls, for an API that does not hold "
+        "/batch open (ours does: Prefer: wait).",
+    )
 
     @model_validator(mode="after")
     def _one_checkpoint_interval(self) -> TrainingConfig:

@@ -35,9 +35,11 @@ class Engine:
         records: RunRecords,
         extras: tuple[list[str], dict[str, str]] = ([], {}),
         kind: str | None = None,
+        served_name: str | None = None,
     ) -> None:
         """`extras`: flags and environment a hot weight bridge needs the engine to have;
-        `kind`: vllm or transformers, when already resolved from `--inference-engine`."""
+        `kind`: vllm or transformers, when already resolved from `--inference-engine`;
+        `served_name`: the name the engine serves, when not the policy's own."""
         from atroposlib.inference.launcher import EngineConfig, EngineProcess
 
         threads = (
@@ -48,7 +50,7 @@ class Engine:
         self.process = EngineProcess(
             EngineConfig(
                 engine=kind or config.inference_engine,
-                served_model_name=config.served_model_name or config.model_name,
+                served_model_name=served_name or config.served_model_name or config.model_name,
                 port=config.vllm_port,
                 python=config.inference_python or sys.executable,
                 max_model_len=config.max_model_len or config.seq_len,

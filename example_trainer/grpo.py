@@ -117,9 +117,18 @@ class Trainer:
             return
         kind = resolve_engine_kind(self.config)
         self.bridge = build_bridge(self.config, kind, self.model)
-        extras = self.bridge.launch_extras() if self.bridge is not None else ([], {})
-        self.engine = Engine(self.config, self.records, extras, kind)
-        self.engine.start(self.latest_checkpoint, self.step)
+        served = self.config.served_model_name or self.config.model_name
+        if self.bridge is None:
+            self.engine = Engine(self.config, self.records, kind=kind)
+        else:
+            extras, served = self.bridge.launch_extras(), self.bridge.served_name(served)
+            self.engine = Engine(self.config, self.records, extras, kind, served)
+        model = self.latest_checkpoint
+        if self.bridge is not None:
+            model = self.bridge.engine_model(model, self.config.model_name)
+        self.engine.start(model, self.step)
+        if self.bridge is not None and self.bridge.push_at_start:
+            self.bridge.sync(self.model, self.tokenizer, self.step)
 
     def newest_servable(self) -> tuple[str, int]:
         """(weights, step): the newest weights an engine can start on."""
@@ -140,9 +149,14 @@ class Trainer:
         return self.restart_engine(model, step, "engine died")
 
     def restart_engine(self, model: str, step: int, reason: str) -> float:
-        """Restart on `model`; a hot mode then pushes the current weights if those are older."""
+        """Restart on `model`; a hot mode then pushes the current weights if those are older
+        (or always, when the engine serves a base under the pushed adapter)."""
+        if self.bridge is None:
+            return self.engine.restart(model, step, reason)
+        model = self.bridge.engine_model(model, self.config.model_name)
         spent = self.engine.restart(model, step, reason)
-        if self.bridge is not None and step < self.step:
+        self.bridge.engine_restarted()
+        if step < self.step or self.bridge.push_at_start:
             try:
                 spent += self.bridge.sync(self.model, self.tokenizer, self.step)
             except WeightSyncError as exc:  # the next due push tries again
@@ -156,7 +170,9 @@ class Trainer:
         start on (this step's export, when one was written).
         """
         try:
-            return self.bridge.sync(self.model, self.tokenizer, self.step)
+            spent = self.bridge.sync(self.model, self.tokenizer, self.step)
+            self.engine.forget(self.bridge.pruned)  # deleted: nothing to fall back to
+            return spent
         except WeightSyncError as exc:
             logger.error(
                 "weight push at step %d failed (%s); restarting the engine", self.step, exc
@@ -182,8 +198,9 @@ class Trainer:
                     self.step,
                     api.status(),
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, self.config.batch_poll_s)
+            if not api.waits:  # an API that cannot wait for a batch is polled with back-off
+                time.sleep(delay)
+                delay = min(delay * 2, self.config.batch_poll_s)
 
     def train_step(self, batch: BatchGroups) -> dict[str, float]:
         metrics = self.accumulate_gradients(batch)
@@ -300,11 +317,12 @@ class Trainer:
         """After a step: restart modes checkpoint and restart at their interval (the
         step's records are written before, since the checkpoint commits the step)."""
         config = self.config
-        if self.engine is not None and self.bridge is None:
-            if self.step % config.vllm_restart_interval == 0:
-                restart = self.checkpoint_and_restart()
+        if config.restarts_engine and self.step % config.vllm_restart_interval == 0:
+            # with --inference-engine none the checkpoint is what an external engine loads
+            restart = self.checkpoint_and_restart()
+            if self.engine is not None:
                 logger.info("engine restarted on step %d in %.1fs", self.step, restart)
-                return
+            return
         interval = config.save_checkpoint_interval
         if interval and self.step % interval == 0 and self.committed_step != self.step:
             self.save()

@@ -74,6 +74,14 @@ class EnginePush:
         """vLLM takes LoRA adapters at run time; the CPU engine takes merged weights."""
         return self.config.weight_bridge_mode == "lora_only" and self.engine_kind == "vllm"
 
+    def served_name(self, name: str) -> str:
+        """What the engine serves its base model as: vLLM's adapter takes `name` itself."""
+        if not self.adapter_only:
+            return name
+        from atroposlib.inference.vllm_weights import lora_base_name
+
+        return lora_base_name(name)
+
     def launch_extras(self) -> tuple[list[str], dict[str, str]]:
         """Flags and environment the engine must start with for this push to work."""
         if self.engine_kind != "vllm":
@@ -125,9 +133,25 @@ class HotBridge:
         self.pusher = EnginePush(config, engine_kind, secrets.token_urlsafe(24))
         self.exports: list[Path] = []
         self.latest: tuple[str, int] | None = None
+        self.pruned: list[Path] = []  # exports the last sync deleted
 
     def launch_extras(self) -> tuple[list[str], dict[str, str]]:
         return self.pusher.launch_extras()
+
+    def served_name(self, name: str) -> str:
+        return self.pusher.served_name(name)
+
+    @property
+    def push_at_start(self) -> bool:
+        """An adapter must be loaded before environments ask for the policy's name."""
+        return self.pusher.adapter_only
+
+    def engine_model(self, newest: str, base: str) -> str:
+        """What the engine starts on: the base under an adapter, else the newest weights."""
+        return base if self.pusher.adapter_only else newest
+
+    def engine_restarted(self) -> None:
+        pass
 
     def due(self, step: int) -> bool:
         return step % self.config.weight_sync_interval == 0
@@ -135,13 +159,17 @@ class HotBridge:
     def sync(self, model: torch.nn.Module, tokenizer, step: int) -> float:
         """Export and push this step's weights; seconds spent (export included)."""
         started = time.perf_counter()
-        path = export_weights(
-            model, tokenizer, self.live / f"step-{step}", self.pusher.adapter_only
-        )
+        try:
+            path = export_weights(
+                model, tokenizer, self.live / f"step-{step}", self.pusher.adapter_only
+            )
+        except OSError as exc:  # a full disk: the engine keeps its weights, the run goes on
+            raise WeightSyncError(f"cannot write the weights to {self.live}: {exc}") from None
         self.exports.append(path)
         self.latest = (str(path), step)  # servable even if the push below fails
         self.pusher.push(path, str(step))
-        for old in self.exports[:-KEEP_LIVE]:
+        self.pruned = self.exports[:-KEEP_LIVE]
+        for old in self.pruned:
             shutil.rmtree(old, ignore_errors=True)
         self.exports = self.exports[-KEEP_LIVE:]
         return time.perf_counter() - started
@@ -159,6 +187,7 @@ class SharedBridge:
     """shared_vllm: `example_trainer.shared_vllm.SharedVLLMBridge` behind the same seam."""
 
     restart_from = None  # vLLM restarts on a checkpoint, then gets the weights pushed
+    pruned: list[Path] = []
 
     def __init__(self, config: TrainingConfig, model: torch.nn.Module) -> None:
         from example_trainer.shared_vllm import SharedVLLMBridge, shared_vllm_launch_extras
@@ -170,8 +199,20 @@ class SharedBridge:
         )
         self.connected = False
 
+    push_at_start = True  # connect (the handshake) before environments sample
+
     def launch_extras(self) -> tuple[list[str], dict[str, str]]:
         return self._extras
+
+    def served_name(self, name: str) -> str:
+        return name
+
+    def engine_model(self, newest: str, base: str) -> str:
+        return newest
+
+    def engine_restarted(self) -> None:
+        """A new engine process: the handshake starts over."""
+        self.connected = False
 
     def due(self, step: int) -> bool:
         return step % self.config.weight_sync_interval == 0

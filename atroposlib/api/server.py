@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -24,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
+from atroposlib.api.long_poll import NO_BATCH, Arrivals, requested_wait
 from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.middleware import RequestGuard, document_guard
 from atroposlib.api.models import INVALID, STORE_FAILED, group_schema, json_body, refusal
@@ -202,6 +204,7 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
             idempotency_key=request.headers.get("idempotency-key"),
             raw=body if verbatim and not as_list else None,
         )
+        arrivals.notify()
         return Response(answer, media_type=JSON)
 
     posted = {
@@ -231,16 +234,28 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
             return Response(answer, media_type=JSON)
         return JSONResponse(answer)
 
+    arrivals = Arrivals()
     step_conflict = refusal("No batch can be served for that step; the message says why.")
 
     @app.get("/batch", responses={**INVALID, 409: step_conflict, **STORE_FAILED})
     async def batch(
+        request: Request,
         step: Annotated[int | None, Query(ge=1)] = None,
         committed: Annotated[int | None, Query(ge=0)] = None,
     ) -> Response:
         """`step`: lease the batch of that step (asked again, it is served again);
-        `committed`: the trainer's checkpoint holds every step up to this one."""
-        return json_answer(state().next_batch(step, committed))
+        `committed`: the trainer's checkpoint holds every step up to this one.
+        `Prefer: wait=N` waits up to N seconds for a batch (see `long_poll`)."""
+        wait_s = requested_wait(request.headers.get("prefer"))
+        deadline = time.monotonic() + wait_s
+        answer = state().next_batch(step, committed)
+        while answer == NO_BATCH and time.monotonic() < deadline:
+            await arrivals.wait(deadline - time.monotonic())
+            answer = state().next_batch(step, committed)
+        response = json_answer(answer)
+        if wait_s:
+            response.headers["Preference-Applied"] = f"wait={wait_s:g}"
+        return response
 
     @app.get("/latest_example")
     async def latest_example() -> Response:

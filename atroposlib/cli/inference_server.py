@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             settings.model,
             settings.dtype,
             settings.max_model_len,
-            settings.weight_version or os.environ.get(WEIGHT_VERSION_ENVIRONMENT),
+            settings.weight_version or os.environ.get(WEIGHT_VERSION_ENVIRONMENT) or None,
         )
     except (OSError, ValueError) as exc:
         print(

