@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from atroposlib.cli.inference_server import WEIGHT_VERSION_ENVIRONMENT
+from atroposlib.inference.weight_routes import WEIGHT_VERSION_ENVIRONMENT
 from atroposlib.trainer_contract import EventKind, RunRecords
 from example_trainer.config import TrainingConfig
 

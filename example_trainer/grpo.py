@@ -114,6 +114,13 @@ class Trainer:
     # ------------------------------------------------------------- engine
     def start_engine(self) -> None:
         if self.config.inference_engine == "none":
+            if not self.config.restarts_engine:
+                logger.warning(
+                    "--weight-bridge-mode %s with --inference-engine none: there is no engine "
+                    "to push weights into; only checkpoints (--save-checkpoint-interval) leave "
+                    "this trainer",
+                    self.config.weight_bridge_mode,
+                )
             return
         kind = resolve_engine_kind(self.config)
         self.bridge = build_bridge(self.config, kind, self.model)
@@ -174,6 +181,8 @@ class Trainer:
             self.engine.forget(self.bridge.pruned)  # deleted: nothing to fall back to
             return spent
         except WeightSyncError as exc:
+            if not self.engine.alive():  # it died, and the push found out first
+                return self.ensure_engine()
             logger.error(
                 "weight push at step %d failed (%s); restarting the engine", self.step, exc
             )
@@ -344,7 +353,7 @@ class Trainer:
             metrics["tokens_per_s"],
             metrics["wait_s"],
             metrics["train_s"],
-            metrics["sync_s"],
+            metrics.get("sync_s", 0.0),
         )
 
     def _wandb(self):

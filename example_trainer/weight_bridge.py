@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from atroposlib.inference.weight_routes import WEIGHT_SYNC_KEY_ENVIRONMENT
 from atroposlib.inference.weight_sync_errors import WeightSyncError
 from example_trainer.config import TrainingConfig
 
@@ -40,7 +41,6 @@ logger = logging.getLogger("example_trainer")
 
 LIVE_DIR = "live"
 KEEP_LIVE = 2
-SYNC_KEY_ENVIRONMENT = "ATROPOS_WEIGHT_SYNC_KEY"  # read by atropos-inference-server
 
 
 def export_weights(model: torch.nn.Module, tokenizer, target: Path, adapter_only: bool) -> Path:
@@ -85,7 +85,7 @@ class EnginePush:
     def launch_extras(self) -> tuple[list[str], dict[str, str]]:
         """Flags and environment the engine must start with for this push to work."""
         if self.engine_kind != "vllm":
-            return [], {SYNC_KEY_ENVIRONMENT: self.sync_key}
+            return [], {WEIGHT_SYNC_KEY_ENVIRONMENT: self.sync_key}
         from atroposlib.inference.vllm_weights import vllm_launch_extras
 
         mode = "lora_only" if self.adapter_only else "hot_reload"

@@ -17,13 +17,16 @@ from typing import ClassVar
 import uvicorn
 from pydantic import BaseModel, Field
 
+from atroposlib.inference.weight_routes import (
+    WEIGHT_SYNC_KEY_ENVIRONMENT,
+    WEIGHT_VERSION_ENVIRONMENT,
+)
 from atroposlib.utils.exposure import ExposureRule
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 
 KEY_ENVIRONMENT = ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY")
-WEIGHT_SYNC_KEY_ENVIRONMENT = "ATROPOS_WEIGHT_SYNC_KEY"
-WEIGHT_VERSION_ENVIRONMENT = "ATROPOS_WEIGHT_VERSION"
+
 """Where the key comes from without --api-key, first set wins (VLLM_API_KEY is vLLM's)."""
 
 

@@ -30,6 +30,10 @@ from atroposlib.inference.engine import GenerationEngine
 from atroposlib.inference.weight_reload import WeightLoadError
 
 RELOAD_PATH = "/update_weights_from_disk"
+WEIGHT_SYNC_KEY_ENVIRONMENT = "ATROPOS_WEIGHT_SYNC_KEY"
+"""Where atropos-inference-server reads its weight sync key (the trainer sets it)."""
+WEIGHT_VERSION_ENVIRONMENT = "ATROPOS_WEIGHT_VERSION"
+"""Where it reads the label of the weights it starts on (the trainer sets the step)."""
 DISABLED_MESSAGE = (
     "weight reload is off on this engine: start it with --weight-sync-key "
     "(or $ATROPOS_WEIGHT_SYNC_KEY) or --api-key"

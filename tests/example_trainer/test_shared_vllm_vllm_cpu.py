@@ -19,11 +19,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from atroposlib.inference.launcher import EngineConfig, EngineProcess  # noqa: E402
+from atroposlib.inference.launcher import EngineProcess  # noqa: E402
 from atroposlib.inference.weight_sync_errors import WeightSyncError  # noqa: E402
 from example_trainer import shared_vllm as sv  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
-from tests.support.vllm import NOT_INSTALLED, vllm_python  # noqa: E402
+from tests.support.vllm import NOT_INSTALLED, cpu_vllm_config, vllm_python  # noqa: E402
 
 GPU = "GPU-trainer"
 
@@ -51,18 +50,8 @@ def python():
 
 @pytest.fixture(scope="module")
 def engine(python, tiny_model_path, tmp_path_factory):
-    args, env = sv.shared_vllm_launch_extras()
-    config = EngineConfig(
-        engine="vllm",
-        python=python,
-        served_model_name="tiny",
-        port=free_port(),
-        max_model_len=512,
-        dtype="float32",
-        extra_args=["--enforce-eager", *args],
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env},
-        health_timeout_s=400,
-        log_path=str(tmp_path_factory.mktemp("vllm") / "vllm.log"),
+    config = cpu_vllm_config(
+        python, tmp_path_factory.mktemp("vllm") / "vllm.log", extra=sv.shared_vllm_launch_extras()
     )
     with EngineProcess(config) as process:
         process.start(tiny_model_path)

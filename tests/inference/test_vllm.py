@@ -13,9 +13,8 @@ import httpx
 import pytest
 
 from atroposlib.envs.server_handling.server_manager import APIServerConfig, ServerManager
-from atroposlib.inference.launcher import EngineConfig, EngineProcess
-from tests.support.ports import free_port
-from tests.support.vllm import NOT_INSTALLED, vllm_python
+from atroposlib.inference.launcher import EngineProcess
+from tests.support.vllm import NOT_INSTALLED, cpu_vllm_config, vllm_python
 from tests.tolerances import (
     OTHER_ENGINE_LOGPROB_REL,
     SAME_LIBRARY_LOGPROB_REL,
@@ -36,18 +35,7 @@ def vllm_engine(tiny_model_path, tmp_path_factory):
     python = vllm_python()
     if python is None:
         pytest.skip(NOT_INSTALLED)
-    config = EngineConfig(
-        engine="vllm",
-        python=python,
-        served_model_name="tiny",
-        port=free_port(),
-        max_model_len=512,
-        dtype="float32",
-        extra_args=["--enforce-eager"],
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-        health_timeout_s=400,
-        log_path=str(tmp_path_factory.mktemp("vllm") / "vllm.log"),
-    )
+    config = cpu_vllm_config(python, tmp_path_factory.mktemp("vllm") / "vllm.log")
     with EngineProcess(config) as engine:
         engine.start(tiny_model_path)
         yield engine

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atroposlib.inference.launcher import EngineConfig, EngineProcess
+from atroposlib.inference.launcher import EngineProcess
 from atroposlib.inference.vllm_weights import (
     load_vllm_lora,
     lora_base_name,
@@ -27,7 +27,7 @@ from atroposlib.inference.vllm_weights import (
 )
 from atroposlib.inference.weight_sync_errors import WeightSyncError
 from tests.support.ports import free_port
-from tests.support.vllm import NOT_INSTALLED, vllm_python
+from tests.support.vllm import NOT_INSTALLED, cpu_vllm_config, vllm_python
 from tests.support.waiting import wait_until
 from tests.tolerances import OTHER_ENGINE_LOGPROB_REL, logprob_tolerance
 
@@ -47,19 +47,8 @@ def start_vllm(model_path, log_dir: Path, served_name: str, mode: str) -> Engine
     python = vllm_python()
     if python is None:
         pytest.skip(NOT_INSTALLED)
-    args, env = vllm_launch_extras(mode, lora_rank=LORA_RANK)
-    config = EngineConfig(
-        engine="vllm",
-        python=python,
-        served_model_name=served_name,
-        port=free_port(),
-        max_model_len=512,
-        dtype="float32",
-        extra_args=["--enforce-eager", *args],
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env},
-        health_timeout_s=400,
-        log_path=str(log_dir / "vllm.log"),
-    )
+    extra = vllm_launch_extras(mode, lora_rank=LORA_RANK)
+    config = cpu_vllm_config(python, log_dir / "vllm.log", served_name, extra)
     engine = EngineProcess(config)
     engine.start(model_path)
     return engine

