@@ -223,12 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         vllm = vllm_sync_times(args.vllm_python, workdir)
     print()
     print(
-        f"{'mode':<8} {'training s':>10} {'syncs':>6} {'s/sync':>8} {'sync total':>10} "
+        f"{'mode':<12} {'training s':>10} {'syncs':>6} {'s/sync':>8} {'sync total':>10} "
         f"{'wait s':>7} {'train s':>8} {'first10':>8} {'last10':>7} {'stale':>6}"
     )
     for r in results.values():
         print(
-            f"{r['mode']:<8} {r['training_s']:>10.1f} {r['syncs']:>6} {r['sync_s']:>8.3f} "
+            f"{r['mode']:<12} {r['training_s']:>10.1f} {r['syncs']:>6} {r['sync_s']:>8.3f} "
             f"{r['sync_total_s']:>10.1f} {r['wait_s']:>7.1f} {r['train_s']:>8.1f} "
             f"{r['first10']:>8.3f} {r['last10']:>7.3f} {r['staleness_mean']:>6.2f}"
         )
