@@ -38,7 +38,7 @@ from example_trainer.distributed import init_data_parallel
 from example_trainer.engine import Engine
 from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
 from example_trainer.model import MasterWeights, build_optimizer, load_policy
-from example_trainer.weight_bridge import build_bridge
+from example_trainer.weight_bridge import WeightBridge, build_bridge
 
 logger = logging.getLogger("example_trainer")
 
@@ -107,7 +107,7 @@ class Trainer:
         )
         self.records = RunRecords(config.save_path)
         self.engine: Engine | None = None
-        self.bridge = None  # a hot weight bridge (weight_bridge.py); None in restart modes
+        self.bridge: WeightBridge | None = None  # hot modes only (weight_bridge.py)
         self._wandb_run = None
         self._warned_missing_logprobs = False
 
@@ -123,19 +123,18 @@ class Trainer:
                 )
             return
         kind = resolve_engine_kind(self.config)
-        self.bridge = build_bridge(self.config, kind, self.model)
-        served = self.config.served_model_name or self.config.model_name
-        if self.bridge is None:
+        self.bridge = bridge = build_bridge(self.config, kind, self.model)
+        if bridge is None:
             self.engine = Engine(self.config, self.records, kind=kind)
-        else:
-            extras, served = self.bridge.launch_extras(), self.bridge.served_name(served)
-            self.engine = Engine(self.config, self.records, extras, kind, served)
-        model = self.latest_checkpoint
-        if self.bridge is not None:
-            model = self.bridge.engine_model(model, self.config.model_name)
-        self.engine.start(model, self.step)
-        if self.bridge is not None and self.bridge.push_at_start:
-            self.bridge.sync(self.model, self.tokenizer, self.step)
+            self.engine.start(self.latest_checkpoint, self.step)
+            return
+        served = bridge.served_name(self.config.served_model_name or self.config.model_name)
+        self.engine = Engine(self.config, self.records, bridge.launch_extras(), kind, served)
+        self.engine.start(
+            bridge.engine_model(self.latest_checkpoint, self.config.model_name), self.step
+        )
+        if bridge.push_at_start:
+            bridge.sync(self.model, self.tokenizer, self.step)
 
     def newest_servable(self) -> tuple[str, int]:
         """(weights, step): the newest weights an engine can start on."""

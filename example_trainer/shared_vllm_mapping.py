@@ -10,13 +10,12 @@ torch.compile's `_orig_mod.`, peft's `base_model.model.` and `base_layer`.
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from atroposlib.inference.vllm_weights import safetensors_shapes
 from atroposlib.inference.weight_sync_errors import WeightSyncError
 
 
@@ -107,12 +106,7 @@ def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
         )
     shapes: dict[str, tuple[int, ...]] = {}
     for file in files:
-        with file.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                shapes[name] = tuple(entry["shape"])
+        shapes.update(safetensors_shapes(file))
     return shapes
 
 

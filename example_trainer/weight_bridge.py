@@ -124,16 +124,58 @@ def push_to_cpu_engine(url: str, path: Path, version: str, key: str, timeout_s: 
     return time.perf_counter() - started
 
 
-class HotBridge:
+class WeightBridge:
+    """The seam: how a hot mode's weights reach a running engine. The defaults suit a
+    bridge that pushes full weights and has nothing to set up or clean up."""
+
+    push_at_start = False
+    """Push right after the engine starts (an adapter to load, a handshake to make)."""
+    restart_from: tuple[str, int] | None = None
+    """(path, step) of full weights a restarted engine can start on, if any."""
+    pruned: list[Path] = []
+    """Exports the last sync deleted (the engine must not fall back to them)."""
+
+    def __init__(self, config: TrainingConfig) -> None:
+        self.config = config
+
+    def launch_extras(self) -> tuple[list[str], dict[str, str]]:
+        """Flags and environment the engine must start with."""
+        return [], {}
+
+    def served_name(self, name: str) -> str:
+        """The name the engine serves its base model as."""
+        return name
+
+    def engine_model(self, newest: str, base: str) -> str:
+        """What the engine (re)starts on, given the newest weights and the base model."""
+        return newest
+
+    def engine_restarted(self) -> None:
+        """A new engine process took the old one's place."""
+
+    def due(self, step: int) -> bool:
+        return step % self.config.weight_sync_interval == 0
+
+    def sync(self, model: torch.nn.Module, tokenizer, step: int) -> float:
+        """Push this step's weights; seconds spent. Raises `WeightSyncError`."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The run is over."""
+
+
+class HotBridge(WeightBridge):
     """hot_reload and lora_only: export, push, keep the newest exports."""
 
     def __init__(self, config: TrainingConfig, engine_kind: str) -> None:
-        self.config = config
+        super().__init__(config)
         self.live = Path(config.save_path) / LIVE_DIR
         self.pusher = EnginePush(config, engine_kind, secrets.token_urlsafe(24))
         self.exports: list[Path] = []
         self.latest: tuple[str, int] | None = None
-        self.pruned: list[Path] = []  # exports the last sync deleted
+        self.pruned = []
+        # an adapter must be loaded before environments ask for the policy's name
+        self.push_at_start = self.pusher.adapter_only
 
     def launch_extras(self) -> tuple[list[str], dict[str, str]]:
         return self.pusher.launch_extras()
@@ -141,20 +183,9 @@ class HotBridge:
     def served_name(self, name: str) -> str:
         return self.pusher.served_name(name)
 
-    @property
-    def push_at_start(self) -> bool:
-        """An adapter must be loaded before environments ask for the policy's name."""
-        return self.pusher.adapter_only
-
     def engine_model(self, newest: str, base: str) -> str:
-        """What the engine starts on: the base under an adapter, else the newest weights."""
+        """The base under an adapter, else the newest weights."""
         return base if self.pusher.adapter_only else newest
-
-    def engine_restarted(self) -> None:
-        pass
-
-    def due(self, step: int) -> bool:
-        return step % self.config.weight_sync_interval == 0
 
     def sync(self, model: torch.nn.Module, tokenizer, step: int) -> float:
         """Export and push this step's weights; seconds spent (export included)."""
@@ -176,46 +207,31 @@ class HotBridge:
 
     @property
     def restart_from(self) -> tuple[str, int] | None:
-        """(path, step) a restarted engine can load: the newest export, if full weights."""
         return None if self.pusher.adapter_only else self.latest
 
-    def close(self) -> None:
-        pass
 
+class SharedBridge(WeightBridge):
+    """shared_vllm: `example_trainer.shared_vllm.SharedVLLMBridge` behind the seam. A
+    restarted vLLM starts on a checkpoint and then gets the weights pushed."""
 
-class SharedBridge:
-    """shared_vllm: `example_trainer.shared_vllm.SharedVLLMBridge` behind the same seam."""
-
-    restart_from = None  # vLLM restarts on a checkpoint, then gets the weights pushed
-    pruned: list[Path] = []
+    push_at_start = True  # connect (the handshake) before environments sample
 
     def __init__(self, config: TrainingConfig, model: torch.nn.Module) -> None:
         from example_trainer.shared_vllm import SharedVLLMBridge, shared_vllm_launch_extras
 
-        self.config = config
+        super().__init__(config)
         self._extras = shared_vllm_launch_extras()
         self.bridge = SharedVLLMBridge(
             f"http://127.0.0.1:{config.vllm_port}", model, timeout_s=config.weight_sync_timeout_s
         )
         self.connected = False
 
-    push_at_start = True  # connect (the handshake) before environments sample
-
     def launch_extras(self) -> tuple[list[str], dict[str, str]]:
         return self._extras
-
-    def served_name(self, name: str) -> str:
-        return name
-
-    def engine_model(self, newest: str, base: str) -> str:
-        return newest
 
     def engine_restarted(self) -> None:
         """A new engine process: the handshake starts over."""
         self.connected = False
-
-    def due(self, step: int) -> bool:
-        return step % self.config.weight_sync_interval == 0
 
     def sync(self, model: torch.nn.Module, tokenizer, step: int) -> float:
         if not self.connected:
@@ -228,7 +244,9 @@ class SharedBridge:
             self.bridge.close()
 
 
-def build_bridge(config: TrainingConfig, engine_kind: str | None, model: torch.nn.Module):
+def build_bridge(
+    config: TrainingConfig, engine_kind: str | None, model: torch.nn.Module
+) -> WeightBridge | None:
     """The hot bridge for this run, or None for the restart modes (and no engine)."""
     mode = config.weight_bridge_mode
     if config.restarts_engine or engine_kind is None:

@@ -117,7 +117,7 @@ def load_vllm_lora(
     return time.perf_counter() - started
 
 
-def checkpoint_shapes(path: Path) -> dict[str, list[int]]:
+def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of a `save_pretrained` directory, read from safetensors headers."""
     if not path.is_dir():
         raise WeightSyncError(f"{path}: no such checkpoint directory")
@@ -126,25 +126,31 @@ def checkpoint_shapes(path: Path) -> dict[str, list[int]]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise WeightSyncError(f"{path}: holds no *.safetensors weights")
-    shapes: dict[str, list[int]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for file in files:
-        shapes.update(_safetensors_header(file))
+        shapes.update(safetensors_shapes(file))
     return shapes
 
 
-def _safetensors_header(file: Path) -> dict[str, list[int]]:
-    """Names and shapes from a safetensors file's JSON header (8-byte length, then JSON)."""
+def safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes from a safetensors file's JSON header (8-byte length, then JSON):
+    no tensor is read."""
     try:
         with open(file, "rb") as handle:
             (length,) = struct.unpack("<Q", handle.read(8))
             header = json.loads(handle.read(length))
-        return {name: info["shape"] for name, info in header.items() if name != "__metadata__"}
+        return {
+            name: tuple(info["shape"]) for name, info in header.items() if name != "__metadata__"
+        }
     except (OSError, struct.error, ValueError, KeyError, TypeError) as exc:
         raise WeightSyncError(f"{file}: unreadable safetensors file ({exc})") from None
 
 
 def _check_same_tensors(
-    new: dict[str, list[int]], served: dict[str, list[int]], path: Path, served_path: Path
+    new: dict[str, tuple[int, ...]],
+    served: dict[str, tuple[int, ...]],
+    path: Path,
+    served_path: Path,
 ) -> None:
     differences = [
         f"{name}: {served.get(name, 'absent')} served, {new.get(name, 'absent')} new"
