@@ -14,7 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.inprocess_api import inprocess_api
 from tests.support.processes import ApiProcess, InferenceProcess
+
+pytest_plugins = ["tests.support.tiers"]  # each test's tier, and the unit tier's guard
 
 
 @pytest.fixture
@@ -37,7 +40,17 @@ def api(api_factory) -> ApiProcess:
 
 
 @pytest.fixture
-def client(api: ApiProcess) -> Iterator[httpx.Client]:
+def client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[httpx.Client]:
+    """The API in-process on a fresh store (unit tier); `wire_client` for a real run-api."""
+    if {"api", "api_factory"} & set(request.fixturenames):
+        pytest.fail("`client` is an in-process API, not the `api` process: use `wire_client`")
+    with inprocess_api(tmp_path / "state") as c:
+        yield c
+
+
+@pytest.fixture
+def wire_client(api: ApiProcess) -> Iterator[httpx.Client]:
+    """A client of the `api` fixture's real `run-api` process, over loopback."""
     with httpx.Client(base_url=api.url, timeout=30) as c:
         yield c
 
@@ -47,13 +60,15 @@ os.environ.pop("ATROPOS_API_KEY", None)  # a developer's key must not leak into 
 
 # The tiny model is built from an empty cache in every test session, so a machine on which
 # the build fails turns the suite red instead of reusing a model built elsewhere. Set
-# ATROPOS_TEST_CACHE_DIR to keep one between local runs. Subprocesses inherit the variable.
-SESSION_CACHE = (
-    None
-    if os.environ.get("ATROPOS_TEST_CACHE_DIR")
-    else tempfile.mkdtemp(prefix="atropos-test-cache-")
-)
-os.environ["ATROPOS_CACHE_DIR"] = os.environ.get("ATROPOS_TEST_CACHE_DIR") or SESSION_CACHE
+# ATROPOS_TEST_CACHE_DIR to keep one between local runs. Subprocesses inherit the variable,
+# and so do pytest-xdist's workers: the controller (or a plain pytest) makes the directory
+# and removes it at the end, and the workers share it, so one of them builds the model
+# under the kit's file lock while the other waits for it.
+SESSION_CACHE = None
+if not os.environ.get("ATROPOS_TEST_CACHE_DIR") and "PYTEST_XDIST_WORKER" not in os.environ:
+    SESSION_CACHE = tempfile.mkdtemp(prefix="atropos-test-cache-")
+    os.environ["ATROPOS_TEST_CACHE_DIR"] = SESSION_CACHE
+os.environ["ATROPOS_CACHE_DIR"] = os.environ["ATROPOS_TEST_CACHE_DIR"]
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

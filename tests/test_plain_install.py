@@ -66,7 +66,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_plain_install_imports_subclasses_and_runs_base_env(
     tmp_path, tiny_model_path, inference_server
 ):
@@ -74,7 +74,8 @@ def test_a_plain_install_imports_subclasses_and_runs_base_env(
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        # --no-compile: byte-compiling every dependency costs CPU and proves nothing here
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile"]
         + ["-c", str(REPO / "scripts" / "constraints.txt"), str(REPO)],
         capture_output=True,
         text=True,

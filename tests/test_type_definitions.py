@@ -7,6 +7,7 @@ import subprocess
 import sys
 import typing
 
+import pytest
 from openai.types.chat import ChatCompletionContentPartParam
 
 import atroposlib.type_definitions as types
@@ -139,6 +140,7 @@ def test_shapes_build_plain_json_values():
     assert json.loads(json.dumps(document)) == document
 
 
+@pytest.mark.integration
 def test_upstream_import_lines_work_in_a_fresh_interpreter():
     code = (
         "from atroposlib.type_definitions import GameHistory, Item\n"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from atroposlib.api.settings import APISettings, is_loopback
 from tests.support.groups import REGISTRATION, make_group
@@ -50,6 +51,7 @@ def test_reset_without_key_cannot_wipe_the_run(api_factory):
     assert httpx.get(f"{api.url}/info", headers=auth).json()["batch_size"] == 8
 
 
+@pytest.mark.integration
 def test_key_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("ATROPOS_API_KEY", KEY)
     api = ApiProcess(tmp_path / "state").start()
@@ -63,6 +65,7 @@ def test_key_from_environment(tmp_path, monkeypatch):
         api.stop()
 
 
+@pytest.mark.integration
 def test_public_bind_without_key_refuses_to_start(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "ATROPOS_API_KEY"}
     result = subprocess.run(

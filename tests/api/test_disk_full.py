@@ -24,6 +24,8 @@ from tests.support.groups import make_group, register, tags_of
 from tests.support.ports import free_port
 from tests.support.processes import ApiProcess
 
+pytestmark = pytest.mark.integration
+
 DISK_FULL = "the API's disk is full"
 
 

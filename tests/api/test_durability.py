@@ -61,7 +61,7 @@ def test_ephemeral_mode_keeps_nothing(api_factory):
     assert not (api.state_dir / "trajectories.sqlite3").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_kill_9_under_load_loses_and_duplicates_nothing(api_factory):
     api = api_factory()
     with httpx.Client(base_url=api.url) as client:

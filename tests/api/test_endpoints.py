@@ -1,4 +1,9 @@
-"""Every endpoint and answer shape of PROTOCOL.md, against a real run-api process."""
+"""Every endpoint and answer shape of PROTOCOL.md, served in-process by `create_app`.
+
+The same app as `run-api`, over its real SQLite store; what only a process shows (kill -9,
+uvicorn, auth over the wire) is tested in test_durability.py, test_auth.py and
+test_uvicorn_target.py.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import json
 import subprocess
 import sys
 
-import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from atroposlib.api.settings import APISettings
@@ -19,6 +24,7 @@ from tests.support.groups import (
     start_trainer,
     tags_of,
 )
+from tests.support.inprocess_api import inprocess_api
 
 
 def test_root_and_health(client):
@@ -294,7 +300,7 @@ def test_gzip_bodies(client):
     assert truncated.status_code == 400
 
 
-def test_unformable_batch_is_reported_not_silent(client, api):
+def test_unformable_batch_is_reported_not_silent(client, caplog):
     start_trainer(client, batch_size=12)
     for tag in range(2):
         client.post("/scored_data", json=make_group(8, tag=tag))
@@ -302,7 +308,7 @@ def test_unformable_batch_is_reported_not_silent(client, api):
     status = client.get("/status").json()
     assert status["batch_blocked"] is True and "batch_size 12" in status["blocked_reason"]
     assert "atropos_batch_blocked 1.0" in client.get("/metrics").text
-    assert "no batch can be formed" in api.log()
+    assert "no batch can be formed" in caplog.text
     client.post("/scored_data", json=make_group(4, tag=5))  # 8 + 4 = 12 now exists
     assert tags_of(client.get("/batch").json()["batch"]) == [0, 5]
     assert client.get("/status").json()["batch_blocked"] is False
@@ -328,9 +334,9 @@ def test_metrics_exposition(client):
     assert 'atropos_request_duration_seconds_count{path="/scored_data"} 3.0' in text
 
 
-def test_gzip_responses_on_request(api_factory):
-    api = api_factory("--gzip-responses")
-    with httpx.Client(base_url=api.url, headers={"Accept-Encoding": "gzip"}) as client:
+def test_gzip_responses_on_request(tmp_path):
+    with inprocess_api(tmp_path / "state", gzip_responses=True) as client:
+        client.headers["Accept-Encoding"] = "gzip"
         start_trainer(client, batch_size=4, max_token_len=1024)
         assert client.post("/scored_data", json=make_group(4, tag=3, length=600)).status_code == 200
         response = client.get("/batch")
@@ -351,6 +357,7 @@ def test_module_level_app_reads_settings_from_environment(monkeypatch, tmp_path)
         assert client.get("/health").json()["store"] == "memory"
 
 
+@pytest.mark.integration  # a fresh interpreter, so nothing is imported yet
 def test_importing_server_opens_no_store(tmp_path):
     """Importing `create_app` (or touching `app`) must not create ./.atropos."""
     code = "import atroposlib.api.server as s; s.create_app(); s.app; import atroposlib.api"

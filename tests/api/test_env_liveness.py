@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from tests.support.groups import make_group, register, register_env, tags_of
+from tests.support.inprocess_api import inprocess_api
 from tests.support.waiting import wait_until
 
 
@@ -12,9 +13,8 @@ def weight(client: httpx.Client, env_id: int) -> float:
     return client.get("/status-env", params={"env_id": env_id}).json()["env_weight"]
 
 
-def test_a_silent_env_stops_diluting_and_stops_holding_batches(api_factory):
-    api = api_factory("--env-timeout-s", "1.5")
-    with httpx.Client(base_url=api.url, timeout=30) as client:
+def test_a_silent_env_stops_diluting_and_stops_holding_batches(tmp_path):
+    with inprocess_api(tmp_path / "state", env_timeout_s=1.5) as client:
         register(client)
         client.get("/batch")  # the trainer has started: envs may register
         live = register_env(client, desired_name="live")["env_id"]

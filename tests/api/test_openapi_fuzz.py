@@ -28,6 +28,8 @@ from atroposlib.api.models import PER_TOKEN_FIELDS
 from atroposlib.protocol import PER_SEQUENCE_FIELDS
 from tests.support.processes import ApiProcess
 
+pytestmark = pytest.mark.integration
+
 API_KEY = "fuzz-key"
 MAX_EXAMPLES = 25
 ALL_CHECKS = {

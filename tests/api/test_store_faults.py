@@ -1,8 +1,8 @@
 """A store that cannot write (disk full, read-only, I/O error) is a 503, never corruption.
 
 Faults are injected in-process: `FullDisk` makes every `SQLiteStore` write raise
-SQLite's own disk-full error while it is set, and the answers of a real uvicorn
-server are checked exactly. `test_disk_full.py` does the same on a real full disk.
+SQLite's own disk-full error while it is set, and the answers of the app (served
+in-process) are checked exactly. `test_disk_full.py` does the same on a real full disk.
 """
 
 from __future__ import annotations
@@ -10,18 +10,14 @@ from __future__ import annotations
 import errno
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from atroposlib.api.segments import SegmentLog
-from atroposlib.api.server import create_app
-from atroposlib.api.settings import APISettings
 from atroposlib.api.state import RunState, StoreWriteError
 from atroposlib.api.store import GroupRow, SQLiteStore, WriteSet, fault_kind, write_failure
 from atroposlib.protocol import RegisterEnv, Registration, ScoredData
@@ -33,8 +29,7 @@ from tests.support.groups import (
     start_trainer,
     tags_of,
 )
-from tests.support.ports import free_port
-from tests.support.waiting import wait_until
+from tests.support.inprocess_api import inprocess_api
 
 REASON = "the API's disk is full: database or disk is full"
 DETAIL = {"detail": f"{REASON}; retry later"}
@@ -62,29 +57,6 @@ class FullDisk:
         return method
 
 
-class InProcessApi:
-    """`create_app` served by uvicorn in a thread, so the store can be patched from here."""
-
-    def __init__(self, state_dir: Path) -> None:
-        settings = APISettings(state_dir=str(state_dir), retry_after_s=RETRY_AFTER)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> InProcessApi:
-        self.thread.start()
-        wait_until(lambda: self.server.started, 20, "the in-process API did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-
-
 @pytest.fixture
 def disk(monkeypatch: pytest.MonkeyPatch) -> FullDisk:
     return FullDisk(monkeypatch)
@@ -92,7 +64,7 @@ def disk(monkeypatch: pytest.MonkeyPatch) -> FullDisk:
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[httpx.Client]:
-    with InProcessApi(tmp_path / "state") as api, httpx.Client(base_url=api.url) as c:
+    with inprocess_api(tmp_path / "state", retry_after_s=RETRY_AFTER) as c:
         yield c
 
 

@@ -17,6 +17,8 @@ from tests.support.ports import free_port
 from tests.support.processes import answers_health
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def uvicorn_api(tmp_path: Path) -> Iterator[str]:

@@ -12,21 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.groups import make_group, register_env, start_trainer
-from tests.support.processes import ApiProcess
-
-
-@pytest.fixture(scope="module")
-def shared_api(tmp_path_factory) -> Iterator[ApiProcess]:
-    api = ApiProcess(tmp_path_factory.mktemp("validation") / "state", "--max-body-mb", "0.25")
-    api.start()
-    yield api
-    api.stop()
+from tests.support.inprocess_api import inprocess_api
 
 
 @pytest.fixture
-def client(shared_api) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=shared_api.url, timeout=30) as c:
-        c.get("/reset_data")
+def client(tmp_path) -> Iterator[httpx.Client]:
+    with inprocess_api(tmp_path / "state", max_body_mb=0.25) as c:
         start_trainer(c, batch_size=4, max_token_len=16)
         register_env(c, group_size=2)
         yield c

@@ -148,6 +148,7 @@ async def test_env_and_trainer_run_against_upstreams_api(
         assert {"step": "1", "committed": "0"} in leased and api.leases
 
 
+@pytest.mark.integration
 def test_status_env_without_a_json_body_is_refused_by_the_stand_in(tmp_path):
     """The stand-in is as strict as upstream: a query-only env_id could not pass."""
     with UpstreamAPI() as upstream, httpx.Client(base_url=upstream.url) as client:
@@ -161,6 +162,7 @@ def test_status_env_without_a_json_body_is_refused_by_the_stand_in(tmp_path):
         assert answer.status_code == 200 and answer.json()["env_weight"] == 1.0
 
 
+@pytest.mark.integration
 def test_trainer_registers_again_when_the_api_lost_its_registration(tmp_path, caplog):
     """Upstream's server forgets the trainer on a restart (or /reset_data) and answers
     /batch with an error; the trainer registers again instead of stopping."""

@@ -66,7 +66,7 @@ def dpo_tool(tmp_path, out, api_url, *extra) -> DataTool:
     return DataTool("dpo", tmp_path, *args)
 
 
-def test_text_pairs_feed_trls_dpo_trainer(api, client, tmp_path, tiny_model_path):
+def test_text_pairs_feed_trls_dpo_trainer(api, wire_client, tmp_path, tiny_model_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -83,9 +83,9 @@ def test_text_pairs_feed_trls_dpo_trainer(api, client, tmp_path, tiny_model_path
         "2",
     )
     try:
-        post_groups(client, [text_group(tok, PROMPT, [" 7", " 6", " 1"], [3.0, 1.0, 0.0])])
-        post_groups(client, [text_group(tok, "Hi:", [" a", " b", " c"], [1.0, 1.0, 1.0])])
-        post_groups(client, [text_group(tok, "Yo:", [" x", " y", " z"], [0.0, 3.0, 0.6])])
+        post_groups(wire_client, [text_group(tok, PROMPT, [" 7", " 6", " 1"], [3.0, 1.0, 0.0])])
+        post_groups(wire_client, [text_group(tok, "Hi:", [" a", " b", " c"], [1.0, 1.0, 1.0])])
+        post_groups(wire_client, [text_group(tok, "Yo:", [" x", " y", " z"], [0.0, 3.0, 0.6])])
         assert tool.wait() == 0, tool.log()
     finally:
         tool.stop()
@@ -101,7 +101,7 @@ def test_text_pairs_feed_trls_dpo_trainer(api, client, tmp_path, tiny_model_path
     assert tok.decode(prepared[0]["rejected_ids"]).startswith(" 1")
 
 
-def test_message_pairs_feed_trls_dpo_trainer(api, client, tmp_path, tiny_model_path):
+def test_message_pairs_feed_trls_dpo_trainer(api, wire_client, tmp_path, tiny_model_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -111,7 +111,7 @@ def test_message_pairs_feed_trls_dpo_trainer(api, client, tmp_path, tiny_model_p
     out, upstream_out = tmp_path / "chat.jsonl", tmp_path / "upstream.jsonl"
     tool = dpo_tool(tmp_path, out, api.url, "--save-messages", "--num-seqs-to-save", "1")
     try:
-        post_groups(client, [group])
+        post_groups(wire_client, [group])
         assert tool.wait() == 0, tool.log()
     finally:
         tool.stop()
@@ -138,7 +138,7 @@ def test_message_pairs_feed_trls_dpo_trainer(api, client, tmp_path, tiny_model_p
         "1",
     )
     try:
-        post_groups(client, [group])
+        post_groups(wire_client, [group])
         assert tool.wait() == 0, tool.log()
     finally:
         tool.stop()

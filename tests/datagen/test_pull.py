@@ -12,32 +12,33 @@ from tests.support.groups import make_group, register
 from tests.support.ports import free_port
 
 
-def test_registers_then_serves_batches_of_its_size(api, client):
+def test_registers_then_serves_batches_of_its_size(api, wire_client):
     with BatchPuller(api.url, batch_size=4, max_token_len=64, tool="test-tool") as puller:
         puller.register()
-        assert client.get("/info").json() == {"batch_size": 4, "max_token_len": 64}
-        assert client.get("/wandb_info").json()["group"] == "test-tool"
+        assert wire_client.get("/info").json() == {"batch_size": 4, "max_token_len": 64}
+        assert wire_client.get("/wandb_info").json()["group"] == "test-tool"
         assert puller.next_batch() is None
-        post_groups(client, [make_group(2, tag=5), make_group(2, tag=6)])
+        post_groups(wire_client, [make_group(2, tag=5), make_group(2, tag=6)])
         batch = puller.next_batch()
     assert batch is not None
     assert sorted(group.tokens[0][0] for group in batch) == [5, 6]
     assert all(group.scores == [0.0, 1.0] for group in batch)
 
 
-def test_a_second_puller_resumes_the_run_and_keeps_its_queue(api, client):
+def test_a_second_puller_resumes_the_run_and_keeps_its_queue(api, wire_client):
     with BatchPuller(api.url, 2, 64, tool="t") as first:
         first.register()
         assert first.next_batch() is None  # the run has started
-        post_groups(client, [make_group(2, tag=t) for t in (1, 2, 3)])
+        post_groups(wire_client, [make_group(2, tag=t) for t in (1, 2, 3)])
         assert first.next_batch() is not None
-    assert client.get("/status").json()["current_step"] == 1
+    assert wire_client.get("/status").json()["current_step"] == 1
     with BatchPuller(api.url, 2, 64, tool="t") as second:
         second.register()  # a fresh trainer at step 0 would be refused here
         served = [second.next_batch(), second.next_batch()]
     assert sorted(g.tokens[0][0] for batch in served for g in batch) == [2, 3]
 
 
+@pytest.mark.integration
 def test_unreachable_api_says_to_start_run_api():
     url = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
@@ -59,9 +60,9 @@ def test_a_key_protected_api_names_the_variable(api_factory, monkeypatch):
         assert puller.next_batch() is None
 
 
-def test_another_trainers_run_is_refused_with_the_apis_reason(api, client):
-    register(client)  # a real trainer's run, wandb group "g"
-    client.get("/batch")
+def test_another_trainers_run_is_refused_with_the_apis_reason(api, wire_client):
+    register(wire_client)  # a real trainer's run, wandb group "g"
+    wire_client.get("/batch")
     with BatchPuller(api.url, 2, 64, tool="atropos-sft-gen") as puller:
         with pytest.raises(PullError) as caught:
             puller.register()
@@ -70,6 +71,7 @@ def test_another_trainers_run_is_refused_with_the_apis_reason(api, client):
     assert "belongs to another run" in message and "g/p" in message
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "answer",
     [{"batch": [{"tokens": "not a list", "masks": [], "scores": []}]}, ["no", "batch"]],
@@ -81,6 +83,7 @@ def test_a_malformed_batch_is_a_pull_error(answer):
     assert "malformed batch" in str(caught.value)
 
 
+@pytest.mark.integration
 def test_an_answer_that_is_not_json_says_so():
     with CannedApi({"/status": b"<html>a web page</html>"}) as server:
         with BatchPuller(server.url, 2, 64) as puller, pytest.raises(PullError) as caught:

@@ -92,7 +92,7 @@ def sft_tool(tmp_path, out, api_url, *extra, env=None) -> DataTool:
 
 
 def test_text_records_follow_the_rules_and_feed_trls_sft_trainer(
-    api, client, tmp_path, tiny_model_path
+    api, wire_client, tmp_path, tiny_model_path
 ):
     from transformers import AutoTokenizer
 
@@ -102,9 +102,9 @@ def test_text_records_follow_the_rules_and_feed_trls_sft_trainer(
         tmp_path, out, api.url, "--tokenizer", tiny_model_path, "--num-seqs-to-save", "4"
     )
     try:
-        post_groups(client, [text_group(tok, PROMPT, ANSWERS, SCORES)])
+        post_groups(wire_client, [text_group(tok, PROMPT, ANSWERS, SCORES)])
         post_groups(
-            client,
+            wire_client,
             [
                 text_group(
                     tok, "Say hi:", [" hi", " no", " yo", " x", " y"], [0.0, 0.0, 5.0, 0.0, 0.0]
@@ -132,7 +132,7 @@ def test_text_records_follow_the_rules_and_feed_trls_sft_trainer(
     assert tok.decode(first["input_ids"]).startswith(PROMPT)
 
 
-def test_messages_and_atropos_keys(api, client, tmp_path, tiny_model_path):
+def test_messages_and_atropos_keys(api, wire_client, tmp_path, tiny_model_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -151,7 +151,7 @@ def test_messages_and_atropos_keys(api, client, tmp_path, tiny_model_path):
         "/nonexistent/not-loaded-with-messages",
     )
     try:
-        post_groups(client, [group])
+        post_groups(wire_client, [group])
         assert tool.wait() == 0, tool.log()
     finally:
         tool.stop()
@@ -174,14 +174,14 @@ def test_messages_and_atropos_keys(api, client, tmp_path, tiny_model_path):
         "3.5",
     )
     try:
-        post_groups(client, [group])
+        post_groups(wire_client, [group])
         assert tool.wait() == 0, tool.log()
     finally:
         tool.stop()
     assert read_jsonl(upstream_out) == [{"prefix": PROMPT, "completion": " 3", "score": 3.0}]
 
 
-def test_bad_output_paths_are_refused_before_registering(api, client, tmp_path):
+def test_bad_output_paths_are_refused_before_registering(api, wire_client, tmp_path):
     missing = tmp_path / "no-such-dir" / "out.jsonl"
     tool = sft_tool(tmp_path, missing, api.url)
     assert tool.wait() == 1
@@ -193,10 +193,10 @@ def test_bad_output_paths_are_refused_before_registering(api, client, tmp_path):
     assert tool.wait() == 1
     assert "already exists: pass --append-to-previous" in tool.log()
     assert existing.read_text() == '{"prompt": "kept", "completion": "!"}\n'
-    assert client.get("/info").json()["batch_size"] == -1  # nobody registered
+    assert wire_client.get("/info").json()["batch_size"] == -1  # nobody registered
 
 
-def test_append_to_previous_keeps_the_old_lines(api, client, tmp_path, tiny_model_path):
+def test_append_to_previous_keeps_the_old_lines(api, wire_client, tmp_path, tiny_model_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -213,7 +213,7 @@ def test_append_to_previous_keeps_the_old_lines(api, client, tmp_path, tiny_mode
         "1",
     )
     try:
-        post_groups(client, [text_group(tok, PROMPT, ANSWERS, SCORES)])
+        post_groups(wire_client, [text_group(tok, PROMPT, ANSWERS, SCORES)])
         assert tool.wait() == 0, tool.log()
     finally:
         tool.stop()
@@ -223,13 +223,13 @@ def test_append_to_previous_keeps_the_old_lines(api, client, tmp_path, tiny_mode
     ]
 
 
-def test_a_tokenizer_that_cannot_be_loaded_names_the_flag(api, client, tmp_path):
+def test_a_tokenizer_that_cannot_be_loaded_names_the_flag(api, wire_client, tmp_path):
     out = tmp_path / "out.jsonl"
     tool = sft_tool(tmp_path, out, api.url, "--tokenizer", str(tmp_path / "missing-tokenizer"))
     assert tool.wait() == 1
     assert "cannot load the tokenizer" in tool.log() and "--tokenizer" in tool.log()
     assert not out.exists()
-    assert client.get("/info").json()["batch_size"] == -1
+    assert wire_client.get("/info").json()["batch_size"] == -1
 
 
 def test_unreachable_api_and_a_key_protected_one(api_factory, tmp_path, tiny_model_path):
@@ -244,7 +244,7 @@ def test_unreachable_api_and_a_key_protected_one(api_factory, tmp_path, tiny_mod
     assert "Traceback" not in tool.log()
 
 
-def test_ctrl_c_leaves_whole_lines_and_a_summary(api, client, tmp_path, tiny_model_path):
+def test_ctrl_c_leaves_whole_lines_and_a_summary(api, wire_client, tmp_path, tiny_model_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -262,7 +262,7 @@ def test_ctrl_c_leaves_whole_lines_and_a_summary(api, client, tmp_path, tiny_mod
         "1000",
     )
     try:
-        post_groups(client, [text_group(tok, PROMPT, ANSWERS, SCORES)] * 3)
+        post_groups(wire_client, [text_group(tok, PROMPT, ANSWERS, SCORES)] * 3)
         wait_until(lambda: out.exists() and out.read_text().count("\n") >= 15, 120, "no lines")
         tool.proc.send_signal(signal.SIGINT)
         assert tool.wait() == 0, tool.log()
@@ -274,7 +274,7 @@ def test_ctrl_c_leaves_whole_lines_and_a_summary(api, client, tmp_path, tiny_mod
 
 
 def test_a_real_environments_groups_become_an_sft_dataset(
-    api, client, inference_server, tmp_path, tiny_model_path
+    api, wire_client, inference_server, tmp_path, tiny_model_path
 ):
     """arith_env serving on the tiny model, sft-gen pulling: TRL prepares what it wrote."""
     out = tmp_path / "served.jsonl"
@@ -311,6 +311,7 @@ def test_a_real_environments_groups_become_an_sft_dataset(
     assert all(any(label != -100 for label in row["labels"]) for row in prepared)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("module", "flags"),
     [

@@ -70,6 +70,7 @@ def test_the_catalogue_lists_exactly_the_env_scripts():
         assert cells[COLUMNS.index("tools")] in {"yes", "no"}, name
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("script", env_scripts(), ids=lambda path: path.stem)
 def test_each_env_is_a_runnable_base_env_with_its_own_evaluate(script):
     cls = env_class(script)

@@ -104,6 +104,7 @@ ANSWERS = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(ANSWERS))
 def test_harness_counts_only_honest_passes(name):
     completion, passed = ANSWERS[name]
@@ -122,6 +123,7 @@ def test_tally_lines_need_this_runs_nonce():
     compile(source, "harness", "exec")
 
 
+@pytest.mark.integration
 def test_every_shipped_canonical_solution_passes_its_tests():
     problems = [p for split in ("train", "test") for p in read_jsonl(SAMPLE_DIR / f"{split}.jsonl")]
     assert len(problems) == 20

@@ -13,8 +13,8 @@ from atroposlib.protocol import GROUP_ID_FIELD
 from tests.support.groups import make_group, register_env, start_trainer
 
 
-def test_close_while_the_background_flusher_runs(api, client, tmp_path):
-    start_trainer(client, batch_size=4)
+def test_close_while_the_background_flusher_runs(api, wire_client, tmp_path):
+    start_trainer(wire_client, batch_size=4)
 
     async def produce() -> int:
         trajectories = TrajectoryClient(api.url, tmp_path / "spool")
@@ -25,13 +25,13 @@ def test_close_while_the_background_flusher_runs(api, client, tmp_path):
         return trajectories.pending()
 
     assert asyncio.run(produce()) == 0
-    status = client.get("/status").json()
+    status = wire_client.get("/status").json()
     assert status["queued_sequences"] == 40, "every group arrives exactly once"
 
 
-def test_a_refused_group_is_logged_and_dead_lettered(api, client, tmp_path, caplog):
+def test_a_refused_group_is_logged_and_dead_lettered(api, wire_client, tmp_path, caplog):
     """A 4xx is final, but the group is kept beside the spool with the API's answer."""
-    start_trainer(client, batch_size=4)
+    start_trainer(wire_client, batch_size=4)
     malformed = {**make_group(2, tag=7), "masks": [[1, 2]]}  # one mask row for two sequences
 
     async def produce() -> TrajectoryClient:
@@ -58,7 +58,9 @@ def test_a_refused_group_is_logged_and_dead_lettered(api, client, tmp_path, capl
     assert len(errors) == 1, errors
     assert "422" in errors[0] and lines[0]["answer"][:200] in errors[0]
     assert str(dead) in errors[0], "the log says where the group went"
-    assert client.get("/status").json()["queued_sequences"] == 2, "the next group still arrives"
+    assert wire_client.get("/status").json()["queued_sequences"] == 2, (
+        "the next group still arrives"
+    )
 
 
 def test_resuming_a_spool_warns_with_count_and_path(tmp_path, caplog):
@@ -77,11 +79,11 @@ def test_resuming_a_spool_warns_with_count_and_path(tmp_path, caplog):
     assert any("3" in m and str(spool) in m for m in warnings), warnings
 
 
-def test_status_env_polls_and_a_refusal_is_one_clear_error(api, client, tmp_path):
+def test_status_env_polls_and_a_refusal_is_one_clear_error(api, wire_client, tmp_path):
     """Our API reads env_id from the body or the query; an env it does not know is a 404
     that stops the env with the API's words, not an HTTPStatusError traceback."""
-    start_trainer(client, batch_size=4)
-    env_id = register_env(client, group_size=2)["env_id"]
+    start_trainer(wire_client, batch_size=4)
+    env_id = register_env(wire_client, group_size=2)["env_id"]
 
     async def poll() -> tuple[dict, str, str]:
         trajectories = TrajectoryClient(api.url, tmp_path / "spool")
@@ -102,10 +104,10 @@ def test_status_env_polls_and_a_refusal_is_one_clear_error(api, client, tmp_path
     assert "not JSON" in not_json and "Reset successful" in not_json
 
 
-def test_each_group_gets_an_id_and_each_acknowledged_post_a_ledger_line(api, client, tmp_path):
+def test_each_group_gets_an_id_and_each_acknowledged_post_a_ledger_line(api, wire_client, tmp_path):
     """Ids survive the trip to the trainer; a post answered again (its key replayed after
     a crash between the 200 and the spool cleanup) adds no group and no new id."""
-    start_trainer(client, batch_size=4)
+    start_trainer(wire_client, batch_size=4)
     spool = tmp_path / "state" / "spool"
 
     async def produce(groups: list[list[dict]]) -> TrajectoryClient:
@@ -137,6 +139,6 @@ def test_each_group_gets_an_id_and_each_acknowledged_post_a_ledger_line(api, cli
     asyncio.run(produce([]))
     replayed = [json.loads(line) for line in ledger.read_text().splitlines()][-1]
     assert replayed["key"] == spooled[1]["key"] and replayed["group_ids"] == ids[1:]
-    assert client.get("/status").json()["queued_sequences"] == 6, "the replay queued nothing"
-    served = client.get("/batch").json()["batch"]  # 2 of the 3 groups make a batch of 4
+    assert wire_client.get("/status").json()["queued_sequences"] == 6, "the replay queued nothing"
+    served = wire_client.get("/batch").json()["batch"]  # 2 of the 3 groups make a batch of 4
     assert [group[GROUP_ID_FIELD] for group in served] == ids[:2]

@@ -77,10 +77,10 @@ def test_same_scores_allowed_when_configured_and_messages_and_jsonl(env, tmp_pat
     )
 
 
-def test_group_without_messages_is_accepted_by_the_api(env, api, client, tmp_path):
+def test_group_without_messages_is_accepted_by_the_api(env, api, wire_client, tmp_path):
     """include_messages on an env that sets none: the filled-in messages pass the API's model."""
-    start_trainer(client, batch_size=2, max_token_len=64)
-    env.env_id = register_env(client, group_size=2)["env_id"]
+    start_trainer(wire_client, batch_size=2, max_token_len=64)
+    env.env_id = register_env(wire_client, group_size=2)["env_id"]
     env.config.include_messages = True
     env.max_token_len = 64
 
@@ -92,7 +92,7 @@ def test_group_without_messages_is_accepted_by_the_api(env, api, client, tmp_pat
 
     counters = asyncio.run(deliver())
     assert counters == {"groups_delivered": 1}, counters
-    batch = client.get("/batch").json()["batch"]
+    batch = wire_client.get("/batch").json()["batch"]
     text = env.tokenizer.decode([5] * 4)
     assert batch[0]["messages"] == [[{"role": "user", "content": text}]] * 2
 
@@ -181,16 +181,16 @@ def test_wandb_is_untouched_when_disabled(env, monkeypatch, caplog):
     assert getattr(env, "_wandb_run", None) is None
 
 
-def test_an_env_the_api_forgot_registers_again(env, api, client, tmp_path, caplog):
+def test_an_env_the_api_forgot_registers_again(env, api, wire_client, tmp_path, caplog):
     """/status-env answering 404 (the API lost its state) is a new registration, not a stop."""
-    start_trainer(client, batch_size=2, max_token_len=64)
+    start_trainer(wire_client, batch_size=2, max_token_len=64)
 
     async def poll_after_a_reset() -> tuple[int, int, dict]:
         env.client = TrajectoryClient(api.url, tmp_path / "spool")
         await env.register_env()
         first = env.env_id
-        assert client.get("/reset_data").status_code == 200
-        start_trainer(client, batch_size=2, max_token_len=64)
+        assert wire_client.get("/reset_data").status_code == 200
+        start_trainer(wire_client, batch_size=2, max_token_len=64)
         status = await env.get_status()
         await env.client.close()
         return first, env.env_id, status
@@ -201,4 +201,4 @@ def test_an_env_the_api_forgot_registers_again(env, api, client, tmp_path, caplo
     assert status["current_step"] == 0 and "env_weight" in status
     assert "HTTP 404" in caplog.text and "registering again" in caplog.text
     assert "registered again as env_id 0" in caplog.text
-    assert client.get("/status-env", params={"env_id": 0}).status_code == 200
+    assert wire_client.get("/status-env", params={"env_id": 0}).status_code == 200

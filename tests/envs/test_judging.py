@@ -59,6 +59,7 @@ def judge_over(server: PolicyChatServer, mode: str) -> GroupJudge:
 PROMPT = [{"role": "user", "content": "Say something useful."}]
 
 
+@pytest.mark.integration
 def test_pairwise_scores_are_win_shares_with_both_orders_asked():
     with PolicyChatServer(prefer_good) as server:
         judge = judge_over(server, "pairwise")
@@ -70,6 +71,7 @@ def test_pairwise_scores_are_win_shares_with_both_orders_asked():
     assert orders == {"GOOD 1", "bad", "GOOD 2", "meh"}
 
 
+@pytest.mark.integration
 def test_unreadable_verdicts_count_as_ties_and_are_counted():
     with PolicyChatServer(prefer_good) as server:
         judge = judge_over(server, "pairwise")
@@ -77,6 +79,7 @@ def test_unreadable_verdicts_count_as_ties_and_are_counted():
     assert scores == [0.5, 0.5] and judge.unreadable == 2
 
 
+@pytest.mark.integration
 def test_rating_mode_normalises_to_unit_interval():
     with PolicyChatServer(prefer_good) as server:
         judge = judge_over(server, "rating")
@@ -84,6 +87,7 @@ def test_rating_mode_normalises_to_unit_interval():
     assert scores == [pytest.approx(8 / 9), 0.0]
 
 
+@pytest.mark.integration
 def test_a_dead_judge_raises_judge_unavailable():
     server = PolicyChatServer(prefer_good)
     server.close()  # the port is closed: nothing answers

@@ -176,6 +176,7 @@ def test_builtin_names_resolve_to_upstream_classes_in_a_fresh_registry():
     assert local.get("cascading_r1_math").__name__ == "cascading_r1_math_reward"
 
 
+@pytest.mark.integration
 def test_builtin_modules_load_lazily_on_first_use():
     script = (
         "import sys\n"

@@ -21,6 +21,8 @@ import pytest
 from atroposlib.envs.sandbox import SandboxLimits, isolation, run_python, run_python_async
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.integration
+
 LIMITS = SandboxLimits(wall_time_s=6, cpu_time_s=2, memory_mb=256, max_processes=8)
 needs_bubblewrap = pytest.mark.skipif(
     not isolation().bubblewrap, reason="bubblewrap is not usable here (apt install bubblewrap)"

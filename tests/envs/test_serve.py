@@ -175,7 +175,7 @@ def test_process_writes_jsonl_and_html(inference_server, tmp_path):
     assert "wrote 3 groups" in env.log()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_api_outage_loses_and_duplicates_nothing(api_factory, inference_server, tmp_path):
     api = api_factory()
     saved = tmp_path / "produced.jsonl"

@@ -50,7 +50,9 @@ def test_two_ranks_match_one_process(tiny_model_path, tmp_path):
     assert single["metrics"]["clip_fraction"] > 0, "the batch should exercise clipping"
 
 
-def test_torchrun_trainer_pulls_from_the_api_on_rank_zero(api, client, tiny_model_path, tmp_path):
+def test_torchrun_trainer_pulls_from_the_api_on_rank_zero(
+    api, wire_client, tiny_model_path, tmp_path
+):
     """The real `atropos-grpo` under torchrun: batches flow, rank 0 checkpoints, all exit."""
     import json
 
@@ -76,7 +78,9 @@ def test_torchrun_trainer_pulls_from_the_api_on_rank_zero(api, client, tiny_mode
     )
     try:
         for tag in range(4):
-            assert client.post("/scored_data", json=make_group(2, tag=tag + 3, length=6)).is_success
+            assert wire_client.post(
+                "/scored_data", json=make_group(2, tag=tag + 3, length=6)
+            ).is_success
         assert trainer.wait(240) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     finally:
         if trainer.poll() is None:
@@ -84,4 +88,4 @@ def test_torchrun_trainer_pulls_from_the_api_on_rank_zero(api, client, tiny_mode
     steps = [json.loads(line)["step"] for line in (save / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2], "only rank 0 logs metrics"
     assert (save / "step-2" / "model.safetensors").exists()
-    assert client.get("/status").json()["current_step"] == 2
+    assert wire_client.get("/status").json()["current_step"] == 2

@@ -22,7 +22,7 @@ from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 STEPS, GROUP, BATCH = 6, 4, 8
 TAGS = range(10, 10 + STEPS * BATCH // GROUP)

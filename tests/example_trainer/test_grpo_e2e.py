@@ -75,7 +75,7 @@ def train_beside_env(
     return log_path.read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_grpo_loop_checkpoints_restarts_and_resumes(api_factory, tiny_model_path, tmp_path):
     api = api_factory()
     port = free_port()
@@ -119,7 +119,7 @@ def restarts(save: Path) -> list:
     return [e for e in read_events(save / "events.jsonl") if e.kind.value == "engine_restarted"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model_path, tmp_path):
     import signal
 
@@ -161,7 +161,7 @@ def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model
     assert engine_processes(port) == []
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_grpo_loop_with_real_vllm_takes_lora_adapters_without_a_restart(
     api_factory, tiny_model_path, tmp_path
 ):

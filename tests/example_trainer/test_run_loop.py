@@ -109,13 +109,15 @@ def post_groups(client, count: int) -> None:
         assert client.post("/scored_data", json=rollout_group()).is_success
 
 
-def test_the_last_step_saves_without_restarting_the_engine(api, client, tiny_model_path, tmp_path):
+def test_the_last_step_saves_without_restarting_the_engine(
+    api, wire_client, tiny_model_path, tmp_path
+):
     """§1.8: the last step restarted the engine only for the run's end to stop it."""
     save = tmp_path / "ckpt"
     trainer = with_engine(
         tiny_model_path, save, atropos_url=api.url, training_steps=2, vllm_restart_interval=1
     )
-    post_groups(client, 2)
+    post_groups(wire_client, 2)
     trainer.run()
     assert events(save) == [
         ("engine_started", 0, None, tiny_model_path.name),
@@ -127,7 +129,7 @@ def test_the_last_step_saves_without_restarting_the_engine(api, client, tiny_mod
     assert not trainer.engine.alive()
 
 
-def test_keep_checkpoints_prunes_all_but_the_newest(api, client, tiny_model_path, tmp_path):
+def test_keep_checkpoints_prunes_all_but_the_newest(api, wire_client, tiny_model_path, tmp_path):
     """§1.8: every restart interval wrote a full checkpoint and none was ever removed."""
     save = tmp_path / "ckpt"
     trainer = make_trainer(
@@ -138,7 +140,7 @@ def test_keep_checkpoints_prunes_all_but_the_newest(api, client, tiny_model_path
         vllm_restart_interval=1,
         keep_checkpoints=2,
     )
-    post_groups(client, 4)
+    post_groups(wire_client, 4)
     trainer.run()
     assert sorted(p.name for p in save.glob("step-*")) == ["step-3", "step-4"]
     resumed = make_trainer(tiny_model_path, save, resume=str(save / "step-4"))

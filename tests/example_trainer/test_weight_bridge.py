@@ -96,7 +96,7 @@ def last_served(monkeypatch) -> list:
 
 # ------------------------------------------------------------ whole runs
 def test_hot_reload_syncs_without_restarts_and_checkpoints_on_its_own_interval(
-    api, client, tiny_model_path, tmp_path, last_served
+    api, wire_client, tiny_model_path, tmp_path, last_served
 ):
     save = tmp_path / "ckpt"
     # upstream's --checkpoint-interval spelling; the restart interval must not matter
@@ -109,7 +109,7 @@ def test_hot_reload_syncs_without_restarts_and_checkpoints_on_its_own_interval(
         vllm_restart_interval=1,
     )
     assert trainer.config.save_checkpoint_interval == 2
-    post_groups(client, 5, weight_versions=["0", "0"])
+    post_groups(wire_client, 5, weight_versions=["0", "0"])
     trainer.run()
 
     assert events(save) == [
@@ -136,7 +136,7 @@ def test_hot_reload_syncs_without_restarts_and_checkpoints_on_its_own_interval(
 
 
 def test_a_refused_push_and_a_killed_engine_restart_on_the_newest_export(
-    api, client, tiny_model_path, tmp_path, monkeypatch, last_served
+    api, wire_client, tiny_model_path, tmp_path, monkeypatch, last_served
 ):
     refusals: list[int] = []
     push = weight_bridge.push_to_cpu_engine
@@ -159,7 +159,7 @@ def test_a_refused_push_and_a_killed_engine_restart_on_the_newest_export(
             failures.append(exc)
 
     runner = threading.Thread(target=run, name="trainer")
-    post_groups(client, 2)
+    post_groups(wire_client, 2)
     runner.start()
     try:
         metrics = save / "metrics.jsonl"
@@ -187,7 +187,7 @@ def test_a_refused_push_and_a_killed_engine_restart_on_the_newest_export(
             poll_s=0.1,
         )
         assert not failures, failures
-        post_groups(client, 2)
+        post_groups(wire_client, 2)
         runner.join(180)
         assert not runner.is_alive(), "the trainer did not finish"
     finally:
@@ -216,6 +216,7 @@ def test_a_refused_push_and_a_killed_engine_restart_on_the_newest_export(
 
 
 # ------------------------------------------------------------ configuration
+@pytest.mark.integration
 def test_checkpoint_interval_is_an_alias_and_a_disagreement_is_refused(tmp_path):
     assert TrainingConfig(model_name="m", checkpoint_interval=4).save_checkpoint_interval == 4
     assert (

@@ -172,6 +172,7 @@ def test_bad_json_line_skipped_with_warning(tmp_path: Path, capsys: pytest.Captu
     assert "Group 0" in text and "Group 1" in text
 
 
+@pytest.mark.integration
 def test_cli(tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "cli.jsonl", [CONVERSATION_GROUP])
     result = subprocess.run(
@@ -247,6 +248,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.integration
 def test_cli_positional_output_path(tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "cli.jsonl", [CONVERSATION_GROUP])
     target = tmp_path / "new" / "dir" / "page.html"  # missing folders are created
@@ -257,6 +259,7 @@ def test_cli_positional_output_path(tmp_path: Path) -> None:
     assert not (tmp_path / "cli.html").exists()
 
 
+@pytest.mark.integration
 def test_cli_output_option_spellings(tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "cli.jsonl", [STRING_GROUP])
     for flag in ("-o", "--output-path", "--output_path"):
@@ -268,6 +271,7 @@ def test_cli_output_option_spellings(tmp_path: Path) -> None:
     assert run_cli(str(source), str(same), "--output", str(same)).returncode == 0
 
 
+@pytest.mark.integration
 def test_cli_rejects_two_different_output_paths(tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "cli.jsonl", [STRING_GROUP])
     result = run_cli(str(source), str(tmp_path / "a.html"), "-o", str(tmp_path / "b.html"))

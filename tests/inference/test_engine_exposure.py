@@ -47,6 +47,7 @@ def run_server(*args: str, env: dict | None = None) -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3"])
 def test_non_loopback_without_a_key_is_refused(tmp_path, host):
     done = run_server("--model", str(tmp_path / "no-model"), "--host", host)

@@ -66,6 +66,7 @@ def perturbed_checkpoint(source, target):
     return target
 
 
+@pytest.mark.integration
 def test_command_lines_match_vllm_flags(tmp_path):
     cfg = config(tmp_path, max_model_len=512, dtype="float32", gpu_memory_utilization=0.5)
     vllm = engine_command(cfg, "vllm", "/ckpt/step-2")
@@ -104,6 +105,7 @@ def test_kill_9_of_the_engine_is_detected(tiny_model_path, tmp_path):
         engine.stop()
 
 
+@pytest.mark.integration
 def test_a_failing_engine_quotes_its_log(tmp_path):
     engine = EngineProcess(config(tmp_path))
     with pytest.raises(EngineError) as failure:

@@ -63,6 +63,7 @@ def test_seed_makes_sampling_repeatable(client):
     assert first == again
 
 
+@pytest.mark.learning
 def test_greedy_chat_answers_a_digit_and_stops(client):
     response = client.chat.completions.create(
         model="tiny", messages=question(1, 1), max_tokens=8, temperature=0

@@ -26,6 +26,7 @@ def test_unknown_top_level_key(tmp_path, capsys):
     assert code == 2 and "unknown key 'enviroments'" in err
 
 
+@pytest.mark.integration
 def test_unknown_trainer_flag(tmp_path, capsys):
     config = launch_config(tmp_path / "r")
     config["trainer"]["args"]["learning_rate"] = 0.1
@@ -33,6 +34,7 @@ def test_unknown_trainer_flag(tmp_path, capsys):
     assert code == 2 and "unknown key 'trainer.args.learning_rate'" in err
 
 
+@pytest.mark.integration
 def test_bad_trainer_value(tmp_path, capsys):
     config = launch_config(tmp_path / "r")
     config["trainer"]["args"]["batch_size"] = 0
@@ -40,12 +42,14 @@ def test_bad_trainer_value(tmp_path, capsys):
     assert code == 2 and "batch_size" in err
 
 
+@pytest.mark.integration
 def test_missing_script(tmp_path, capsys):
     config = launch_config(tmp_path / "r", environments=[{"script": "nowhere/env.py"}])
     code, err = run_main(tmp_path, config, capsys)
     assert code == 2 and "environment script not found: nowhere/env.py" in err
 
 
+@pytest.mark.integration
 def test_port_in_use(tmp_path, capsys):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -64,6 +68,7 @@ def test_missing_file_and_bad_yaml(tmp_path, capsys):
     assert "not valid YAML" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_plan_shares_one_url_and_model_with_every_process(tmp_path):
     config = launch_config(tmp_path / "run")
     config["environments"][0]["copies"] = 2
@@ -81,6 +86,7 @@ def test_plan_shares_one_url_and_model_with_every_process(tmp_path):
     assert trainer[trainer.index("--model-name") + 1] == resolved.model
 
 
+@pytest.mark.integration
 def test_exit_code_from_the_command_line(tmp_path):
     path = write_config(tmp_path / "c.yaml", {"model": "tiny"})
     done = subprocess.run(
@@ -106,6 +112,7 @@ def test_an_existing_run_directory_is_not_reused(tmp_path, capsys):
     assert code == 2 and "already holds a run" in err
 
 
+@pytest.mark.integration
 def test_limits_agree_by_default_the_token_limit_reaches_every_process(tmp_path):
     config = launch_config(tmp_path / "run")
     config["engine"] = {"engine": "transformers"}
@@ -118,6 +125,7 @@ def test_limits_agree_by_default_the_token_limit_reaches_every_process(tmp_path)
         assert env.command[env.command.index("--env.max_token_length") + 1] == seq_len
 
 
+@pytest.mark.integration
 def test_an_environment_limit_over_the_trainers_is_named(tmp_path, capsys):
     config = launch_config(tmp_path / "r")
     config["environments"].append({"script": str(ARITH_ENV), "env": {"max_token_length": 4096}})
@@ -127,6 +135,7 @@ def test_an_environment_limit_over_the_trainers_is_named(tmp_path, capsys):
     assert "seq_len 128" in err
 
 
+@pytest.mark.integration
 def test_a_shorter_environment_limit_is_allowed(tmp_path):
     config = launch_config(tmp_path / "r")
     config["environments"][0]["env"]["max_token_length"] = 64
@@ -135,6 +144,7 @@ def test_a_shorter_environment_limit_is_allowed(tmp_path):
     assert env[env.index("--env.max_token_length") + 1] == "64"
 
 
+@pytest.mark.integration
 def test_an_engine_shorter_than_the_trainer_is_named(tmp_path, capsys):
     config = launch_config(tmp_path / "r")
     config["engine"] = {"engine": "transformers", "max_model_len": 64}
@@ -142,6 +152,7 @@ def test_an_engine_shorter_than_the_trainer_is_named(tmp_path, capsys):
     assert code == 2 and "engine.max_model_len 64 is under the trainer's seq_len 128" in err
 
 
+@pytest.mark.integration
 def test_a_trainer_without_a_declared_config_must_be_given_its_run_length(tmp_path, capsys):
     config = launch_config(tmp_path / "r")
     config["trainer"] = {"module": "tests.support.minimal_trainer", "args": {"seq_len": 128}}
@@ -149,6 +160,7 @@ def test_a_trainer_without_a_declared_config_must_be_given_its_run_length(tmp_pa
     assert code == 2 and "trainer.args.training_steps is required" in err
 
 
+@pytest.mark.integration
 def test_an_unknown_trainer_module_is_named(tmp_path, capsys):
     config = launch_config(tmp_path / "r")
     config["trainer"]["module"] = "no_such_trainer.main"

@@ -7,7 +7,8 @@ every failure message), and checks that the run reaches its last step and that
 every group an environment got a 200 for was trained exactly once or is still
 queued: ids from the environments' ledgers against the trainer's ledger and the
 API's store, not totals. The last test freezes the API (SIGSTOP) for longer than
-the clients' timeouts.
+the clients' timeouts. The environment's case also answers what test_launch.py once
+asked in a launch of its own: a killed environment is restarted and the run completes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tests.support.launch import launch_config
 from tests.support.source import REPO
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 STEPS = 30  # a step takes a fraction of a second: the run must outlast the fault
 GROUPS_PER_STEP = 2  # batch_size 8 / group_size 4

@@ -14,7 +14,7 @@ from atroposlib.trainer_contract import read_metrics
 from tests.support.launch import launch_config
 from tests.support.source import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def trained_steps(run_dir) -> int:
@@ -30,6 +30,7 @@ def long_run(launch, run_dir, until_steps: int, steps: int = 50):
     return run
 
 
+@pytest.mark.learning
 def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
     run_dir = tmp_path / "run"
     run = launch(launch_config(run_dir, steps=4))
@@ -74,18 +75,6 @@ def test_a_run_that_does_not_learn_says_so(launch, tmp_path):
     assert expected in re.sub(r"[│\s]+", " ", run.output())  # the panel wraps lines
     page = (run_dir / "report.html").read_text()
     assert f'<p class="verdict bad">{expected}' in page
-    assert run.leftovers() == []
-
-
-def test_a_killed_environment_is_restarted_and_the_run_completes(launch, tmp_path):
-    run_dir = tmp_path / "run"
-    run = long_run(launch, run_dir, until_steps=2, steps=8)
-    os.kill(run.child_pid("arith_env.py"), signal.SIGKILL)
-    assert run.wait(300) == 0, run.output()[-4000:]
-    out = run.output()
-    assert "arith_env crashed with exit code -9; restarting" in out
-    assert "restarting arith_env (restart 1/3)" in out
-    assert trained_steps(run_dir) == 8
     assert run.leftovers() == []
 
 
@@ -138,6 +127,7 @@ def test_ctrl_c_stops_everything_and_the_trainer_checkpoints(launch, tmp_path):
     assert run.leftovers() == []
 
 
+@pytest.mark.learning
 def test_the_cpu_quickstart_learns(launch, tmp_path):
     """configs/quickstart_cpu.yaml as shipped (seed 0): the late mean score beats the early one."""
     import yaml
@@ -149,6 +139,14 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     assert run.wait(600) == 0, run.output()[-4000:]
     numbers = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert numbers["steps"] == config["trainer"]["args"]["training_steps"]
+    # The margin rules out chance, not a speed: each 10-step mean averages 10 x 64
+    # rewards of 0 or 1, so without learning it has a standard deviation of at most
+    # 0.5 / sqrt(640) = 0.020, and the difference of two such means at most 0.028.
+    # 0.15 is 5.3 of those; a run that learns nothing passes with a chance under 1e-7,
+    # and the rises measured on the machines tried (+0.40 to +0.47) are 3x the margin.
+    rewards_per_mean = 10 * config["trainer"]["args"]["batch_size"]
+    chance_sd = 0.5 * (2 / rewards_per_mean) ** 0.5
+    assert rewards_per_mean == 640 and 0.15 > 5 * chance_sd
     assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
     assert numbers["learned"] is True and numbers["verdict"].startswith("the score rose by")
     assert run.leftovers() == []

@@ -11,7 +11,7 @@ from atroposlib.cli.launch import main
 from atroposlib.trainer_contract import read_metrics
 from tests.support.source import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 MIX = REPO / "configs" / "mix_cpu.yaml"
 ENVS = ("mod_arithmetic", "letter_counting_environment", "text_reversal_environment")
 

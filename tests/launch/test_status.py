@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from atroposlib.launch.status import StatusReader
 from atroposlib.trainer_contract import EventKind, RunRecords
+
+pytestmark = pytest.mark.integration
 
 
 def test_recent_score_and_restarts_follow_the_trainer_records(tmp_path):

@@ -65,17 +65,20 @@ async def server() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+@pytest.mark.integration
 async def test_aiohttp_json_body(server):
     async with aiohttp.ClientSession() as session, session.get(f"{server}/ok") as resp:
         assert await parse_http_response(resp, logging.getLogger("test")) == PAYLOAD
 
 
+@pytest.mark.integration
 async def test_httpx_json_body(server):
     async with httpx.AsyncClient() as client:
         resp = await client.get(f"{server}/ok")
     assert await parse_http_response(resp) == PAYLOAD
 
 
+@pytest.mark.integration
 async def test_aiohttp_error_status_keeps_its_type_and_shows_the_body(server, caplog):
     logger = logging.getLogger("env-under-test")
     with caplog.at_level(logging.ERROR, logger="env-under-test"):
@@ -87,6 +90,7 @@ async def test_aiohttp_error_status_keeps_its_type_and_shows_the_body(server, ca
     assert any(REFUSAL["detail"] in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.integration
 async def test_httpx_error_status_keeps_its_type_and_shows_the_body(server):
     async with httpx.AsyncClient() as client:
         resp = await client.get(f"{server}/crashed")
@@ -96,6 +100,7 @@ async def test_httpx_error_status_keeps_its_type_and_shows_the_body(server):
     assert "500" in str(caught.value) and "database on fire" in str(caught.value)
 
 
+@pytest.mark.integration
 async def test_redirect_not_followed_is_an_error_for_both_clients(server):
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{server}/moved", allow_redirects=False) as resp:
@@ -107,6 +112,7 @@ async def test_redirect_not_followed_is_an_error_for_both_clients(server):
         await parse_http_response(resp)
 
 
+@pytest.mark.integration
 async def test_non_json_success_body_is_logged_and_reraised(server, caplog):
     logger = logging.getLogger("env-under-test")
     with caplog.at_level(logging.ERROR, logger="env-under-test"):

@@ -6,8 +6,12 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from atroposlib.utils.processes import spawn
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.integration
 
 CHILD = "import sys, time; print('ready', flush=True); time.sleep(60); sys.exit(3)"
 

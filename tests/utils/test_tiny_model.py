@@ -46,6 +46,7 @@ def test_reloads_offline_with_chat_template(tiny_model_path, monkeypatch):
     assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
 
 
+@pytest.mark.learning
 def test_samples_are_well_formed_answers(tiny_model_path):
     tokenizer, model = load(tiny_model_path)
     system = {"role": "system", "content": "Answer with one digit."}
@@ -59,6 +60,7 @@ def test_samples_are_well_formed_answers(tiny_model_path):
         assert completion[0].isdigit() and completion[1:] == "<|im_end|>", completion
 
 
+@pytest.mark.learning
 def test_the_built_model_reads_the_question(tiny_model_path):
     """Re-measured from the saved files, the model is what its build record says."""
     tokenizer, model = load(tiny_model_path)
@@ -79,6 +81,7 @@ def test_the_built_model_reads_the_question(tiny_model_path):
     assert 0.2 < sampled < 0.4, sampled
 
 
+@pytest.mark.integration
 def test_same_seed_same_model_other_seed_other_model(tmp_path):
     first = load(build_tiny_model(tmp_path / "a", QUICK, verify=False))[1].state_dict()
     again = load(build_tiny_model(tmp_path / "b", QUICK, verify=False))[1].state_dict()
@@ -90,6 +93,7 @@ def test_same_seed_same_model_other_seed_other_model(tmp_path):
     )
 
 
+@pytest.mark.integration
 def test_a_model_that_does_not_read_is_never_cached(tmp_path):
     with pytest.raises(TinyModelCheckFailed) as failure:
         ensure_tiny_model(QUICK, cache_dir=tmp_path)
@@ -111,6 +115,7 @@ def test_the_cache_is_built_once_and_keyed_by_kit_version(tiny_model_path):
     assert not [p for p in default_cache_dir().iterdir() if p.name.startswith(".building-")]
 
 
+@pytest.mark.integration
 def test_command_line(tmp_path):
     result = subprocess.run(
         [

@@ -163,6 +163,7 @@ def test_css_is_scoped_to_the_viewer():
     assert ".atropos-view .reward-positive" in css
 
 
+@pytest.mark.integration
 def test_importing_the_viewer_and_its_tools_does_not_import_gradio():
     code = (
         "import sys; import atroposlib, atroposlib.cli.view_run, "

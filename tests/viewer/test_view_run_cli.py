@@ -42,6 +42,7 @@ def test_bad_flag_value_names_the_flag(capsys):
     assert "--group-size" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("module", ["view_run", "view_run_multimodal"])
 def test_a_tokenizer_that_cannot_be_loaded_stops_the_tool(module, tmp_path):
     missing = tmp_path / "no-such-tokenizer"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from atroposlib.viewer.source import GroupSource
 from tests.support.groups import make_group, register, register_env
@@ -15,14 +16,14 @@ def _post_as_env(client: httpx.Client, groups: list[dict]) -> None:
     assert response.status_code == 200, response.text
 
 
-def test_pull_waits_then_serves_a_full_batch(api, client):
+def test_pull_waits_then_serves_a_full_batch(api, wire_client):
     source = GroupSource(api.url, batch_size=4, max_token_len=64)
     try:
         first = source.pull()
         assert (first.groups, first.kind) == (None, "waiting")
         assert "No batch yet: is an environment serving?" in first.message
         assert "0 group(s), 0 sequence(s); a batch needs 4 sequences" in first.message
-        _post_as_env(client, [make_group(2, tag=7), make_group(2, tag=8)])
+        _post_as_env(wire_client, [make_group(2, tag=7), make_group(2, tag=8)])
         second = source.pull()
         assert second.kind == "ok"
         assert sorted(g.tokens[0][0] for g in second.groups) == [7, 8]
@@ -30,6 +31,7 @@ def test_pull_waits_then_serves_a_full_batch(api, client):
         source.close()
 
 
+@pytest.mark.integration
 def test_unreachable_api():
     url = f"http://127.0.0.1:{free_port()}"
     source = GroupSource(url, batch_size=4, max_token_len=64)
@@ -51,27 +53,27 @@ def test_a_token_is_asked_for_then_used(api_factory):
     assert waiting.kind == "waiting"
 
 
-def test_a_run_owned_by_another_trainer_is_refused(api, client):
-    register(client)  # a real trainer's run (another wandb group/project)
-    client.get("/batch")
+def test_a_run_owned_by_another_trainer_is_refused(api, wire_client):
+    register(wire_client)  # a real trainer's run (another wandb group/project)
+    wire_client.get("/batch")
     source = GroupSource(api.url, batch_size=4, max_token_len=64)
     pulled = source.pull()
     source.close()
     assert pulled.kind == "error" and "refused this viewer as the run's trainer" in pulled.message
-    assert client.get("/status").json()["current_step"] == 0
+    assert wire_client.get("/status").json()["current_step"] == 0
 
 
-def test_a_new_viewer_does_not_wipe_the_queue(api, client):
+def test_a_new_viewer_does_not_wipe_the_queue(api, wire_client):
     """Upstream's viewer called /reset_data on start; ours must leave queued groups alone."""
     first = GroupSource(api.url, batch_size=8, max_token_len=64)
     assert first.pull().kind == "waiting"  # registered and started the run
     first.close()
-    _post_as_env(client, [make_group(2, tag=t) for t in (1, 2, 3)])
+    _post_as_env(wire_client, [make_group(2, tag=t) for t in (1, 2, 3)])
     second = GroupSource(api.url, batch_size=8, max_token_len=64)
     try:
         assert second.pull().kind == "waiting"
-        assert client.get("/status").json()["queue_size"] == 3
-        _post_as_env(client, [make_group(2, tag=4)])
+        assert wire_client.get("/status").json()["queue_size"] == 3
+        _post_as_env(wire_client, [make_group(2, tag=4)])
         served = second.pull()
         assert served.kind == "ok"
         assert sorted(g.tokens[0][0] for g in served.groups) == [1, 2, 3, 4]

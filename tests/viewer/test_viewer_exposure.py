@@ -36,6 +36,7 @@ def refused_run(module: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("module", TOOLS)
 def test_non_loopback_without_a_token_is_refused(module, tmp_path):
     done = refused_run(module, "--host", "0.0.0.0", "--tokenizer", str(tmp_path / "none"))
@@ -140,6 +141,7 @@ def assert_button_click_answers(browser: httpx.Client) -> None:
     assert "Cannot reach the trajectory API" in stream.text
 
 
+@pytest.mark.e2e  # a real browser
 def test_a_browser_gets_in_with_the_token_once(pages):
     """Chromium opens /?token= once; the page's own requests then carry only the cookie."""
     path = require_chromium()

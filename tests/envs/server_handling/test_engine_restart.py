@@ -71,6 +71,7 @@ def test_no_limit_on_the_wait_by_default_like_upstream():
     assert manager.unavailable_timeout_s is None
 
 
+@pytest.mark.integration
 def test_an_explicit_limit_gives_up_with_an_error_logged(caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     dead = server_config(f"http://127.0.0.1:{free_port()}")
@@ -82,6 +83,7 @@ def test_an_explicit_limit_gives_up_with_an_error_logged(caplog):
     assert [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.ERROR]
 
 
+@pytest.mark.integration
 def test_servers_without_health_checks_are_retried_not_waited_for():
     """health_check=False (upstream: always assumed healthy): three tries, then the error."""
     dead = server_config(f"http://127.0.0.1:{free_port()}", health_check=False)
@@ -92,6 +94,7 @@ def test_servers_without_health_checks_are_retried_not_waited_for():
     assert manager.servers[0].attempts_failed == 3
 
 
+@pytest.mark.integration
 def test_a_server_without_a_health_route_is_probed_through_its_model_list():
     """Hosted OpenAI-compatible APIs have no /health; waiting on one must still end."""
     hosted = ScriptedServer([])

@@ -116,6 +116,7 @@ def test_adapter_routes_openai_client_calls_through_the_managed_server(inference
     assert sum(t != -100 for t in nodes[0].masked_tokens) <= 2
 
 
+@pytest.mark.integration
 def test_dummy_managed_server_records_placeholder_nodes(chat_server):
     managed = DummyManagedServer(OpenAIServer(server_config(chat_server.url[:-3])))
 
@@ -132,6 +133,7 @@ def test_dummy_managed_server_records_placeholder_nodes(chat_server):
     assert managed.get_state() == {"nodes": []}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("allowed", [False, True])
 def test_text_only_endpoints_need_the_dummy_opt_in(chat_server, monkeypatch, allowed):
     if allowed:

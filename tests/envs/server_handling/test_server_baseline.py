@@ -11,6 +11,8 @@ from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from tests.support.inference_servers import ScriptedServer
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def scripted():

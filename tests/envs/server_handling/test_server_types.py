@@ -104,6 +104,7 @@ def test_trl_chat_renders_the_template_and_decodes(standin, tiny_model_path):
         asyncio.run(server.tokens_and_logprobs_completion(prompt=[1]))
 
 
+@pytest.mark.integration
 def test_a_server_found_to_ignore_n_gets_the_rest_one_by_one():
     fake = ScriptedServer([])  # always one choice
     try:

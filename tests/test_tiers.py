@@ -1,0 +1,119 @@
+"""Every test belongs to exactly one tier, and a unit test that leaves the process fails."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.support.tiers import FIXTURE_TIERS, TIERS, TierViolation, tier_of, unit_guard
+
+
+def test_every_collected_test_has_exactly_one_tier(request):
+    """Over the whole session's collection (every tier when the suite runs whole)."""
+    items = request.session.items
+    assert request.node in items
+    untiered = []
+    for item in items:
+        tiers = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+        if len(tiers) != 1:
+            untiered.append(f"{item.nodeid}: {sorted(tiers)}")
+    assert not untiered, "\n".join(untiered)
+
+
+def test_this_module_is_unit_tier(request):
+    assert request.node.get_closest_marker("unit") is not None
+
+
+@dataclass
+class FakeItem:
+    """What `tier_of` reads of a pytest item."""
+
+    markers: list[str] = field(default_factory=list)
+    fixturenames: list[str] = field(default_factory=list)
+    nodeid: str = "tests/test_x.py::test_x"
+
+    def iter_markers(self):
+        return (getattr(pytest.mark, name).mark for name in self.markers)
+
+
+def test_a_tier_comes_from_the_marker_then_the_costliest_fixture_then_unit():
+    assert tier_of(FakeItem()) == "unit"
+    assert tier_of(FakeItem(fixturenames=["tmp_path", "monkeypatch"])) == "unit"
+    assert tier_of(FakeItem(fixturenames=["tmp_path", "tiny_model_path"])) == "integration"
+    assert tier_of(FakeItem(fixturenames=["tiny_model_path", "launch"])) == "e2e"
+    assert tier_of(FakeItem(markers=["e2e"], fixturenames=["tmp_path"])) == "e2e"
+    # a marker wins over fixtures: a cheap-looking test can say it is costly, and the
+    # other way round only where the test knows better (the guard still checks unit)
+    assert tier_of(FakeItem(markers=["integration", "parametrize"], fixturenames=["launch"])) == (
+        "integration"
+    )
+    assert set(FIXTURE_TIERS.values()) <= set(TIERS)
+
+
+def test_two_tier_markers_are_a_collection_error():
+    with pytest.raises(pytest.UsageError, match="several tiers"):
+        tier_of(FakeItem(markers=["unit", "e2e"]))
+
+
+def test_the_guard_refuses_a_subprocess_and_names_the_fix():
+    with unit_guard("tests/test_x.py::test_x"), pytest.raises(TierViolation) as refused:
+        subprocess.run([sys.executable, "-c", "pass"], check=False)
+    message = str(refused.value)
+    assert "tests/test_x.py::test_x" in message and "started a subprocess" in message
+    assert "pytest.mark.integration" in message
+
+
+def test_the_guard_refuses_an_asyncio_subprocess():
+    async def spawn() -> None:
+        await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+
+    with unit_guard("t"), pytest.raises(TierViolation, match="subprocess"):
+        asyncio.run(spawn())
+
+
+@pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6])
+def test_the_guard_refuses_inet_sockets_loopback_included(family):
+    address = ("127.0.0.1", 0) if family == socket.AF_INET else ("::1", 0)
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        with unit_guard("t"), pytest.raises(TierViolation, match="inet socket"):
+            sock.bind(address)
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        with unit_guard("t"), pytest.raises(TierViolation, match="inet socket"):
+            sock.connect(address)
+
+
+def test_the_guard_allows_unix_sockets_and_event_loops():
+    """asyncio's self-pipe is a Unix socket pair: an event loop is in-process work."""
+    with unit_guard("t"):
+        left, right = socket.socketpair()
+        left.sendall(b"x")
+        assert right.recv(1) == b"x"
+        left.close()
+        right.close()
+        assert asyncio.run(asyncio.sleep(0, result=7)) == 7
+
+
+def test_the_guard_refuses_a_tiny_model_build(tmp_path):
+    pytest.importorskip("torch")
+    from atroposlib.utils.tiny_model import TinyModelSpec, build_tiny_model
+
+    with unit_guard("t"), pytest.raises(TierViolation, match="tiny model"):
+        build_tiny_model(tmp_path / "m", TinyModelSpec(max_steps=1, corpus_size=10), verify=False)
+
+
+def test_the_guard_nests_and_restores_the_outer_test():
+    from tests.support.tiers import _Guard
+
+    outer = _Guard.active  # this very test's id: it is unit tier
+    with unit_guard("inner"):
+        assert _Guard.active == "inner"
+    assert (
+        _Guard.active == outer
+        and outer is not None
+        and outer.endswith("test_the_guard_nests_and_restores_the_outer_test")
+    )
