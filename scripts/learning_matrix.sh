@@ -8,6 +8,7 @@
 #                                                    the lowest transformers (.venv-lowest)
 #   bash scripts/learning_matrix.sh avx2             one kernel path, current venv only
 #   LOWEST=0 bash scripts/learning_matrix.sh         skip the lowest-transformers venv
+#   LOWEST=only bash scripts/learning_matrix.sh      only the lowest-transformers venv
 #
 # Run `bash scripts/test.sh unit` once first (it makes .venv).
 set -euo pipefail
@@ -22,26 +23,32 @@ if [ "${#capabilities[@]}" -eq 0 ]; then
         && grep -qw avx512vl /proc/cpuinfo && capabilities+=(avx512)
 fi
 
-run() {  # PYTHON CAPABILITY
+run() {  # PYTHON CAPABILITY [TEST PATHS...]
     echo "== learning tests: $("$1" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'), ATEN_CPU_CAPABILITY=$2"
     # a fresh cache per run (ATROPOS_TEST_CACHE_DIR unset): the model is built under $2
     env -u ATROPOS_TEST_CACHE_DIR ATEN_CPU_CAPABILITY="$2" \
-        "$1" -m pytest -q -p no:cacheprovider -m learning -rA \
+        "$1" -m pytest -q -p no:cacheprovider -m learning -rA "${@:3}" \
         | grep -E "^(PASSED|FAILED|ERROR)|passed|failed"
 }
 
-for capability in "${capabilities[@]}"; do
-    run python "$capability"
-done
+if [ "${LOWEST:-1}" != only ]; then
+    for capability in "${capabilities[@]}"; do
+        run python "$capability"
+    done
+fi
 
-if [ "${LOWEST:-1}" = 1 ] && [ "$#" -eq 0 ]; then
-    # the lowest transformers the project accepts, with the tokenizers and hub it needs
+if [ "${LOWEST:-1}" != 0 ] && [ "$#" -eq 0 ]; then
+    # the lowest transformers the project accepts, with the hub, tokenizers and peft it
+    # resolves to; only what the learning tests import (the dev extra's trl and datasets
+    # need a newer transformers), and only their modules are collected
     lowest=$(python -c 'import re, tomllib; deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]; print(next(re.search(r">=([\d.]+)", d).group(1) for d in deps if d.startswith("transformers")))')
     [ -x .venv-lowest/bin/python ] || python -m venv .venv-lowest
-    grep -viE '^(transformers|tokenizers|huggingface-hub|trl|peft|accelerate)==' scripts/constraints.txt \
-        > .venv-lowest/constraints.txt
-    .venv-lowest/bin/pip install -q --disable-pip-version-check torch==2.13.0 -c .venv-lowest/constraints.txt
-    .venv-lowest/bin/pip install -q --disable-pip-version-check -e '.[dev,inference,trainer]' \
-        "transformers==$lowest" -c .venv-lowest/constraints.txt
-    run .venv-lowest/bin/python "${capabilities[-1]}"
+    grep -viE '^(transformers|tokenizers|huggingface[-_]hub|trl|peft|accelerate|datasets)==' \
+        scripts/constraints.txt > .venv-lowest/constraints.txt
+    pip_lowest=(.venv-lowest/bin/pip install -q --disable-pip-version-check -c .venv-lowest/constraints.txt)
+    "${pip_lowest[@]}" torch==2.13.0
+    "${pip_lowest[@]}" -e '.[inference,trainer]' "transformers==$lowest" \
+        pytest pytest-asyncio pytest-timeout pytest-xdist pyyaml
+    mapfile -t modules < <(grep -rl "pytest.mark.learning" tests --include='test_*.py')
+    run .venv-lowest/bin/python "${capabilities[-1]}" "${modules[@]}"
 fi
