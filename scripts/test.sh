@@ -92,6 +92,8 @@ for tier in "${TIERS[@]}"; do
     [ -x .venv-vllm/bin/python ] && export ATROPOS_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
     export ATROPOS_CHROMIUM="${ATROPOS_CHROMIUM:-$(command -v chromium || true)}"
     echo "== tier: $tier"
-    python -m pytest -q -m "$tier" "${WORKERS[@]}" "${PYTEST_ARGS[@]}" || STATUS=$?
+    # each tier's 20 slowest tests, and a JUnit report in .test-logs/ for a closer look
+    python -m pytest -q -m "$tier" --durations=20 --junitxml=".test-logs/$tier.xml" \
+        "${WORKERS[@]}" "${PYTEST_ARGS[@]}" || STATUS=$?
 done
 exit "$STATUS"
