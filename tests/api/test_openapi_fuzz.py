@@ -1,10 +1,12 @@
-"""The OpenAPI document is the contract: schemathesis fuzzes a real `run-api` from it.
+"""The OpenAPI document is the contract: schemathesis fuzzes the API's app from it.
 
 Every operation is driven from `/openapi.json` with schemathesis's every check
-(examples, coverage and fuzzing phases; positive and negative data), once against a
-server without a key and once with `--api-key`. A failure means the server answered
-something its document does not promise: fix the server or the document, never the
-checks.
+(examples, coverage and fuzzing phases; positive and negative data), once against an
+app without a key and once with `api_key`. The app is `run-api`'s own `create_app`,
+served in-process through schemathesis's ASGI transport (one lifespan per app, so the
+real SQLite store serves every call); uvicorn and auth over a socket are tested in
+test_uvicorn_target.py and test_auth.py. A failure means the app answered something
+its document does not promise: fix the app or the document, never the checks.
 
 One aid to generation, not to judging: JSON Schema cannot say "as many masks as
 token rows" or "no longer than the registered max_token_len", so `_consistent_groups`
@@ -15,20 +17,20 @@ words). Negative bodies go out as generated.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 import schemathesis
 from schemathesis import GenerationMode
 from schemathesis.engine import Status, events, from_schema
+from schemathesis.python import asgi
 
 from atroposlib.api.models import PER_TOKEN_FIELDS
+from atroposlib.api.server import create_app
+from atroposlib.api.settings import APISettings
 from atroposlib.protocol import PER_SEQUENCE_FIELDS
-from tests.support.processes import ApiProcess
-
-pytestmark = pytest.mark.integration
 
 API_KEY = "fuzz-key"
 MAX_EXAMPLES = 25
@@ -55,24 +57,27 @@ GROUP_ROUTES = {"/scored_data", "/scored_data_list"}
 
 @dataclass
 class Served:
-    url: str
+    app: Any
     headers: dict[str, str]
     keyed: bool
 
+    @contextmanager
+    def client(self, authorized: bool = True) -> Iterator[asgi.ASGIClient]:
+        """A requests-style client of the app that shares schemathesis's one lifespan."""
+        with asgi.get_client(self.app) as client:
+            if authorized:
+                client.headers.update(self.headers)
+            yield client
+
 
 @pytest.fixture(scope="module", params=["no-key", "api-key"])
-def served(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Served]:
+def served(request: pytest.FixtureRequest, tmp_path_factory) -> Served:
     keyed = request.param == "api-key"
     state_dir = tmp_path_factory.mktemp(f"fuzz-{request.param}") / "state"
-    api = ApiProcess(state_dir, *(["--api-key", API_KEY] if keyed else []))
-    api.start()
+    settings = APISettings(state_dir=str(state_dir), api_key=API_KEY if keyed else None)
     headers = {"Authorization": f"Bearer {API_KEY}"} if keyed else {}
-    try:
-        yield Served(api.url, headers, keyed)
-    finally:
-        api.stop()
-        # the fuzzer's requests must never crash or wedge the server
-        assert "Traceback" not in api.log(), api.log()
+    # a request that crashes the app is a 500, which the not_a_server_error check fails
+    return Served(create_app(settings), headers, keyed)
 
 
 def _fit(values: Any, length: int, filler: Any) -> list:
@@ -111,7 +116,8 @@ def _consistent_groups(served: Served):
         positive = case.meta is not None and case.meta.generation.mode == GenerationMode.POSITIVE
         if not positive or case.operation.path not in GROUP_ROUTES:
             return case
-        info = httpx.get(f"{served.url}/info", headers=served.headers, timeout=10).json()
+        with served.client() as client:
+            info = client.get("/info").json()
         limit = info["max_token_len"]
         if isinstance(case.body, list):
             case.body = [_consistent(group, limit) for group in case.body]
@@ -124,8 +130,9 @@ def _consistent_groups(served: Served):
 
 def _load_schema(served: Served) -> schemathesis.BaseSchema:
     config = schemathesis.Config()  # defaults, not a schemathesis.toml in the working directory
-    url = f"{served.url}/openapi.json"
-    schema = schemathesis.openapi.from_url(url, config=config, headers=served.headers)
+    schema = schemathesis.openapi.from_asgi(
+        "/openapi.json", served.app, config=config, headers=served.headers
+    )
     schema.config.update(headers=served.headers, request_timeout=30)
     schema.config.generation.update(max_examples=MAX_EXAMPLES, deterministic=True)
     schema.hook("map_case")(_consistent_groups(served))
@@ -183,7 +190,8 @@ def test_every_operation_keeps_to_the_document(served: Served):
 
 
 def test_without_the_key_every_guarded_route_answers_a_documented_401(served: Served):
-    document = httpx.get(f"{served.url}/openapi.json", headers=served.headers, timeout=10).json()
+    with served.client() as client:
+        document = client.get("/openapi.json").json()
     assert ("bearer" in document.get("components", {}).get("securitySchemes", {})) is served.keyed
     operations = [
         (method.upper(), path, operation)
@@ -192,7 +200,8 @@ def test_without_the_key_every_guarded_route_answers_a_documented_401(served: Se
     ]
     assert len(operations) >= 15
     for method, path, operation in operations:
-        answer = httpx.request(method, f"{served.url}{path}", timeout=10)
+        with served.client(authorized=False) as client:
+            answer = client.request(method, path)
         guarded = served.keyed and path not in OPEN_PATHS
         if guarded:
             assert answer.status_code == 401, (method, path, answer.text)
@@ -216,7 +225,7 @@ def test_wrong_json_types_are_refused_not_coerced(served: Served):
         "starting_step": 0,
         "num_steps": 3,
     }
-    with httpx.Client(base_url=served.url, headers=served.headers, timeout=10) as client:
+    with served.client() as client:
         assert client.get("/reset_data").text == "Reset successful"
         for field, wrong in (("num_steps", False), ("batch_size", "4"), ("wandb_group", 1)):
             answer = client.post("/register", json={**registration, field: wrong})
@@ -242,7 +251,8 @@ def test_wrong_json_types_are_refused_not_coerced(served: Served):
 
 
 def test_the_document_declares_every_content_type(served: Served):
-    document = httpx.get(f"{served.url}/openapi.json", headers=served.headers, timeout=10).json()
+    with served.client() as client:
+        document = client.get("/openapi.json").json()
     paths = document["paths"]
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     assert set(paths["/reset_data"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
@@ -252,6 +262,6 @@ def test_the_document_declares_every_content_type(served: Served):
         schema = body["content"]["application/json"]["schema"]
         group = schema["items"] if route == "/scored_data_list" else schema
         assert {"tokens", "masks", "scores"} <= set(group["properties"])
-    with httpx.Client(base_url=served.url, headers=served.headers, timeout=10) as client:
+    with served.client() as client:
         assert client.get("/metrics").headers["content-type"].startswith("text/plain")
         assert client.get("/reset_data").headers["content-type"].startswith("text/plain")
