@@ -47,9 +47,9 @@ def test_a_tier_comes_from_the_marker_then_the_costliest_fixture_then_unit():
     assert tier_of(FakeItem(fixturenames=["tmp_path", "tiny_model_path"])) == "integration"
     assert tier_of(FakeItem(fixturenames=["tiny_model_path", "launch"])) == "e2e"
     assert tier_of(FakeItem(markers=["e2e"], fixturenames=["tmp_path"])) == "e2e"
-    # a marker wins over fixtures: a cheap-looking test can say it is costly, and the
-    # other way round only where the test knows better (the guard still checks unit)
-    assert tier_of(FakeItem(markers=["integration", "parametrize"], fixturenames=["launch"])) == (
+    # a marker can raise the tier its fixtures give, never lower it
+    assert tier_of(FakeItem(markers=["e2e", "parametrize"], fixturenames=["api_factory"])) == "e2e"
+    assert tier_of(FakeItem(markers=["integration"], fixturenames=["api_factory"])) == (
         "integration"
     )
     assert set(FIXTURE_TIERS.values()) <= set(TIERS)
@@ -58,6 +58,13 @@ def test_a_tier_comes_from_the_marker_then_the_costliest_fixture_then_unit():
 def test_two_tier_markers_are_a_collection_error():
     with pytest.raises(pytest.UsageError, match="several tiers"):
         tier_of(FakeItem(markers=["unit", "e2e"]))
+
+
+def test_a_marker_cheaper_than_the_fixtures_is_a_collection_error():
+    with pytest.raises(pytest.UsageError, match=r"marked unit but uses \['tiny_model_path'\]"):
+        tier_of(FakeItem(markers=["unit"], fixturenames=["tmp_path", "tiny_model_path"]))
+    with pytest.raises(pytest.UsageError, match="which make it e2e"):
+        tier_of(FakeItem(markers=["integration"], fixturenames=["launch"]))
 
 
 def test_the_guard_refuses_a_subprocess_and_names_the_fix():

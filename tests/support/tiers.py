@@ -9,7 +9,8 @@
 
 A test's tier is decided once, at collection, in this order:
 1. its own marker (`@pytest.mark.e2e` on the test or class, or `pytestmark` in the
-   module); two different tier markers on one test are a collection error;
+   module); two different tier markers on one test are a collection error, and so is a
+   marker cheaper than its fixtures (a marker can only raise the tier);
 2. the most expensive tier among the fixtures it uses (`FIXTURE_TIERS`), so a test that
    asks for `api` or `tiny_model_path` is integration without saying so;
 3. otherwise unit.
@@ -68,11 +69,17 @@ def tier_of(item: pytest.Item) -> str:
     declared = declared_tiers(item)
     if len(declared) > 1:
         raise pytest.UsageError(f"{item.nodeid} is marked with several tiers: {sorted(declared)}")
-    if declared:
-        return declared.pop()
     names = getattr(item, "fixturenames", ())
-    by_fixture = [FIXTURE_TIERS[name] for name in names if name in FIXTURE_TIERS]
-    return max(by_fixture, key=TIERS.index, default="unit")
+    costly = [name for name in names if name in FIXTURE_TIERS]
+    by_fixtures = max((FIXTURE_TIERS[name] for name in costly), key=TIERS.index, default="unit")
+    if not declared:
+        return by_fixtures
+    tier = declared.pop()
+    if TIERS.index(tier) < TIERS.index(by_fixtures):
+        raise pytest.UsageError(
+            f"{item.nodeid} is marked {tier} but uses {costly}, which make it {by_fixtures}"
+        )
+    return tier
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects on the markers added here
