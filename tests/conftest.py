@@ -55,6 +55,19 @@ def wire_client(api: ApiProcess) -> Iterator[httpx.Client]:
         yield c
 
 
+@pytest.fixture
+def fresh_wandb(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """wandb in offline mode (no key), its process-wide service and settings torn down
+    before and after: a run started by another test in this process (an xdist worker runs
+    many) would otherwise keep its directory and service for the next one."""
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    wandb.teardown()
+    yield wandb
+    wandb.teardown()
+
+
 os.environ.pop("ATROPOS_API_KEY", None)  # a developer's key must not leak into tests
 
 

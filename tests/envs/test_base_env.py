@@ -107,6 +107,7 @@ def test_checkpoints_round_trip_at_the_current_step(env, tmp_path, caplog):
     folder = tmp_path / "ckpt" / "env_checkpoints" / "arith_0"
     assert sorted(p.name for p in folder.iterdir()) == ["step-10.json", "step-5.json"]
     env.curr_step = 5
+    caplog.clear()  # the saves above are logged too, when this process logs at INFO already
     with caplog.at_level(logging.INFO, logger="atroposlib.envs"):
         env.load_checkpoint()
     assert env.iter == 5 and env.seen == [1, 2]

@@ -81,11 +81,11 @@ def test_hooks_run_at_upstreams_points_and_the_log_has_upstreams_keys(tiny_model
     assert env.completion_lengths == [] and env.task_duration == []
 
 
-def test_wandb_gets_prefixed_keys_and_the_trainers_project(tiny_model_path, tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
+def test_wandb_gets_prefixed_keys_and_the_trainers_project(
+    tiny_model_path, tmp_path, monkeypatch, fresh_wandb
+):
+    wandb = fresh_wandb
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("WANDB_MODE", raising=False)
     env = make_env(tiny_model_path, use_wandb=True, wandb_name="arith")
     env.wandb_prepend = "arith_env"
     env.curr_step = 3

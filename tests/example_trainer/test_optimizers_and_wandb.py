@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 from example_trainer.config import TrainingConfig  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
 from tests.support.trainer_batches import batch  # noqa: E402
+from tests.support.wandb_offline import offline_runs  # noqa: E402
 
 LIBRARY = {"adamw": "torch", "adamw_8bit": "bitsandbytes", "adafactor": "transformers"}
 
@@ -44,16 +45,11 @@ def test_missing_optimizer_library_is_a_clear_error(tiny_model_path, tmp_path, m
         make_trainer(tiny_model_path, tmp_path, optimizer="adamw_8bit")
 
 
-def test_wandb_logs_offline_without_a_key(tiny_model_path, tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("WANDB_MODE", raising=False)
+def test_wandb_logs_offline_without_a_key(tiny_model_path, tmp_path, fresh_wandb):
     trainer = make_trainer(tiny_model_path, tmp_path, use_wandb=True, wandb_project="unit")
     metrics = trainer.train_step(batch())
     trainer.step = 1
     trainer.log({**metrics, "wait_s": 0.0, "train_s": 0.1, "restart_s": 0.0, "tokens_per_s": 1.0})
     trainer._wandb_run.finish()
-    runs = list((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1, list((tmp_path / "wandb").iterdir())
-    history = list(runs[0].glob("*.wandb"))
-    assert history and b"train/loss" in history[0].read_bytes()
+    (run,) = offline_runs(tmp_path / "wandb")
+    assert "train/loss" in run.keys, sorted(run.keys)

@@ -88,24 +88,35 @@ class OfflineRun:
         return {key for row in self.history for key in row if not key.startswith("_")}
 
 
-def offline_runs(root: Path, timeout_s: float = 60) -> list[OfflineRun]:
-    """Every offline run under `root` (at any depth), oldest first, once each is complete."""
+def offline_runs(root: Path, expected: int = 1, timeout_s: float = 60) -> list[OfflineRun]:
+    """Every offline run under `root` (at any depth), oldest first, once each is complete.
+
+    wandb's service creates the run's files after `finish()` returns too, so this first
+    waits (up to `timeout_s`) for at least `expected` runs to appear.
+    """
     from tests.support.waiting import wait_until
 
+    def started() -> list[Path]:
+        return [
+            run_dir
+            for run_dir in sorted(Path(root).rglob("offline-run-*"))
+            if run_dir.is_dir() and any(run_dir.glob("*.wandb"))
+        ]
+
+    wait_until(lambda: len(started()) >= expected, timeout_s, f"no {expected} wandb runs in {root}")
     found = []
-    for run_dir in sorted(Path(root).rglob("offline-run-*")):
-        if run_dir.is_dir() and any(run_dir.glob("*.wandb")):
-            run = wait_until(
-                lambda d=run_dir: (r := offline_run(d))["finished"] and r,
-                timeout_s,
-                f"wandb never finished writing {run_dir}",
+    for run_dir in started():
+        run = wait_until(
+            lambda d=run_dir: (r := offline_run(d))["finished"] and r,
+            timeout_s,
+            f"wandb never finished writing {run_dir}",
+        )
+        found.append(
+            OfflineRun(
+                project=run.get("project", ""),
+                group=run.get("group", ""),
+                name=run.get("name", ""),
+                history=run["history"],
             )
-            found.append(
-                OfflineRun(
-                    project=run.get("project", ""),
-                    group=run.get("group", ""),
-                    name=run.get("name", ""),
-                    history=run["history"],
-                )
-            )
+        )
     return found
