@@ -86,8 +86,8 @@ STATUS=0
 for tier in "${TIERS[@]}"; do
     WORKERS=()
     case "$tier" in
-        integration) await debian; WORKERS=(-n "${ATROPOS_TEST_WORKERS:-2}" --dist worksteal) ;;
-        e2e) await debian; await vllm; WORKERS=(-n "${ATROPOS_TEST_WORKERS:-2}" --dist worksteal) ;;
+        integration) await debian; WORKERS=(-n "${ATROPOS_TEST_WORKERS:-2}" --dist loadfile) ;;
+        e2e) await debian; await vllm; WORKERS=(-n "${ATROPOS_TEST_WORKERS:-2}" --dist loadfile) ;;
     esac
     [ -x .venv-vllm/bin/python ] && export ATROPOS_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
     export ATROPOS_CHROMIUM="${ATROPOS_CHROMIUM:-$(command -v chromium || true)}"
