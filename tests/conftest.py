@@ -17,7 +17,10 @@ import pytest
 from tests.support.inprocess_api import inprocess_api
 from tests.support.processes import ApiProcess, InferenceProcess
 
-pytest_plugins = ["tests.support.tiers"]  # each test's tier, and the unit tier's guard
+pytest_plugins = [
+    "tests.support.tiers",  # each test's tier, and the unit tier's guard
+    "tests.support.tier_report",  # per-tier totals and --tier-durations
+]
 
 
 @pytest.fixture

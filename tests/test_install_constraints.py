@@ -49,11 +49,16 @@ def test_the_library_itself_keeps_ranges():
 
 
 @pytest.mark.parametrize("script", ["quickstart.sh", "test.sh"])
-def test_the_readme_scripts_install_only_with_the_constraints(script):
+def test_the_readme_scripts_install_only_through_the_pinned_installer(script):
     text = (REPO / "scripts" / script).read_text()
-    installs = [line for line in text.splitlines() if re.match(r"\s*pip install", line)]
-    assert len(installs) == 3
+    assert "bash scripts/install_venv.sh " in text
+    assert not re.search(r"^\s*pip install", text, re.MULTILINE), "install through install_venv.sh"
+    assert f"bash scripts/{script}" in (REPO / "README.md").read_text()
+
+
+def test_the_installer_pins_every_pip_install():
+    text = (REPO / "scripts" / "install_venv.sh").read_text()
+    installs = [line for line in text.splitlines() if line.startswith('"${PIP[@]}"')]
+    assert len(installs) == 3  # pip itself, torch, the project with its extras
     assert all(line.rstrip().endswith('"${PIN[@]}"') for line in installs), installs
     assert "PIN=(-c scripts/constraints.txt)" in text
-    readme = (REPO / "README.md").read_text()
-    assert f"bash scripts/{script}" in readme

@@ -89,6 +89,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = tier_of(item)
         if tier not in declared_tiers(item):
             item.add_marker(getattr(pytest.mark, tier))
+        item.user_properties.append(("tier", tier))  # for tests/support/tier_report.py
 
 
 class _Guard:

