@@ -11,6 +11,8 @@ WeightBridgeMode = Literal[
 ]
 LORA_MODES = ("lora_only", "lora_restart")
 RESTART_MODES = ("none", "restart", "lora_restart")
+HOT_MODE_CHECKPOINT_INTERVAL = 10
+"""Steps between checkpoints in a hot mode by default: what a trainer crash re-trains."""
 
 
 class TrainingConfig(BaseModel):
@@ -45,11 +47,14 @@ class TrainingConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto.")
     save_path: str = Field("trained_model_checkpoints", description="Where checkpoints go.")
-    save_checkpoint_interval: int = Field(
-        0,
+    save_checkpoint_interval: int | None = Field(
+        None,
         ge=0,
         description="Write a resumable checkpoint every N steps (0: only those a restart "
-        "mode needs, and the last). Independent of weight syncs.",
+        "mode needs, and the last). Independent of weight syncs. Default: every "
+        f"{HOT_MODE_CHECKPOINT_INTERVAL} steps in the hot modes, whose syncs write no "
+        "checkpoint, so a crash re-trains at most that many steps; 0 in the restart modes, "
+        "whose engine restarts checkpoint already.",
     )
     checkpoint_interval: int | None = Field(
         None, ge=0, description="Upstream's spelling of --save-checkpoint-interval."
@@ -143,6 +148,9 @@ class TrainingConfig(BaseModel):
                 )
             self.save_checkpoint_interval = self.checkpoint_interval
             self.checkpoint_interval = None
+        if self.save_checkpoint_interval is None:
+            hot = not self.restarts_engine
+            self.save_checkpoint_interval = HOT_MODE_CHECKPOINT_INTERVAL if hot else 0
         return self
 
     @property

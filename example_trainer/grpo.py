@@ -36,6 +36,7 @@ from example_trainer.config import TrainingConfig
 from example_trainer.data import BatchGroups, flatten, micro_batches, staleness, trained_tokens
 from example_trainer.distributed import init_data_parallel
 from example_trainer.engine import Engine
+from example_trainer.interrupts import StepInterrupts
 from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
 from example_trainer.model import MasterWeights, build_optimizer, load_policy
 from example_trainer.weight_bridge import WeightBridge, build_bridge
@@ -386,42 +387,48 @@ class Trainer:
         if main_rank:
             self.start_engine()
             api.register(config, self.step)
+        interrupts = StepInterrupts()
+        interrupts.install()
         try:
             while self.step < config.training_steps:
                 batch, waited = self.next_batch(api)
-                started = time.perf_counter()
-                metrics = self.train_step(batch)
-                self.step += 1
-                trained = time.perf_counter() - started
-                synced = 0.0
-                last = self.step == config.training_steps
-                if (
-                    main_rank
-                    and self.bridge is not None
-                    and not last
-                    and self.bridge.due(self.step)
-                ):
-                    synced = self.push_weights()
-                if main_rank:
-                    # both records before the checkpoint: a step it holds is on record
-                    self.records.trained_groups(self.step, [group_id_of(g) for g in batch])
-                    metrics.update(
-                        wait_s=waited,
-                        train_s=trained,
-                        sync_s=synced,
-                        tokens_per_s=metrics["tokens"] / max(trained, 1e-9),
-                        **staleness(batch, self.step - 1),
-                    )
-                    self.log(metrics)
-                    if last:
-                        self.save()  # the engine stops next: syncing it would be wasted
-                    else:
-                        self.hand_over_weights()
+                with interrupts.step():  # a signal waits for the step to end
+                    started = time.perf_counter()
+                    metrics = self.train_step(batch)
+                    self.step += 1
+                    trained = time.perf_counter() - started
+                    synced = 0.0
+                    last = self.step == config.training_steps
+                    if (
+                        main_rank
+                        and self.bridge is not None
+                        and not last
+                        and self.bridge.due(self.step)
+                    ):
+                        synced = self.push_weights()
+                    if main_rank:
+                        # both records before the checkpoint: a step it holds is on record
+                        self.records.trained_groups(self.step, [group_id_of(g) for g in batch])
+                        metrics.update(
+                            wait_s=waited,
+                            train_s=trained,
+                            sync_s=synced,
+                            tokens_per_s=metrics["tokens"] / max(trained, 1e-9),
+                            **staleness(batch, self.step - 1),
+                        )
+                        self.log(metrics)
+                        if last:
+                            self.save()  # the engine stops next: syncing it would be wasted
+                        else:
+                            self.hand_over_weights()
         except KeyboardInterrupt:
-            if main_rank:
+            if main_rank and self.committed_step != self.step:
                 logger.info("interrupted at step %d; writing a final checkpoint", self.step)
                 self.save()
+            elif main_rank:
+                logger.info("interrupted at step %d, which is already checkpointed", self.step)
         finally:
+            interrupts.uninstall()
             if self.bridge is not None:
                 self.bridge.close()
             if self.engine is not None:

@@ -210,11 +210,12 @@ class RunState:
         """The stored state is resumed only by its own run, and only when it asks to.
 
         A run is its (wandb_group, wandb_project, checkpoint_dir); a trainer of another
-        run, or one that starts from step 0 when this run has trained, would otherwise
-        inherit its step, its queue and its kept batches without a word.
+        run, or one that starts from step 0 when a checkpoint of this run has released
+        batches, would otherwise inherit its step, its queue and its kept batches without
+        a word.
         """
         stored = self.registration
-        refusal = run_refusal(stored, registration, self.step)
+        refusal = run_refusal(stored, registration, self.step, self.leases.keys())
         if refusal is not None:
             raise RunConflict(refusal)
         logger.warning(

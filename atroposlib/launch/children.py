@@ -1,8 +1,9 @@
 """One supervised child of `atropos-launch`: its process, its log, its restarts.
 
 Restarts back off 1, 2, 4, ... seconds (at most 30) while a child keeps
-crashing; a child that ran for `STABLE_AFTER_S` before crashing starts the
-back-off over, so a long run with a rare crash never waits long.
+crashing; a child that ran for `STABLE_AFTER_S`, or made progress (a trainer that
+finished a step), before crashing starts the back-off over, so a long run with a rare
+crash never waits long.
 
 Output is read line by line by a thread that appends it to the child's own
 log file in the run directory (kept whole) and hands it to a sink that prints
@@ -40,6 +41,7 @@ class Child:
         self.restarts = 0
         self.crash_streak = 0  # crashes in a row without a stable run between them
         self.started_at = 0.0
+        self.started_wall = 0.0
         self.stopped = False  # stopped by the launcher (its exit code says nothing)
         self.next_restart_at: float | None = None
 
@@ -49,6 +51,7 @@ class Child:
         with open(self.log_path, "a") as log:
             log.write(f"--- start: {' '.join(command)}\n")
         self.started_at = time.monotonic()
+        self.started_wall = time.time()  # to compare with the files it writes
         self.proc = spawn(
             command,
             subprocess.PIPE,
@@ -85,9 +88,9 @@ class Child:
             self.reader.join(timeout=5)
         return code
 
-    def schedule_restart(self) -> float:
+    def schedule_restart(self, made_progress: bool = False) -> float:
         """Back-off before the next restart (see the module docstring); its seconds."""
-        if time.monotonic() - self.started_at >= STABLE_AFTER_S:
+        if made_progress or time.monotonic() - self.started_at >= STABLE_AFTER_S:
             self.crash_streak = 0
         delay = min(MAX_BACKOFF_S, 2.0**self.crash_streak)
         self.crash_streak += 1

@@ -182,8 +182,10 @@ class Launcher:
         if child.alive():
             return
         if child.restart_due():
-            command = self._resume_command() if child is self.trainer else None
-            how = f" from {command[-1]}" if command else ""
+            command, how = None, ""
+            if child is self.trainer:
+                command, checkpoint = self._resume_command()
+                how = f" from {checkpoint}" if checkpoint else " from step 0 (no checkpoint yet)"
             self.say(
                 f"restarting {child.name}{how} (restart {child.restarts + 1}/"
                 f"{child.plan.max_restarts})",
@@ -207,14 +209,25 @@ class Launcher:
                 f"{code}); its restart budget "
                 f"({child.plan.max_restarts}) is spent, giving up",
             )
-        delay = child.schedule_restart()
+        delay = child.schedule_restart(made_progress=self._trained_since_start(child))
         self.say(
             f"{child.name} crashed with exit code {code}; restarting in {delay:.0f}s",
             "bold yellow",
         )
 
-    def _resume_command(self) -> list[str]:
-        """The trainer's command, resuming from its newest checkpoint that still exists."""
+    def _trained_since_start(self, child: Child) -> bool:
+        """A trainer that finished a step since it last started is not in a crash loop."""
+        if child is not self.trainer:
+            return False
+        try:
+            return self.plan.metrics_path.stat().st_mtime >= child.started_wall
+        except OSError:
+            return False
+
+    def _resume_command(self) -> tuple[list[str], str | None]:
+        """The trainer's command, resuming from its newest checkpoint that still exists,
+        and that checkpoint. With none yet, the trainer starts over from step 0: the API
+        still keeps every batch it was served (api/runs.py), and serves them again."""
         command = list(self.trainer.plan.command)
         if "--resume" in command:  # a run that itself resumed: the newer checkpoint wins
             at = command.index("--resume")
@@ -225,9 +238,11 @@ class Launcher:
             if event.kind is EventKind.CHECKPOINT_SAVED
         ]
         latest = next((p for p in reversed(saved) if p and Path(p).is_dir()), None)
-        if latest is None:
-            return self.trainer.plan.command
-        return [*command, "--resume", latest]
+        if latest is None:  # none of its own yet: as first started, resuming or not
+            original = self.trainer.plan.command
+            resumed = original[original.index("--resume") + 1] if "--resume" in original else None
+            return original, resumed
+        return [*command, "--resume", latest], latest
 
     def restarts(self) -> dict[str, int]:
         """Restarts per child, plus the engine restarts the trainer made after a crash."""

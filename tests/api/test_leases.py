@@ -101,16 +101,35 @@ def test_a_leased_batch_survives_kill_9_of_the_api(api_factory, tmp_path):
 def test_another_runs_trainer_is_refused_instead_of_inheriting_this_one(client):
     """X1: the stored state is resumed only by its own run, and only when it asks to."""
     register(client)
-    post_groups(client, range(1, 5))
+    post_groups(client, range(1, 7))
     assert batch_tags(client, step=1) == [1, 2]
     other = client.post("/register", json={**REGISTRATION, "wandb_group": "another"})
     assert other.status_code == 409
     assert "belongs to run g/p" in other.json()["detail"]
+    assert batch_tags(client, step=2, committed=1) == [3, 4]  # a checkpoint holds step 1
     fresh = client.post("/register", json=REGISTRATION)  # same run, but from step 0
-    assert fresh.status_code == 409
+    assert fresh.status_code == 409  # it would skip batch 1, which the checkpoint released
     assert "resume it from a checkpoint" in fresh.json()["detail"]
-    assert client.get("/status").json()["current_step"] == 1  # nothing was inherited or moved
+    assert client.get("/status").json()["current_step"] == 2  # nothing was inherited or moved
     register(client, starting_step=1)  # the same run resuming: accepted
+
+
+def test_a_trainer_that_died_before_its_first_checkpoint_starts_over_on_the_same_batches(
+    client,
+):
+    """RUN-1: it came back from step 0, was refused with 409, and the run ended."""
+    register(client)
+    post_groups(client, range(1, 9))
+    assert batch_tags(client, step=1) == [1, 2]
+    assert batch_tags(client, step=2) == [3, 4]
+    assert batch_tags(client, step=3) == [5, 6]  # no checkpoint yet: nothing committed
+    register(client)  # restarted without --resume: starting_step 0
+    status = client.get("/status").json()
+    assert status["current_step"] == 0 and status["kept_batch_steps"] == [1, 2, 3]
+    assert batch_tags(client, step=1) == [1, 2]
+    assert batch_tags(client, step=2) == [3, 4]
+    assert batch_tags(client, step=3, committed=2) == [5, 6]
+    assert batch_tags(client, step=4) == [7, 8]  # then on to what it never saw
 
 
 def test_a_trainer_that_restarts_before_any_batch_registers_again(client):

@@ -32,7 +32,7 @@ from atroposlib.envs.server_handling.weight_versions import (  # noqa: E402
 from atroposlib.protocol import ScoredData  # noqa: E402
 from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
 from example_trainer import weight_bridge  # noqa: E402
-from example_trainer.config import TrainingConfig  # noqa: E402
+from example_trainer.config import HOT_MODE_CHECKPOINT_INTERVAL, TrainingConfig  # noqa: E402
 from example_trainer.data import staleness  # noqa: E402
 from example_trainer.engine import Engine  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
@@ -216,6 +216,19 @@ def test_a_refused_push_and_a_killed_engine_restart_on_the_newest_export(
 
 
 # ------------------------------------------------------------ configuration
+def test_hot_modes_checkpoint_by_default_and_restart_modes_need_not():
+    """RUN-1: hot modes saved nothing before the last step, so any crash lost the run."""
+    for mode in ("hot_reload", "lora_only", "shared_vllm"):
+        config = TrainingConfig(model_name="m", weight_bridge_mode=mode)
+        assert config.save_checkpoint_interval == HOT_MODE_CHECKPOINT_INTERVAL == 10
+    for mode in ("none", "restart", "lora_restart"):
+        assert TrainingConfig(model_name="m", weight_bridge_mode=mode).save_checkpoint_interval == 0
+    explicit = TrainingConfig(
+        model_name="m", weight_bridge_mode="hot_reload", checkpoint_interval=0
+    )
+    assert explicit.save_checkpoint_interval == 0  # asked for: only the last
+
+
 @pytest.mark.integration
 def test_checkpoint_interval_is_an_alias_and_a_disagreement_is_refused(tmp_path):
     assert TrainingConfig(model_name="m", checkpoint_interval=4).save_checkpoint_interval == 4
