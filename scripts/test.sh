@@ -64,11 +64,15 @@ if [ "$ONLY_UNIT" = 0 ]; then
         > .test-logs/install-tiny-model.log 2>&1 &
     JOB[tiny-model]=$!
 fi
-await() {
-    local part=$1
+await() {  # wait for a background install: its last line, or its whole log if it failed
+    local part=$1 log=".test-logs/install-$1.log"
     [ -n "${JOB[$part]:-}" ] || return 0
-    wait "${JOB[$part]}" || echo "WARNING: $part failed (tests that need it skip or fail)" >&2
-    sed "s/^/$part: /" ".test-logs/install-$part.log"
+    if wait "${JOB[$part]}"; then
+        echo "$part: $(tail -n 1 "$log")"
+    else
+        sed "s/^/$part: /" "$log"
+        echo "WARNING: $part failed (tests that need it skip or fail); log: $log" >&2
+    fi
     JOB[$part]=""
 }
 
