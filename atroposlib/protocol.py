@@ -7,16 +7,20 @@ only, so the API stays free of the rest of the library.
 
 Field names and types are the Atropos contract. `ScoredData` (validated) and
 `ScoredDataGroup` (the plain-dict view environments build and upstream code
-imports) list the same fields; a test keeps them equal. Cross-field rules live
-in `atroposlib.api.models` with the API, which is the only side that judges.
+imports) list the same fields; a test keeps them equal. The rules that make a group
+trainable, beyond its field types, are here too (`group_problems`): the API refuses a
+group that breaks one at intake, and a trainer skips one that still reaches it.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+
+from atroposlib.token_limit import exceeds_token_limit
 
 if sys.version_info >= (3, 11):
     from typing import TypedDict
@@ -57,6 +61,9 @@ class Registration(BaseModel):
     save_checkpoint_interval: WholeInt
     starting_step: WholeInt = Field(ge=0)
     num_steps: WholeInt
+    vocab_size: WholeInt | None = Field(default=None, gt=0)
+    """Rows of the trainer's embedding: the API refuses a group with a token id at or
+    above it. Not part of upstream's registration, which leaves it out (no check)."""
 
 
 class RegisterEnv(BaseModel):
@@ -137,6 +144,90 @@ PER_SEQUENCE_FIELDS = (
 
 ITEM_FIELDS = ("tokens", "masks", *PER_SEQUENCE_FIELDS, "images")
 """Per-sequence fields a single rollout carries (`scores` is handled apart)."""
+
+PER_TOKEN_FIELDS = ("advantages", "inference_logprobs", "ref_logprobs")
+"""Per-sequence fields with one number per token, aligned with `tokens`."""
+
+IGNORED = -100
+"""The mask value of a token that is not trained on (the prompt, padding)."""
+
+
+Problem = tuple[tuple[str | int, ...], str]
+"""Where in the group (field, sequence, position) and what is wrong."""
+
+
+def group_problems(
+    group: ScoredData, max_token_len: int = -1, vocab_size: int | None = None
+) -> list[Problem]:
+    """What stops a trainer from training on `group`; [] when nothing does.
+
+    Shapes that must agree, finite scores, messages with role and content, the token
+    limit, and what crashed trainers on every restart (the correctness review's RUN-3):
+    an empty sequence, a token id below 0 or at or above `vocab_size`, and a per-token
+    value that is not finite where a token is trained. Untrained positions (the first
+    token, and a mask of -100) may hold any placeholder: the loss never reads them.
+    `messages: []` is upstream's "no conversation" and is accepted.
+    """
+    problems: list[Problem] = []
+    n = len(group.tokens)
+    if n == 0:
+        problems.append((("tokens",), "a group needs at least one sequence"))
+    for i, toks in enumerate(group.tokens):
+        if not toks:
+            problems.append((("tokens", i), "a sequence needs at least one token"))
+        bad = next((t for t in toks if t < 0 or (vocab_size and t >= vocab_size)), None)
+        if bad is not None:
+            limit = f"0 to {vocab_size - 1}, the trainer's vocabulary" if vocab_size else ">= 0"
+            problems.append((("tokens", i), f"token id {bad} is outside {limit}"))
+        if max_token_len > 0 and exceeds_token_limit(len(toks), max_token_len):
+            problems.append(
+                (
+                    ("tokens", i),
+                    f"sequence has {len(toks)} tokens, over the registered "
+                    f"max_token_len {max_token_len}",
+                )
+            )
+    trained: list[list[bool] | None] = [None] * n
+    if len(group.masks) != n:
+        problems.append((("masks",), f"masks has {len(group.masks)} sequences, tokens has {n}"))
+    else:
+        for i, (toks, mask) in enumerate(zip(group.tokens, group.masks, strict=True)):
+            if len(toks) != len(mask):
+                message = f"mask length {len(mask)} differs from token length {len(toks)}"
+                problems.append((("masks", i), message))
+            else:
+                trained[i] = [j > 0 and m != IGNORED for j, m in enumerate(mask)]
+    if len(group.scores) != n:
+        problems.append((("scores",), f"scores has {len(group.scores)} entries for {n} sequences"))
+    for i, score in enumerate(group.scores):
+        if not math.isfinite(score):
+            problems.append((("scores", i), f"score must be finite, got {score}"))
+    for field in PER_SEQUENCE_FIELDS:
+        value = getattr(group, field)
+        if value is None or (field == "messages" and value == []):
+            continue
+        if len(value) != n:
+            problems.append(((field,), f"{field} has {len(value)} entries for {n} sequences"))
+        elif field in PER_TOKEN_FIELDS:
+            # the trainer reads these position by position beside the tokens: another
+            # length would be broadcast or fail deep inside its loss
+            for i, (toks, row) in enumerate(zip(group.tokens, value, strict=True)):
+                if len(row) != len(toks):
+                    message = f"{field}[{i}] has {len(row)} values for {len(toks)} tokens"
+                    problems.append(((field, i), message))
+                    continue
+                positions = trained[i] or []
+                j = next(
+                    (j for j, t in enumerate(positions) if t and not math.isfinite(row[j])), None
+                )
+                if j is not None:
+                    message = f"{field}[{i}][{j}] is {row[j]} at a trained position"
+                    problems.append(((field, i, j), message))
+    for i, conversation in enumerate(group.messages or []):
+        for j, message in enumerate(conversation):
+            if "role" not in message or "content" not in message:
+                problems.append((("messages", i, j), "every message needs 'role' and 'content'"))
+    return problems
 
 
 class Batch(BaseModel):

@@ -115,6 +115,9 @@ class TrainedGroups(BaseModel):
 
     step: int = Field(ge=1)
     group_ids: list[str | None]
+    skipped_ids: list[str | None] = Field(default_factory=list)
+    """Groups of the step's batch that it could not train on (a NaN at a trained
+    position, a token id out of the vocabulary): consumed and counted, not lost."""
 
 
 def metrics_path(save_path: str | Path) -> Path:
@@ -147,8 +150,10 @@ class RunRecords:
         _append(self.events_path, record)
         return record
 
-    def trained_groups(self, step: int, group_ids: list[str | None]) -> TrainedGroups:
-        record = TrainedGroups(step=step, group_ids=group_ids)
+    def trained_groups(
+        self, step: int, group_ids: list[str | None], skipped_ids: list[str | None] = ()
+    ) -> TrainedGroups:
+        record = TrainedGroups(step=step, group_ids=group_ids, skipped_ids=list(skipped_ids))
         _append(self.groups_path, record)
         return record
 

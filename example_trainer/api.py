@@ -71,10 +71,15 @@ class TrajectoryAPI:
         self.waits = False
         """True while the API honours `Prefer: wait` (it answers as soon as a batch is
         ready, so polling again needs no back-off); upstream's answers at once."""
-        self.registered: tuple[TrainingConfig, int] | None = None
-        """What the last /register sent (config, starting step), to register again."""
+        self.registered: tuple[TrainingConfig, int, int | None] | None = None
+        """What the last /register sent (config, starting step, vocabulary size), to
+        register again."""
 
-    def register(self, config: TrainingConfig, starting_step: int) -> None:
+    def register(
+        self, config: TrainingConfig, starting_step: int, vocab_size: int | None = None
+    ) -> None:
+        """`vocab_size`: the rows of the model's embedding; the API then refuses a group
+        with a token id it cannot embed (upstream's API ignores the field)."""
         payload = Registration(
             wandb_group=config.wandb_group,
             wandb_project=config.wandb_project,
@@ -85,8 +90,9 @@ class TrajectoryAPI:
             or (config.vllm_restart_interval if config.restarts_engine else config.training_steps),
             starting_step=starting_step,
             num_steps=config.training_steps,
-        ).model_dump()
-        self.registered = (config, starting_step)
+            vocab_size=vocab_size,
+        ).model_dump(exclude_none=True)
+        self.registered = (config, starting_step, vocab_size)
         delay = 0.5
         while True:
             try:
@@ -143,7 +149,7 @@ class TrajectoryAPI:
         the step being trained, so the run goes on from there."""
         if self.registered is None:
             raise APIRefused(f"/batch answered an error before any /register: {answer}")
-        config, starting_step = self.registered
+        config, starting_step, vocab_size = self.registered
         at = step - 1 if step is not None else starting_step
         logger.warning(
             "/batch answered %r: the API no longer knows this trainer (restarted without its "
@@ -151,7 +157,7 @@ class TrajectoryAPI:
             answer,
             at,
         )
-        self.register(config, at)
+        self.register(config, at, vocab_size)
 
     def _get_batch(self, params: dict[str, int]) -> httpx.Response | None:
         """GET /batch; None (after a WARNING) when it cannot be reached or answers 5xx."""

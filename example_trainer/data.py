@@ -14,11 +14,8 @@ from typing import Any
 
 import torch
 
-from atroposlib.protocol import GROUPS, WEIGHT_VERSIONS_FIELD, ScoredData
+from atroposlib.protocol import GROUPS, WEIGHT_VERSIONS_FIELD, ScoredData, group_problems
 from example_trainer.loss import group_advantages
-
-PER_TOKEN_FIELDS = ("advantages", "inference_logprobs", "ref_logprobs")
-"""Fields with one value per token of each sequence."""
 
 BatchGroups = Iterable[ScoredData | Mapping[str, Any]]
 """A step's groups, as `/batch` gives them (`ScoredData`) or as plain dicts."""
@@ -89,49 +86,41 @@ def flatten(
     return sequences
 
 
-def check_group(index: int, group: ScoredData) -> None:
-    """Raise `ValueError` naming the group, sequence and field that breaks alignment.
+def check_group(index: int, group: ScoredData, vocab_size: int | None = None) -> None:
+    """Raise `ValueError` naming the group and what makes it untrainable.
 
-    Per-token fields need one value per token, and a finite one wherever a token
-    is trained (position j >= 1 with a mask other than -100). Untrained positions
-    may hold any placeholder (1.0, NaN, -inf, vLLM's -9999): the loss never reads
-    them. A mistake here is an environment or engine bug, so it stops the run
-    rather than training on a guess.
+    The rules are the API's (`group_problems` in atroposlib.protocol): per-token
+    fields need one value per token, and a finite one wherever a token is trained;
+    untrained positions may hold any placeholder (1.0, NaN, -inf, vLLM's -9999).
     """
-    n = len(group.tokens)
-    if len(group.masks) != n or len(group.scores) != n:
-        raise ValueError(
-            f"group {index}: {n} sequences but {len(group.masks)} masks "
-            f"and {len(group.scores)} scores"
-        )
-    trained = []
-    for i, (tokens, masks) in enumerate(zip(group.tokens, group.masks, strict=True)):
-        if len(masks) != len(tokens):
-            raise ValueError(
-                f"group {index} sequence {i}: masks has {len(masks)} values "
-                f"for {len(tokens)} tokens"
-            )
-        positions = torch.tensor(masks, dtype=torch.long) != -100
-        positions[:1] = False  # the first token is never predicted
-        trained.append(positions)
-    for field in PER_TOKEN_FIELDS:
-        rows = getattr(group, field)
-        if rows is None:
-            continue
-        if len(rows) != n:
-            raise ValueError(f"group {index}: {field} has {len(rows)} rows for {n} sequences")
-        for i, (tokens, row) in enumerate(zip(group.tokens, rows, strict=True)):
-            if len(row) != len(tokens):
-                raise ValueError(
-                    f"group {index} sequence {i}: {field} has {len(row)} values "
-                    f"for {len(tokens)} tokens"
-                )
-            bad = trained[i] & ~torch.isfinite(torch.tensor(row, dtype=torch.float64))
-            if bool(bad.any()):
-                j = int(bad.nonzero()[0])
-                raise ValueError(
-                    f"group {index} sequence {i}: {field}[{j}] is {row[j]} at a trained position"
-                )
+    problems = group_problems(group, vocab_size=vocab_size)
+    if problems:
+        where, message = problems[0]
+        sequence = f" sequence {where[1]}" if len(where) > 1 and isinstance(where[1], int) else ""
+        raise ValueError(f"group {index}{sequence}: {message}")
+
+
+def split_trainable(
+    batch: BatchGroups, vocab_size: int | None = None
+) -> tuple[list[ScoredData], dict[int, str]]:
+    """The groups a trainer can train on, and why each of the others cannot be (by
+    their index in the batch).
+
+    The API refuses such groups at intake, but a batch may hold one it queued before
+    the trainer declared its vocabulary, or come from another producer. Stopping on
+    it would stop again on every restart, since the API serves a kept batch again
+    (the correctness review's RUN-3), so the trainer skips it and counts it.
+    """
+    kept: list[ScoredData] = []
+    skipped: dict[int, str] = {}
+    for index, group in enumerate(GROUPS.validate_python(list(batch))):
+        try:
+            check_group(index, group, vocab_size)
+        except ValueError as refused:
+            skipped[index] = str(refused)
+        else:
+            kept.append(group)
+    return kept, skipped
 
 
 def _row(values: list[list[float]] | None, index: int, length: int) -> list[float] | None:

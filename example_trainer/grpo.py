@@ -33,13 +33,30 @@ from atroposlib.utils.logging import configure_logging
 from example_trainer.api import APIRefused, TrajectoryAPI
 from example_trainer.checkpoint import load_trainer_state, prune_checkpoints, save_checkpoint
 from example_trainer.config import TrainingConfig
-from example_trainer.data import BatchGroups, flatten, micro_batches, staleness, trained_tokens
+from example_trainer.data import (
+    BatchGroups,
+    flatten,
+    micro_batches,
+    split_trainable,
+    staleness,
+    trained_tokens,
+)
 from example_trainer.distributed import init_data_parallel
 from example_trainer.engine import Engine
 from example_trainer.interrupts import StepInterrupts
 from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
 from example_trainer.model import MasterWeights, build_optimizer, load_policy
 from example_trainer.weight_bridge import WeightBridge, build_bridge
+
+NOTHING_TRAINED = dict.fromkeys(
+    (
+        *("loss", "pg_loss", "kl", "clip_fraction", "logprob_mismatch", "grad_norm"),
+        *("score_mean", "score_std", "advantage_mean", "tokens", "sequences"),
+        "sequences_without_inference_logprobs",
+    ),
+    0.0,
+)
+"""The metrics of a step whose every group was skipped as untrainable."""
 
 logger = logging.getLogger("example_trainer")
 
@@ -79,6 +96,9 @@ class Trainer:
         self.parallel, self.device = init_data_parallel(pick_device(config.device))
         self.model, self.tokenizer, restore_optimizer = load_policy(config, self.device)
         self.model.train()
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self.skipped_groups: set[int] = set()
+        """Indices, in the last step's batch, of the groups it could not train on."""
         self.ddp = None
         if self.parallel.enabled:
             from torch.nn.parallel import DistributedDataParallel
@@ -212,15 +232,29 @@ class Trainer:
                 delay = min(delay * 2, self.config.batch_poll_s)
 
     def train_step(self, batch: BatchGroups) -> dict[str, float]:
-        metrics = self.accumulate_gradients(batch)
+        groups, skipped = split_trainable(batch, self.vocab_size)
+        self.skipped_groups = set(skipped)
+        for reason in skipped.values():
+            logger.warning(
+                "step %d: skipping a group it cannot train on: %s", self.step + 1, reason
+            )
+        lr = self.scheduler.get_last_lr()[0]
+        if not groups:  # nothing to learn from; the step still counts, as the API's does
+            self.scheduler.step()
+            return {**NOTHING_TRAINED, "lr": lr, "skipped_groups": float(len(skipped))}
+        metrics = self.accumulate_gradients(groups)
         self.master.take_grads()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.master.params, self.config.max_grad_norm)
-        lr = self.scheduler.get_last_lr()[0]  # this step's; scheduler.step() moves to the next
         self.optimizer.step()
         self.master.publish()
-        self.scheduler.step()
+        self.scheduler.step()  # lr above was this step's; this moves to the next
         self.optimizer.zero_grad(set_to_none=True)
-        return {**metrics, "grad_norm": float(grad_norm), "lr": lr}
+        return {
+            **metrics,
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "skipped_groups": float(len(skipped)),
+        }
 
     def accumulate_gradients(self, batch: BatchGroups) -> dict[str, float]:
         """Backward over this rank's share of the batch; gradients are the whole batch's."""
@@ -386,7 +420,7 @@ class Trainer:
         )
         if main_rank:
             self.start_engine()
-            api.register(config, self.step)
+            api.register(config, self.step, self.vocab_size)
         interrupts = StepInterrupts()
         interrupts.install()
         try:
@@ -408,7 +442,12 @@ class Trainer:
                         synced = self.push_weights()
                     if main_rank:
                         # both records before the checkpoint: a step it holds is on record
-                        self.records.trained_groups(self.step, [group_id_of(g) for g in batch])
+                        ids = [group_id_of(g) for g in batch]
+                        self.records.trained_groups(
+                            self.step,
+                            [i for n, i in enumerate(ids) if n not in self.skipped_groups],
+                            [i for n, i in enumerate(ids) if n in self.skipped_groups],
+                        )
                         metrics.update(
                             wait_s=waited,
                             train_s=trained,

@@ -1,10 +1,10 @@
 """The checks on a posted group that pydantic's field types cannot express.
 
-The fields themselves are defined once in `atroposlib.protocol`. Cross-field rules
-(shapes that must agree, finite scores, messages with role/content, the token
-limit) live in `group_errors`, which returns errors in FastAPI's 422 format so
-each one names the offending field. `messages: []` is the one length exception:
-upstream's API and its SFT clients use it to mean "no conversation".
+The fields themselves, and the rules that make a group trainable (shapes that must
+agree, finite scores and per-token values, token ids within the trainer's vocabulary,
+messages with role/content, the token limit), are defined once in
+`atroposlib.protocol`; `group_errors` returns them in FastAPI's 422 format, so each
+one names the offending field.
 
 The same rules, as far as JSON Schema can state them, are what the OpenAPI
 document publishes for the scored-data bodies (`group_schema`), beside the
@@ -13,16 +13,11 @@ documented error answers the routes share.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from atroposlib.protocol import PER_SEQUENCE_FIELDS, ScoredData
-from atroposlib.token_limit import exceeds_token_limit
-
-PER_TOKEN_FIELDS = ("advantages", "inference_logprobs", "ref_logprobs")
-"""Per-sequence fields with one value per token, aligned with `tokens`."""
+from atroposlib.protocol import ScoredData, group_problems
 
 
 def _error(loc: tuple, msg: str, kind: str = "value_error") -> dict[str, Any]:
@@ -30,73 +25,16 @@ def _error(loc: tuple, msg: str, kind: str = "value_error") -> dict[str, Any]:
 
 
 def group_errors(
-    group: ScoredData, loc: tuple = ("body",), max_token_len: int = -1
+    group: ScoredData,
+    loc: tuple = ("body",),
+    max_token_len: int = -1,
+    vocab_size: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Rules that span fields; [] when the group is acceptable."""
-    errors: list[dict[str, Any]] = []
-    n = len(group.tokens)
-    if n == 0:
-        errors.append(_error((*loc, "tokens"), "a group needs at least one sequence"))
-    if len(group.masks) != n:
-        errors.append(
-            _error((*loc, "masks"), f"masks has {len(group.masks)} sequences, tokens has {n}")
-        )
-    else:
-        for i, (toks, mask) in enumerate(zip(group.tokens, group.masks, strict=True)):
-            if len(toks) != len(mask):
-                errors.append(
-                    _error(
-                        (*loc, "masks", i),
-                        f"mask length {len(mask)} differs from token length {len(toks)}",
-                    )
-                )
-    if len(group.scores) != n:
-        errors.append(
-            _error((*loc, "scores"), f"scores has {len(group.scores)} entries for {n} sequences")
-        )
-    for i, score in enumerate(group.scores):
-        if not math.isfinite(score):
-            errors.append(_error((*loc, "scores", i), f"score must be finite, got {score}"))
-    for field in PER_SEQUENCE_FIELDS:
-        value = getattr(group, field)
-        if field == "messages" and value == []:
-            continue  # upstream's "no conversation": accepted and passed on as []
-        if value is not None and len(value) != n:
-            errors.append(
-                _error((*loc, field), f"{field} has {len(value)} entries for {n} sequences")
-            )
-        elif value is not None and field in PER_TOKEN_FIELDS:
-            # the trainer reads these position by position beside the tokens: another
-            # length would be broadcast or fail deep inside its loss
-            for i, (toks, row) in enumerate(zip(group.tokens, value, strict=True)):
-                if len(row) != len(toks):
-                    errors.append(
-                        _error(
-                            (*loc, field, i),
-                            f"{field}[{i}] has {len(row)} values for {len(toks)} tokens",
-                        )
-                    )
-    if group.messages is not None:
-        for i, conversation in enumerate(group.messages):
-            for j, message in enumerate(conversation):
-                if "role" not in message or "content" not in message:
-                    errors.append(
-                        _error(
-                            (*loc, "messages", i, j),
-                            "every message needs 'role' and 'content'",
-                        )
-                    )
-    if max_token_len > 0:
-        for i, toks in enumerate(group.tokens):
-            if exceeds_token_limit(len(toks), max_token_len):
-                errors.append(
-                    _error(
-                        (*loc, "tokens", i),
-                        f"sequence has {len(toks)} tokens, over the registered "
-                        f"max_token_len {max_token_len}",
-                    )
-                )
-    return errors
+    """`group_problems` (atroposlib.protocol) in FastAPI's 422 format; [] when acceptable."""
+    return [
+        _error((*loc, *where), message)
+        for where, message in group_problems(group, max_token_len, vocab_size)
+    ]
 
 
 # ------------------------------------------------------- the OpenAPI description
@@ -110,7 +48,9 @@ CROSS_FIELD_RULES = (
     "per-sequence field hold one entry per sequence of `tokens`; each mask and each "
     "per-token row (`advantages`, `inference_logprobs`, `ref_logprobs`) is as long as its "
     "token row; a group's env id names a registered environment; no sequence is over the "
-    "registered `max_token_len`."
+    "registered `max_token_len`; no token id is at or above the `vocab_size` the trainer "
+    "registered; per-token values are finite wherever a token is trained (a position after "
+    "the first whose mask is not -100)."
 )
 
 
@@ -119,6 +59,9 @@ def group_schema() -> dict[str, Any]:
     schema = ScoredData.model_json_schema()
     properties = schema["properties"]
     properties["tokens"]["minItems"] = 1
+    sequence = properties["tokens"]["items"]
+    sequence["minItems"] = 1  # an empty sequence cannot be trained on
+    sequence["items"]["minimum"] = 0  # token ids index the embedding
     conversation = properties["messages"]["anyOf"][0]["items"]
     conversation["items"]["required"] = ["role", "content"]
     schema["description"] = f"One group: the rollouts of one prompt. {CROSS_FIELD_RULES}"

@@ -190,6 +190,7 @@ class RunState:
                     "batch_size": registration.batch_size,
                     "max_token_len": registration.max_token_len,
                     "num_steps": registration.num_steps,
+                    "vocab_size": registration.vocab_size,
                     "starting_step": step,
                 }
             )
@@ -305,10 +306,11 @@ class RunState:
                 self.counters["idempotent_replays"] += 1
                 return previous[0]
         max_len = self.registration.max_token_len if self.registration else -1
+        vocab_size = self.registration.vocab_size if self.registration else None
         errors: list[dict[str, Any]] = []
         for index, group in enumerate(groups):
             loc = ("body", index) if as_list else ("body",)
-            errors.extend(group_errors(group, loc, max_len))
+            errors.extend(group_errors(group, loc, max_len, vocab_size))
             if group.env_id is not None and not self.envs.knows(group.env_id):
                 errors.append(
                     {

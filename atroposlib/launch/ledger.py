@@ -9,7 +9,8 @@ of them leaves the others' intact:
   last record of each step counting, since a resumed trainer trains a step again;
 - what is still queued in the API's durable store when the run ends.
 
-A group is lost when it was acknowledged and is neither trained nor queued, and
+A group is lost when it was acknowledged and is neither trained, skipped by the
+trainer as untrainable (counted apart), nor queued, and
 duplicated when the final training lineage holds it twice. Ids are compared, not
 totals, so a loss and a duplicate cannot cancel out. Steps after the newest
 checkpoint (a trainer that died and was not resumed) are not in that lineage:
@@ -33,6 +34,8 @@ from atroposlib.trainer_contract import read_trained_groups
 class GroupAccount:
     delivered: set[str] = field(default_factory=set)
     trained: Counter[str] = field(default_factory=Counter)
+    skipped: set[str] = field(default_factory=set)
+    """Groups the trainer consumed but could not train on (RUN-3 of the review)."""
     queued: set[str] | None = None
     """Groups left in the API's store (None: it ran ephemeral, or the store is unreadable)."""
     trained_without_id: int = 0
@@ -41,7 +44,7 @@ class GroupAccount:
     def lost(self) -> set[str] | None:
         if self.queued is None:
             return None
-        return self.delivered - set(self.trained) - self.queued
+        return self.delivered - set(self.trained) - self.skipped - self.queued
 
     @property
     def duplicated(self) -> set[str]:
@@ -55,6 +58,7 @@ class GroupAccount:
             "queued_at_end": None if self.queued is None else len(self.queued),
             "lost": None if lost is None else len(lost),
             "duplicated": len(self.duplicated),
+            "skipped": len(self.skipped),
             "trained_without_id": self.trained_without_id,
         }
 
@@ -67,6 +71,7 @@ class GroupAccount:
             f"groups acknowledged {numbers['delivered']}, trained {numbers['trained']}, "
             f"still queued {unknown if queued is None else queued}, "
             f"lost {unknown if lost is None else lost}, trained twice {numbers['duplicated']}"
+            + (f", skipped as untrainable {numbers['skipped']}" if numbers["skipped"] else "")
         )
 
 
@@ -114,6 +119,7 @@ def account(
         if kept_through is not None and record.step > kept_through:
             continue
         result.trained.update(i for i in record.group_ids if i is not None)
+        result.skipped.update(i for i in record.skipped_ids if i is not None)
         result.trained_without_id += sum(i is None for i in record.group_ids)
     if api_state_dir is not None and api_state_dir.exists():
         try:

@@ -265,18 +265,21 @@ def test_latest_example_is_the_newest_queued_group(client):
     assert latest["tokens"][0][0] == 2 and latest["env_id"] is None
 
 
-def test_non_finite_logprobs_come_back_unchanged(client):
+def test_non_finite_logprobs_where_nothing_is_trained_come_back_unchanged(client):
+    """Placeholders (NaN, -inf, vLLM's -9999) are fine on positions the loss never reads:
+    the first token and masked ones. Where a token is trained they are refused (below)."""
     start_trainer(client, batch_size=2)
     body = (
-        '{"tokens": [[1, 2], [3, 4]], "masks": [[-100, 2], [-100, 4]], "scores": [1.0, 0.0],'
-        ' "inference_logprobs": [[NaN, -Infinity], [-0.5, Infinity]]}'
+        '{"tokens": [[1, 2, 5], [3, 4, 5]], "masks": [[-100, -100, 5], [-100, -100, 5]],'
+        ' "scores": [1.0, 0.0],'
+        ' "inference_logprobs": [[NaN, -Infinity, -0.1], [-0.5, Infinity, -0.2]]}'
     )
     response = client.post(
         "/scored_data", content=body, headers={"content-type": "application/json"}
     )
     assert response.status_code == 200, response.text
     text = client.get("/batch").text
-    assert "[NaN, -Infinity]" in text.replace(",-", ", -") or "[NaN,-Infinity]" in text
+    assert "[NaN, -Infinity, -0.1]" in text.replace(",-", ", -") or "[NaN,-Infinity,-0.1]" in text
     batch = json.loads(text)["batch"]  # Python's json reads the constants back
     values = batch[0]["inference_logprobs"]
     assert (
@@ -284,6 +287,65 @@ def test_non_finite_logprobs_come_back_unchanged(client):
         and values[1][1] == float("inf")
         and values[0][0] != values[0][0]
     )
+
+
+JSON = {"content-type": "application/json"}
+
+POISON = {
+    # RUN-3: each crashed the trainer on every restart, since the lease served it again
+    "a NaN logprob at a trained position": (
+        {"inference_logprobs": [[0.0, -0.1, float("nan")], [0.0, -0.2, -0.3]]},
+        ["inference_logprobs", 0, 2],
+        "inference_logprobs[0][2] is nan at a trained position",
+    ),
+    "an infinite advantage at a trained position": (
+        {"advantages": [[0.0, 1.0, 1.0], [0.0, float("-inf"), 0.0]]},
+        ["advantages", 1, 1],
+        "advantages[1][1] is -inf at a trained position",
+    ),
+    "a negative token id": (
+        {"tokens": [[1, -2, 5], [3, 4, 5]]},
+        ["tokens", 0],
+        "token id -2 is outside 0 to 318, the trainer's vocabulary",
+    ),
+    "a token id past the trainer's vocabulary": (
+        {"tokens": [[1, 2, 5], [3, 4, 320]]},
+        ["tokens", 1],
+        "token id 320 is outside 0 to 318, the trainer's vocabulary",
+    ),
+    "an empty sequence": (
+        {"tokens": [[1, 2, 5], []], "masks": [[-100, 2, 5], []]},
+        ["tokens", 1],
+        "a sequence needs at least one token",
+    ),
+}
+
+
+CLEAN = {
+    "tokens": [[1, 2, 5], [3, 4, 5]],
+    "masks": [[-100, 2, 5], [-100, 4, 5]],
+    "scores": [1.0, 0.0],
+}
+
+
+@pytest.mark.parametrize("poison", POISON)
+def test_a_group_the_trainer_cannot_train_on_is_refused_at_intake(client, poison):
+    start_trainer(client, batch_size=2, vocab_size=319)
+    fields, loc, message = POISON[poison]
+    body = json.dumps({**CLEAN, **fields})  # NaN and Infinity as Python writes them
+    response = client.post("/scored_data", content=body, headers=JSON)
+    assert response.status_code == 422, response.text
+    issue = {"type": "value_error", "loc": ["body", *loc], "msg": message}
+    assert issue in response.json()["detail"]
+    assert client.get("/status").json()["queue_size"] == 0  # nothing was queued
+    assert client.post("/scored_data", json=CLEAN).status_code == 200
+
+
+def test_without_a_declared_vocabulary_any_non_negative_id_is_accepted(client):
+    """Upstream's trainers do not send `vocab_size`; only the sign can be checked."""
+    start_trainer(client, batch_size=2)
+    group = {"tokens": [[1, 10**6]], "masks": [[-100, 10**6]], "scores": [1.0]}
+    assert client.post("/scored_data", json=group).status_code == 200
 
 
 def test_gzip_bodies(client):

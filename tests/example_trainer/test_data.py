@@ -24,7 +24,7 @@ def to_tensors(batch: list[dict]) -> list:
 def test_per_token_field_of_another_length_is_refused(field, length):
     """T1: a short list was broadcast over the sequence, a longer one crashed in torch."""
     rows = [[-0.5] * 5, [-0.5] * length]
-    with pytest.raises(ValueError, match=rf"group 0 sequence 1: {field} has {length} values"):
+    with pytest.raises(ValueError, match=rf"group 0 sequence 1: {field}\[1\] has {length} values"):
         to_tensors([rollout_group(**{field: rows})])
 
 
@@ -40,7 +40,7 @@ def test_token_level_advantages_of_the_right_length_are_used_as_sent():
 def test_non_finite_logprob_at_a_trained_position_is_refused(field, bad):
     """T3: a trained position must carry a real logprob; the error names where it is."""
     rows = [[1.0] * 3 + [-0.4, -0.2], [1.0] * 3 + [-1.5, bad]]
-    with pytest.raises(ValueError, match=rf"group 0 sequence 1: {field}\[4\] is {bad}"):
+    with pytest.raises(ValueError, match=rf"group 0 sequence 1: {field}\[1\]\[4\] is {bad}"):
         to_tensors([rollout_group(**{field: rows})])
 
 

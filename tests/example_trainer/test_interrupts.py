@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from atroposlib.trainer_contract import groups_path, read_trained_groups  # noqa: E402
 from example_trainer.checkpoint import STATE_FILE  # noqa: E402
 from example_trainer.interrupts import StepInterrupts  # noqa: E402
-from tests.example_trainer.test_run_loop import make_trainer, post_groups  # noqa: E402
+from tests.support.trainer_batches import make_trainer, post_groups  # noqa: E402
 
 
 def test_a_signal_outside_a_step_interrupts_at_once():

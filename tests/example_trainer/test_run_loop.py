@@ -19,27 +19,10 @@ torch = pytest.importorskip("torch")
 from atroposlib.inference.launcher import EngineError  # noqa: E402
 from atroposlib.trainer_contract import read_events  # noqa: E402
 from example_trainer.checkpoint import prune_checkpoints  # noqa: E402
-from example_trainer.config import TrainingConfig  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
-from tests.support.trainer_batches import rollout_group  # noqa: E402
+from tests.support.trainer_batches import make_trainer, post_groups, rollout_group  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
-
-
-def make_trainer(model: Path, save: Path, **overrides) -> Trainer:
-    settings = {
-        "model_name": str(model),
-        "save_path": str(save),
-        "device": "cpu",
-        "inference_engine": "none",
-        "lr": 1e-3,
-        "batch_size": 2,
-        "seq_len": 32,
-        "num_threads": 1,
-        "served_model_name": "tiny",
-        **overrides,
-    }
-    return Trainer(TrainingConfig(**settings))
 
 
 def with_engine(model: Path, save: Path, **overrides) -> Trainer:
@@ -102,11 +85,6 @@ def test_a_failed_restart_is_retried_then_falls_back_then_gives_up(tiny_model_pa
         ] * 3
     finally:
         trainer.engine.stop()
-
-
-def post_groups(client, count: int) -> None:
-    for _ in range(count):
-        assert client.post("/scored_data", json=rollout_group()).is_success
 
 
 def test_the_last_step_saves_without_restarting_the_engine(

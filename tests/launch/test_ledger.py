@@ -52,6 +52,7 @@ def test_a_resumed_step_counts_once_and_losses_and_duplicates_are_named(tmp_path
         "queued_at_end": 1,
         "lost": 1,
         "duplicated": 1,
+        "skipped": 0,
         "trained_without_id": 1,
     }
     assert "lost 1, trained twice 1" in groups.line()

@@ -1,7 +1,9 @@
-"""Fixed groups to feed the example trainer directly, as `/batch` would serve them."""
+"""Fixed groups to feed the example trainer directly, as `/batch` would serve them,
+and a small trainer on the tiny model to feed them to."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -32,3 +34,29 @@ def rollout_group(**fields: Any) -> dict[str, Any]:
         "inference_logprobs": [[1.0] * 3 + [-0.4, -0.2], [1.0] * 3 + [-1.5, -0.3]],
         **fields,
     }
+
+
+def post_groups(client, count: int) -> None:
+    for _ in range(count):
+        assert client.post("/scored_data", json=rollout_group()).is_success
+
+
+def make_trainer(model: Path, save: Path, **overrides: Any) -> Any:
+    """A trainer on `model` with no engine, small and on one thread; `overrides` are
+    TrainingConfig fields. Imported here so that this module does not need torch."""
+    from example_trainer.config import TrainingConfig
+    from example_trainer.grpo import Trainer
+
+    settings = {
+        "model_name": str(model),
+        "save_path": str(save),
+        "device": "cpu",
+        "inference_engine": "none",
+        "lr": 1e-3,
+        "batch_size": 2,
+        "seq_len": 32,
+        "num_threads": 1,
+        "served_model_name": "tiny",
+        **overrides,
+    }
+    return Trainer(TrainingConfig(**settings))
