@@ -217,8 +217,12 @@ class TrajectoryClient:
         target = self.spool / f"{self._next:012d}.json"
         self._next += 1
         tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
+        with open(tmp, "w") as out:  # on disk before it is named: a power loss leaves
+            out.write(json.dumps(record))  # either the whole record or none of it
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(tmp, target)
+        _fsync_dir(self.spool)  # and the name itself
         self._wake.set()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
@@ -241,7 +245,14 @@ class TrajectoryClient:
         """
         async with self._flush_lock:
             for path in sorted(self.spool.glob("*.json")):
-                record = json.loads(path.read_text())
+                try:
+                    record = json.loads(path.read_text())
+                except (OSError, ValueError) as unreadable:
+                    # a file a crash cut short (ENV-1): it used to stop every later
+                    # delivery; it goes to the dead-letter file and the spool goes on
+                    self._dead_letter_unreadable(path, unreadable)
+                    path.unlink()
+                    continue
                 await self._deliver(record)
                 path.unlink()
                 self.records_delivered += 1
@@ -278,14 +289,31 @@ class TrajectoryClient:
 
     def _dead_letter(self, record: dict[str, Any], response: httpx.Response) -> None:
         """Append the refused record durably: the spool file is deleted right after."""
-        entry = {
-            "time": time.time(),
-            "path": record["path"],
-            "key": record["key"],
-            "status": response.status_code,
-            "answer": response.text,
-            "payload": record["payload"],
-        }
+        self._append_dead_letter(
+            {
+                "time": time.time(),
+                "path": record["path"],
+                "key": record["key"],
+                "status": response.status_code,
+                "answer": response.text,
+                "payload": record["payload"],
+            }
+        )
+
+    def _dead_letter_unreadable(self, path: Path, error: Exception) -> None:
+        raw = path.read_bytes() if path.exists() else b""
+        self.counters["unreadable_spool_files"] += 1
+        logger.error("spool file %s cannot be read (%s); kept in %s", path, error, self.dead_letter)
+        self._append_dead_letter(
+            {
+                "time": time.time(),
+                "spool_file": path.name,
+                "error": f"unreadable spool file: {error}",
+                "raw": raw.decode("utf-8", errors="replace"),
+            }
+        )
+
+    def _append_dead_letter(self, entry: dict[str, Any]) -> None:
         self.dead_letter.parent.mkdir(parents=True, exist_ok=True)
         with open(self.dead_letter, "a") as out:
             out.write(json.dumps(entry) + "\n")
@@ -300,3 +328,12 @@ class TrajectoryClient:
         if self._flusher is not None:
             self._flusher.cancel()
         await self.http.aclose()
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable (POSIX: the directory entry is data too)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

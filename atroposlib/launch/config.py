@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+MAX_COPIES = 256
+"""More processes of one environment than any machine runs usefully: a typo, not a plan."""
 
 DEFAULT_TRAINER = "example_trainer.grpo"
 
@@ -29,7 +33,7 @@ class Section(BaseModel):
 class ApiSection(Section):
     """The trajectory API (`run-api`)."""
 
-    port: int | Literal["auto"] = Field("auto", description="Port, or auto for a free one.")
+    port: Port | Literal["auto"] = Field("auto", description="Port, or auto for a free one.")
     args: dict[str, Any] = Field(
         default_factory=dict, description="More run-api flags (APISettings fields)."
     )
@@ -42,7 +46,7 @@ class EngineSection(Section):
     """A standalone inference engine; the trainer then uses it and restarts nothing."""
 
     engine: Literal["auto", "vllm", "transformers"] = Field("auto", description="Which engine.")
-    port: int | Literal["auto"] = Field("auto", description="Port, or auto for a free one.")
+    port: Port | Literal["auto"] = Field("auto", description="Port, or auto for a free one.")
     max_model_len: int | None = Field(
         None, gt=0, description="Longest prompt + completion (default: the trainer's seq_len)."
     )
@@ -59,7 +63,9 @@ class EnvironmentSection(Section):
     subcommand: Literal["serve", "process", "evaluate"] = Field(
         "serve", description="Env subcommand."
     )
-    copies: int = Field(1, ge=1, description="How many processes of this environment.")
+    copies: int = Field(
+        1, ge=1, le=MAX_COPIES, description="How many processes of this environment."
+    )
     env: dict[str, Any] = Field(default_factory=dict, description="--env.* overrides.")
     openai: dict[str, Any] = Field(default_factory=dict, description="--openai.* overrides.")
     args: list[str] = Field(default_factory=list, description="More raw flags.")
@@ -106,9 +112,13 @@ def load_config(path: str | Path) -> LaunchConfig:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read: {exc}") from exc
     try:
         return LaunchConfig.model_validate(data)
     except ValidationError as exc:

@@ -109,6 +109,8 @@ def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
     base = Path(config_path).resolve().parent
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(config.run_dir or f"runs/{Path(config_path).stem}-{stamp}").resolve()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} is a file; pick another run_dir")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"run directory {run_dir} already holds a run; pick another run_dir")
     taken: set[int] = set()

@@ -40,7 +40,7 @@ from atroposlib.launch.children import Child
 from atroposlib.launch.plan import Plan
 from atroposlib.launch.report import run_numbers, write_report
 from atroposlib.launch.status import StatusReader
-from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, read_events
+from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, read_events, read_metrics
 from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until
 
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan"]
@@ -163,7 +163,7 @@ class Launcher:
             self.live.start()
         next_status, next_plain = 0.0, time.monotonic() + PLAIN_STATUS_EVERY_S
         while True:
-            if self.trainer.returncode == 0:
+            if self.trainer.returncode == 0 and self._trainer_finished():
                 return Outcome(0, "the trainer finished; stopping the run")
             for child in self.children:
                 self._supervise_child(child)
@@ -210,10 +210,22 @@ class Launcher:
                 f"({child.plan.max_restarts}) is spent, giving up",
             )
         delay = child.schedule_restart(made_progress=self._trained_since_start(child))
-        self.say(
-            f"{child.name} crashed with exit code {code}; restarting in {delay:.0f}s",
-            "bold yellow",
-        )
+        what = f"crashed with exit code {code}"
+        if code == 0:  # the trainer, before its last step: a SIGINT or SIGTERM from outside
+            what = (
+                f"stopped at step {self._trained_steps()} of {self.plan.training_steps} with "
+                "exit code 0 (interrupted from outside?)"
+            )
+        self.say(f"{child.name} {what}; restarting in {delay:.0f}s", "bold yellow")
+
+    def _trained_steps(self) -> int:
+        rows = read_metrics(self.plan.metrics_path)
+        return max((row.step for row in rows), default=0)
+
+    def _trainer_finished(self) -> bool:
+        """Exit 0 ends the run only after the last step: a trainer stopped by a signal
+        from outside also checkpoints and exits 0, and is resumed like a crash."""
+        return self._trained_steps() >= self.plan.training_steps
 
     def _trained_since_start(self, child: Child) -> bool:
         """A trainer that finished a step since it last started is not in a crash loop."""

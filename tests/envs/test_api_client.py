@@ -142,3 +142,32 @@ def test_each_group_gets_an_id_and_each_acknowledged_post_a_ledger_line(api, wir
     assert wire_client.get("/status").json()["queued_sequences"] == 6, "the replay queued nothing"
     served = wire_client.get("/batch").json()["batch"]  # 2 of the 3 groups make a batch of 4
     assert [group[GROUP_ID_FIELD] for group in served] == ids[:2]
+
+
+def test_an_unreadable_spool_file_is_dead_lettered_and_delivery_goes_on(
+    api, wire_client, tmp_path, caplog
+):
+    """ENV-1: an empty spool file (a power loss can leave one) raised JSONDecodeError in
+    the flusher, which then died on every later send: nothing was delivered again."""
+    start_trainer(wire_client, batch_size=4)
+    spool = tmp_path / "state" / "spool"
+    spool.mkdir(parents=True)
+    (spool / f"{0:012d}.json").write_bytes(b"")  # cut short before a byte was written
+    record = {"path": "/scored_data", "key": "k1", "payload": make_group(2, tag=5)}
+    (spool / f"{1:012d}.json").write_text(json.dumps(record))
+
+    async def deliver() -> TrajectoryClient:
+        trajectories = TrajectoryClient(api.url, spool)
+        trajectories.send([make_group(2, tag=6)])
+        await trajectories.close()
+        return trajectories
+
+    with caplog.at_level(logging.INFO, logger="atroposlib.envs"):
+        trajectories = asyncio.run(deliver())
+    assert trajectories.pending() == 0
+    assert trajectories.counters["unreadable_spool_files"] == 1
+    assert trajectories.counters["groups_delivered"] == 2
+    (dead,) = [json.loads(line) for line in (tmp_path / "state" / "dead-letter.jsonl").open()]
+    assert dead["spool_file"] == f"{0:012d}.json" and dead["raw"] == ""
+    assert "unreadable spool file" in dead["error"]
+    assert wire_client.get("/status").json()["queued_sequences"] == 4

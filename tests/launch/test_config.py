@@ -68,6 +68,22 @@ def test_missing_file_and_bad_yaml(tmp_path, capsys):
     assert "not valid YAML" in capsys.readouterr().err
 
 
+def test_each_config_mistake_the_review_found_is_one_line_and_exit_2(tmp_path, capsys):
+    """LCH-1: these gave tracebacks and exit 1, or started 100k processes."""
+    (tmp_path / "latin1.yaml").write_bytes("model: caf\xe9\n".encode("latin-1"))
+    assert main([str(tmp_path / "latin1.yaml"), "--dry-run"]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err
+    code, err = run_main(tmp_path, launch_config(tmp_path / "r", api={"port": 99999}), capsys)
+    assert code == 2 and "api.port" in err and "65535" in err
+    many = launch_config(tmp_path / "r", environments=[{"script": str(ARITH_ENV), "copies": 10**5}])
+    code, err = run_main(tmp_path, many, capsys)
+    assert code == 2 and "copies" in err and "256" in err
+    (tmp_path / "a-file").write_text("not a directory")
+    code, err = run_main(tmp_path, launch_config(tmp_path / "a-file"), capsys)
+    assert code == 2 and "is a file; pick another run_dir" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.integration
 def test_plan_shares_one_url_and_model_with_every_process(tmp_path):
     config = launch_config(tmp_path / "run")
