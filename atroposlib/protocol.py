@@ -66,15 +66,22 @@ class Registration(BaseModel):
     above it. Not part of upstream's registration, which leaves it out (no check)."""
 
 
+MAX_NAME_LENGTH = 256
+"""An environment's name is stored and rewritten with the env table on every later
+registration: a 30 MB name made each one block the API for 0.8 s (API-6)."""
+MAX_ENV_WEIGHT = 1e6
+"""Weights are relative; an infinite one pushed every other env to the floor."""
+
+
 class RegisterEnv(BaseModel):
     """What an environment sends to `/register-env`."""
 
     model_config = STRICT_JSON
 
-    max_token_length: WholeInt
+    max_token_length: WholeInt = Field(gt=0)
     """The environment's token limit (the same notion as `max_token_len`)."""
-    desired_name: str
-    weight: float = 1.0
+    desired_name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    weight: float = Field(1.0, ge=0.0, le=MAX_ENV_WEIGHT, allow_inf_nan=False)
     group_size: WholeInt = Field(gt=0)
     min_batch_allocation: float | None = Field(default=None, ge=0.0, le=1.0)
 

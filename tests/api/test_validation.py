@@ -32,6 +32,9 @@ def post(client: httpx.Client, group: dict, path: str = "/scored_data") -> httpx
     return client.post(path, json=group)
 
 
+JSON = {"content-type": "application/json"}
+
+
 def test_malformed_json(client):
     headers = {"content-type": "application/json"}
     assert client.post("/scored_data", content=b"{tokens: [", headers=headers).status_code == 422
@@ -146,6 +149,25 @@ def test_registration_validation(client):
     }
     assert ["body", "min_batch_allocation"] in locs(client.post("/register-env", json=bad_env))
     assert ["body", "env_id"] in locs(client.post("/disconnect-env", json={"env_id": "x"}))
+
+
+def test_environment_registrations_are_bounded(client):
+    """API-6: a 30 MB name was stored and rewritten on every later registration, and an
+    infinite weight or a negative length pushed every other env to the weight floor."""
+    good = {"max_token_length": 64, "desired_name": "env", "weight": 1.0, "group_size": 2}
+    for field, bad in (
+        ("desired_name", "x" * 257),
+        ("desired_name", ""),
+        ("weight", 1e7),
+        ("weight", -1.0),
+        ("max_token_length", -5),
+    ):
+        answer = client.post("/register-env", json={**good, field: bad})
+        assert ["body", field] in locs(answer), (field, answer.text)
+    infinite = '{"max_token_length": 64, "desired_name": "e", "weight": Infinity, "group_size": 2}'
+    answer = client.post("/register-env", content=infinite, headers=JSON)
+    assert answer.status_code == 422, answer.text
+    assert client.post("/register-env", json={**good, "desired_name": "x" * 256}).is_success
 
 
 def test_status_env_errors(client):
