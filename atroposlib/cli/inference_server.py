@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     settings, _ = parse_settings(build_parser(), InferenceServerSettings, argv)
     settings = settings.resolved()
     problem = settings.exposure_problem()
+    if warning := settings.exposure_warning():
+        print(f"atropos-inference-server: {warning}", file=sys.stderr)
     if problem:
         print(f"atropos-inference-server: {problem}", file=sys.stderr)
         return 2

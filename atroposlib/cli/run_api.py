@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     settings, _ = parse_settings(build_parser(), APISettings, argv)
     settings = settings.resolved()
     problem = settings.exposure_problem()
+    if warning := settings.exposure_warning():
+        print(f"run-api: {warning}", file=sys.stderr)
     if problem is None and not settings.ephemeral:
         problem = state_dir_problem(settings.state_dir)
     if problem:

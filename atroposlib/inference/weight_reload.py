@@ -74,6 +74,22 @@ def check_compatible(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -
     ]
     if wrong:
         raise WeightLoadError(f"shapes differ from the served model's: {'; '.join(wrong[:3])}")
+    # ENG-2: NaN weights were taken, and every request then failed; int64 tensors of the
+    # right shape were cast silently
+    kinds = [
+        f"{name}: {tensor.dtype} for {state[name].dtype}"
+        for name, tensor in tensors.items()
+        if tensor.is_floating_point() != state[name].is_floating_point()
+    ]
+    if kinds:
+        raise WeightLoadError(f"dtypes differ in kind from the served model's: {kinds[:3]}")
+    broken = [
+        name
+        for name, tensor in tensors.items()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    ]
+    if broken:
+        raise WeightLoadError(f"{len(broken)} tensors hold NaN or infinity, e.g. {broken[:3]}")
     missing = sorted(set(state) - _tied_to_loaded(model, set(tensors)))
     if missing:
         raise WeightLoadError(

@@ -23,8 +23,9 @@ import time
 from typing import Literal
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atroposlib.inference.engine import GenerationEngine
 from atroposlib.inference.weight_reload import WeightLoadError
@@ -55,6 +56,14 @@ class UpdateWeightsFromDisk(BaseModel):
     )
 
 
+RELOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": UpdateWeightsFromDisk.model_json_schema()}},
+    }
+}
+
+
 def _refusal(status: int, message: str) -> JSONResponse:
     return JSONResponse({"success": False, "message": message}, status_code=status)
 
@@ -73,16 +82,22 @@ def install_weight_routes(
     async def weight_info() -> dict[str, str | None]:
         return {"weight_version": engine.weight_version}
 
-    @app.post(RELOAD_PATH)
-    async def update_weights_from_disk(
-        body: UpdateWeightsFromDisk, request: Request
-    ) -> JSONResponse:
+    @app.post(RELOAD_PATH, openapi_extra=RELOAD_BODY)
+    async def update_weights_from_disk(request: Request) -> JSONResponse:
+        # the key first, then the body: an unauthenticated caller learns nothing of its
+        # schema (a FastAPI body parameter would be parsed before this function runs)
         if expected is not None:
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 return _refusal(401, "missing or wrong weight sync key")
         elif not api_key:
             return _refusal(403, DISABLED_MESSAGE)
+        try:
+            body = UpdateWeightsFromDisk.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(
+                [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+            ) from None
         started = time.perf_counter()
         try:
             await asyncio.to_thread(engine.load_weights, body.model_path, body.weight_version)

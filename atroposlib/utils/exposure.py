@@ -78,3 +78,12 @@ class ExposureRule:
             risk=self.EXPOSURE_RISK,
             key_source="set " + " or ".join(self.KEY_ENVIRONMENT),
         )
+
+    def exposure_warning(self: Any) -> str | None:
+        """What --insecure allowed, to say at start-up (it used to start without a word)."""
+        if self.insecure and not self.api_key and not is_loopback(self.host):
+            return (
+                f"WARNING: serving {self.host} with {INSECURE_FLAG} and no API key: anyone "
+                f"who can reach it could {self.EXPOSURE_RISK}"
+            )
+        return None

@@ -135,6 +135,8 @@ def serve(settings: ViewRunSettings, multimodal: bool = False) -> int:
     tool = "view-run-multimodal" if multimodal else "view-run"
     settings = settings.resolved()
     problem = settings.exposure_problem()
+    if warning := settings.exposure_warning():
+        print(f"{tool}: {warning}", file=sys.stderr)
     if problem:
         print(f"{tool}: {problem}", file=sys.stderr)
         return 2

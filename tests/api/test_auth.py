@@ -96,3 +96,11 @@ def test_exposure_rules():
     assert APISettings(host="127.0.0.1").exposure_problem() is None
     assert is_loopback("localhost") and is_loopback("::1") and is_loopback("127.0.0.2")
     assert not is_loopback("10.0.0.1") and not is_loopback("example.org")
+
+
+def test_insecure_is_said_out_loud():
+    """MISC of the correctness review: --insecure started without a word."""
+    warning = APISettings(host="0.0.0.0", insecure=True).exposure_warning()
+    assert warning.startswith("WARNING: serving 0.0.0.0 with --insecure and no API key")
+    assert APISettings(host="0.0.0.0", insecure=True, api_key="k").exposure_warning() is None
+    assert APISettings(host="127.0.0.1", insecure=True).exposure_warning() is None

@@ -63,6 +63,25 @@ def other_shape(base: Path, target: Path) -> Path:
     return target
 
 
+def altered(source: Path, target: Path, change) -> Path:
+    """A copy of `source` whose first weight matrix is `change(tensor)` (ENG-2's cases)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target)
+    weights = target / "model.safetensors"
+    tensors = load_file(weights)
+    name = next(n for n, t in tensors.items() if t.dim() == 2)
+    tensors[name] = change(tensors[name])
+    save_file(tensors, weights, metadata={"format": "pt"})
+    return target
+
+
+def with_a_nan(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.clone()
+    tensor[0, 0] = float("nan")
+    return tensor
+
+
 def truncated(source: Path, target: Path) -> Path:
     shutil.copytree(source, target)
     weights = target / "model.safetensors"
@@ -81,6 +100,8 @@ def checkpoints(tiny_model_path, tmp_path_factory) -> dict[str, Path]:
         "other": noisy_copy(Path(tiny_model_path), root / "other-noise", seed=2),
         "shape": other_shape(Path(tiny_model_path), root / "shape"),
         "truncated": truncated(noisy, root / "truncated"),
+        "nan": altered(noisy, root / "nan", with_a_nan),
+        "integers": altered(noisy, root / "integers", lambda t: t.round().to(torch.int64)),
     }
 
 
@@ -360,6 +381,8 @@ def test_the_reload_needs_the_sync_key(engine, checkpoints):
         ("empty", "holds no"),
         ("shape", "shapes differ"),
         ("truncated", "unreadable"),
+        ("nan", "hold NaN or infinity"),  # ENG-2: taken, then every request failed
+        ("integers", "dtypes differ in kind"),  # ENG-2: cast silently
     ],
 )
 def test_a_bad_checkpoint_is_refused_and_the_old_weights_serve(
@@ -408,6 +431,15 @@ def test_a_malformed_body_is_a_400(engine, body):
     )
     assert answer.status_code == 400, answer.text
     assert "Traceback" not in answer.text
+    # without the key the answer is 401 before the body is read: the caller learns
+    # nothing of the route's schema (it was a 400 naming the fields)
+    stranger = httpx.post(
+        f"{engine.url}/update_weights_from_disk",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert stranger.status_code == 401, stranger.text
 
 
 def test_without_any_key_the_reload_is_off(servers, tmp_path):
