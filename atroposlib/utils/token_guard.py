@@ -4,16 +4,23 @@ API clients send `Authorization: Bearer <token>` (what the `openai` SDK and
 atroposlib's clients send for `api_key`). A browser cannot add that header to the
 requests a page makes, so a guard built with `cookie_name` also accepts the token
 once as `?token=<token>` on a GET: it answers with a redirect to the same URL
-without the token and sets an HttpOnly cookie that proves it from then on (a hash
-of the token, so the cookie is always a valid cookie value and never the token). Paths
-in `open_paths` (health checks) need nothing. Comparison is constant-time.
+without the token and sets an HttpOnly cookie that proves it from then on. Paths in
+`open_paths` (health checks) need nothing. Token comparison is constant-time.
+
+The cookie is a random session id that this guard keeps, for `SESSION_MAX_AGE_S`
+at most. It used to be a fixed hash of the token with no expiry, and browsers send
+a host's cookies to every port of that host, so any other service there could
+replay it for ever (VIEW-1 of the correctness review). A session id that leaks now
+expires, and dies with the process.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
+import secrets
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from http.cookies import SimpleCookie
 from typing import Any
@@ -22,6 +29,9 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 QUERY_PARAMETER = "token"
+SESSION_MAX_AGE_S = 12 * 3600
+MAX_SESSIONS = 1024
+"""Open sessions kept; the oldest is forgotten first (its browser asks ?token= again)."""
 UNAUTHORIZED_MESSAGE = "missing or wrong API key: send 'Authorization: Bearer <key>'"
 
 
@@ -48,7 +58,8 @@ class TokenGuard:
         self.bearer = b"Bearer " + self.token
         self.open_paths = open_paths
         self.cookie_name = cookie_name
-        self.cookie_value = hmac.new(self.token, b"atropos-cookie", hashlib.sha256).hexdigest()
+        self.sessions: OrderedDict[str, float] = OrderedDict()
+        """Session id -> when it expires (time.monotonic())."""
         self.unauthorized_body = dict(unauthorized_body or {"detail": UNAUTHORIZED_MESSAGE})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -82,7 +93,20 @@ class TokenGuard:
         except Exception:  # noqa: BLE001 - a malformed cookie header is just no cookie
             return False
         morsel = jar.get(self.cookie_name)
-        return morsel is not None and _matches(morsel.value, self.cookie_value.encode())
+        expires = self.sessions.get(morsel.value) if morsel is not None else None
+        if expires is None:
+            return False
+        if time.monotonic() >= expires:
+            del self.sessions[morsel.value]
+            return False
+        return True
+
+    def _new_session(self) -> str:
+        session = secrets.token_urlsafe(32)
+        self.sessions[session] = time.monotonic() + SESSION_MAX_AGE_S
+        while len(self.sessions) > MAX_SESSIONS:
+            self.sessions.popitem(last=False)
+        return session
 
     async def _redirect_with_cookie(
         self, scope: Scope, rest: list[tuple[str, str]], send: Send
@@ -91,7 +115,10 @@ class TokenGuard:
         location = scope.get("root_path", "") + scope["path"]
         if rest:
             location += "?" + urlencode(rest)
-        cookie = f"{self.cookie_name}={self.cookie_value}; Path=/; HttpOnly; SameSite=Lax"
+        cookie = (
+            f"{self.cookie_name}={self._new_session()}; Path=/; Max-Age={SESSION_MAX_AGE_S}; "
+            "HttpOnly; SameSite=Lax"
+        )
         headers = [
             (b"location", location.encode("latin-1")),
             (b"set-cookie", cookie.encode("latin-1")),
