@@ -15,7 +15,9 @@ from collections.abc import Collection
 
 from atroposlib.protocol import Registration
 
-USAGE = "start run-api with an empty --state-dir for a new run, or GET /reset_data to wipe this one"
+USAGE = (
+    "start run-api with an empty --state-dir for a new run, or POST /reset_data to wipe this one"
+)
 
 
 def run_name(registration: Registration) -> str:

@@ -21,9 +21,11 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atroposlib.api.long_poll import NO_BATCH, Arrivals, requested_wait
 from atroposlib.api.metrics import ApiMetrics
@@ -290,10 +292,46 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
     async def wandb_info() -> dict[str, str | None]:
         return state().wandb_info()
 
-    @app.get("/reset_data", response_class=PlainTextResponse, responses=STORE_FAILED)
+    @app.post("/reset_data", response_class=PlainTextResponse, responses=STORE_FAILED)
     async def reset_data() -> PlainTextResponse:
+        """Wipe the run: queue, kept batches, registrations."""
         state().reset()
         return PlainTextResponse("Reset successful", status_code=200)
+
+    @app.get(
+        "/reset_data",
+        response_class=PlainTextResponse,
+        responses={**STORE_FAILED, 403: refusal("A keyed API wipes a run only on POST.")},
+    )
+    async def reset_data_by_get() -> Response:
+        """Upstream's form. A GET is what any web page can make a browser send (an image,
+        a link), so an API with a key refuses it; one without a key, as upstream's, still
+        wipes the run, with a warning."""
+        if settings.api_key:
+            return JSONResponse(
+                {"detail": "GET /reset_data is refused on an API with a key: POST it"},
+                status_code=403,
+            )
+        logger.warning("GET /reset_data wiped the run; POST /reset_data is the safe form")
+        return await reset_data()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """Starlette's 405 names the methods of the first route on the path only; a path
+        served by two routes (GET and POST /reset_data) must list both in Allow."""
+        if exc.status_code == 405:
+            allowed = sorted(
+                {
+                    m
+                    for r in app.routes
+                    if getattr(r, "path", None) == request.url.path
+                    for m in getattr(r, "methods", None) or ()
+                }
+            )
+            return JSONResponse(
+                {"detail": exc.detail}, status_code=405, headers={"Allow": ", ".join(allowed)}
+            )
+        return await http_exception_handler(request, exc)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

@@ -99,6 +99,9 @@ class RunState:
         self.envs = EnvTable(self.env_timeout_s)
         self.queue: list[GroupRow] = []
         self.leases: dict[int, list[GroupRow]] = {}  # step -> its served groups, until released
+        self.by_step = False
+        """The registered trainer asks /batch by step (leases): a plain /batch from anyone
+        else would take a batch from under it, and its next request would fail."""
         self.buffers: dict[int, list[GroupRow]] = {}
         self.queued_sequences = 0
         self.buffered_sequences = 0
@@ -123,6 +126,7 @@ class RunState:
         for row in loaded.rows:
             if row.served_step is not None:
                 self.leases.setdefault(row.served_step, []).append(row)
+                self.by_step = True  # its trainer leases: keep plain reads off its batches
             elif row.buffered:
                 self.buffers.setdefault(row.env_id, []).append(row)
                 self.buffered_sequences += row.size
@@ -199,6 +203,7 @@ class RunState:
             self.registration = updated
             self.step = step
             self.version += 1
+        self.by_step = False  # until this trainer asks by step
         logger.info(
             "trainer registered: batch_size %d, max_token_len %d, num_steps %d",
             registration.batch_size,
@@ -462,7 +467,13 @@ class RunState:
             self.started = True
         if committed is not None:
             self._release(committed)
+        if step is None and self.by_step:
+            raise StepConflict(
+                "this run's trainer takes its batches by step (/batch?step=N): a plain /batch "
+                "would take one from under it; nothing was served"
+            )
         if step is not None:
+            self.by_step = True
             if step in self.leases:
                 return self._serve_again(step)
             if step != self.step + 1:

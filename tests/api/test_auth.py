@@ -48,7 +48,14 @@ def test_reset_without_key_cannot_wipe_the_run(api_factory):
     httpx.post(f"{api.url}/register", json=REGISTRATION, headers=auth)
     httpx.post(f"{api.url}/scored_data", json=make_group(4), headers=auth)
     assert httpx.get(f"{api.url}/reset_data").status_code == 401
+    assert httpx.post(f"{api.url}/reset_data").status_code == 401
+    # API-4: on an API with a key, only POST wipes the run, never a GET (the form an
+    # image or a link on any web page makes a browser send)
+    by_get = httpx.get(f"{api.url}/reset_data", headers=auth)
+    assert by_get.status_code == 403 and "POST it" in by_get.json()["detail"]
     assert httpx.get(f"{api.url}/info", headers=auth).json()["batch_size"] == 8
+    assert httpx.post(f"{api.url}/reset_data", headers=auth).status_code == 200
+    assert httpx.get(f"{api.url}/info", headers=auth).json()["batch_size"] == -1
 
 
 @pytest.mark.integration

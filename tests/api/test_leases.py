@@ -136,3 +136,16 @@ def test_a_trainer_that_restarts_before_any_batch_registers_again(client):
     register(client)
     register(client)  # step 0 both times: nothing to inherit
     assert client.get("/status").json()["current_step"] == 0
+
+
+def test_a_plain_batch_cannot_take_a_batch_from_a_trainer_that_leases(client):
+    """API-4: one plain GET /batch from anyone took a batch, and the trainer's next
+    request by step was refused with 409, which ended the run."""
+    register(client)
+    post_groups(client, range(1, 7))
+    assert batch_tags(client, step=1) == [1, 2]
+    stolen = client.get("/batch")
+    assert stolen.status_code == 409 and "takes its batches by step" in stolen.json()["detail"]
+    assert batch_tags(client, step=2) == [3, 4]  # nothing was taken
+    register(client, starting_step=2)  # a trainer that registers anew may read plainly
+    assert batch_tags(client) == [5, 6]

@@ -229,7 +229,7 @@ def test_wrong_json_types_are_refused_not_coerced(served: Served):
         "num_steps": 3,
     }
     with served.client() as client:
-        assert client.get("/reset_data").text == "Reset successful"
+        assert client.post("/reset_data").text == "Reset successful"
         for field, wrong in (("num_steps", False), ("batch_size", "4"), ("wandb_group", 1)):
             answer = client.post("/register", json={**registration, field: wrong})
             assert answer.status_code == 422, answer.text
@@ -258,7 +258,9 @@ def test_the_document_declares_every_content_type(served: Served):
         document = client.get("/openapi.json").json()
     paths = document["paths"]
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
-    assert set(paths["/reset_data"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    for method in ("get", "post"):
+        reset = paths["/reset_data"][method]["responses"]["200"]["content"]
+        assert set(reset) == {"text/plain"}
     for route in GROUP_ROUTES:
         body = paths[route]["post"]["requestBody"]
         assert body["required"] is True
@@ -267,4 +269,4 @@ def test_the_document_declares_every_content_type(served: Served):
         assert {"tokens", "masks", "scores"} <= set(group["properties"])
     with served.client() as client:
         assert client.get("/metrics").headers["content-type"].startswith("text/plain")
-        assert client.get("/reset_data").headers["content-type"].startswith("text/plain")
+        assert client.post("/reset_data").headers["content-type"].startswith("text/plain")
