@@ -47,30 +47,33 @@ WholeInt = Annotated[int, BeforeValidator(_whole_number)]
 """A strict int field that also takes a whole JSON number written `3.0`."""
 
 
+MAX_NAME_LENGTH = 256
+"""Longest name: an environment's, a wandb group's or project's. Names are stored, and an
+environment's is rewritten with the env table on every later registration: a 30 MB
+name made each one block the API for 0.8 s (API-6)."""
+MAX_PATH_LENGTH = 4096
+"""Linux's PATH_MAX: a longer checkpoint_dir names no directory."""
+MAX_ENV_WEIGHT = 1e6
+"""Weights are relative; an infinite one pushed every other env to the floor."""
+
+
 class Registration(BaseModel):
     """What a trainer sends to `/register`."""
 
     model_config = STRICT_JSON
 
-    wandb_group: str
-    wandb_project: str
+    wandb_group: str = Field(max_length=MAX_NAME_LENGTH)
+    wandb_project: str = Field(max_length=MAX_NAME_LENGTH)
     batch_size: WholeInt = Field(gt=0)
     max_token_len: WholeInt
     """The token limit on the wire; `atroposlib.token_limit` holds its rule."""
-    checkpoint_dir: str
+    checkpoint_dir: str = Field(max_length=MAX_PATH_LENGTH)
     save_checkpoint_interval: WholeInt
     starting_step: WholeInt = Field(ge=0)
     num_steps: WholeInt
     vocab_size: WholeInt | None = Field(default=None, gt=0)
     """Rows of the trainer's embedding: the API refuses a group with a token id at or
     above it. Not part of upstream's registration, which leaves it out (no check)."""
-
-
-MAX_NAME_LENGTH = 256
-"""An environment's name is stored and rewritten with the env table on every later
-registration: a 30 MB name made each one block the API for 0.8 s (API-6)."""
-MAX_ENV_WEIGHT = 1e6
-"""Weights are relative; an infinite one pushed every other env to the floor."""
 
 
 class RegisterEnv(BaseModel):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.groups import make_group, register_env, start_trainer
+from tests.support.groups import REGISTRATION, make_group, register_env, start_trainer
 from tests.support.inprocess_api import inprocess_api
 
 
@@ -168,6 +168,9 @@ def test_environment_registrations_are_bounded(client):
     answer = client.post("/register-env", content=infinite, headers=JSON)
     assert answer.status_code == 422, answer.text
     assert client.post("/register-env", json={**good, "desired_name": "x" * 256}).is_success
+    for field, bad in (("wandb_group", "g" * 257), ("checkpoint_dir", "/" + "d" * 4096)):
+        answer = client.post("/register", json={**REGISTRATION, field: bad})
+        assert ["body", field] in locs(answer), (field, answer.text)
 
 
 def test_status_env_errors(client):
