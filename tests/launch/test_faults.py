@@ -7,7 +7,9 @@ trained exactly once or is still queued: ids from the environments' ledgers agai
 the trainer's ledger and the API's store, not totals.
 - The trainer is killed at every one of steps 1 to 10 of one run, with the hot mode's
   default checkpoint interval (10): nine times before its first checkpoint, when it
-  starts over from step 0 on the batches the API kept, and once after it.
+  starts over from step 0 on the batches the API kept, and once after it. Then it gets
+  a SIGTERM, as a scheduler's preemption sends: it checkpoints and exits 0 before its
+  last step, and must be resumed, not taken for finished.
 - The API, the environment and the engine are each killed once, at a random step from
   2 to 7 (the seed is in every failure message), with a checkpoint every 3 steps.
 - The API is frozen (SIGSTOP) for longer than the clients' timeouts.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 
 import pytest
@@ -127,7 +130,7 @@ def test_a_trainer_killed_at_every_step_loses_nothing_and_trains_nothing_twice(l
     """RUN-1: a trainer killed before its first checkpoint came back from step 0, was
     refused by the API, and ended the run; the hot modes wrote no checkpoint before the
     last step, so that was any crash."""
-    last_kill, steps = 10, 12
+    last_kill, steps = 10, 14
     run_dir = tmp_path / "run"
     config = fault_config(run_dir, checkpoint_every=None, steps=steps)
     config["trainer"]["max_restarts"] = 2 * last_kill
@@ -148,11 +151,20 @@ def test_a_trainer_killed_at_every_step_loses_nothing_and_trains_nothing_twice(l
         # a kill that came a step late is still a kill; before the first checkpoint the
         # trainer starts over and passes this step again
         step += now == step
-    where = f"the trainer killed after each of steps 1 to {last_kill} ({kills} kills)"
+    # LCH-2: a SIGTERM from outside (a scheduler's preemption) makes the trainer checkpoint
+    # and exit 0 before its last step; that is no finish, and it is resumed like a crash
+    wait_until(
+        lambda: newest_row_step(run_dir) > last_kill, 300, "the trainer never passed step 10"
+    )
+    os.kill(run.child_pid(TARGETS["trainer"]), signal.SIGTERM)
+    where = f"the trainer killed after each of steps 1 to {last_kill} ({kills} kills), then TERM"
     numbers = assert_every_acknowledged_group_trained_once(run, run_dir, where, steps)
-    assert numbers["restarts"]["trainer"] == kills, (where, numbers["restarts"])
-    restarted = [line for line in run.output().splitlines() if "restarting trainer" in line]
-    assert len(restarted) == kills, restarted
+    assert numbers["restarts"]["trainer"] == kills + 1, (where, numbers["restarts"])
+    out = run.output()
+    restarted = [line for line in out.splitlines() if "restarting trainer" in line]
+    assert len(restarted) == kills + 1, restarted
     # before the first checkpoint (step 10) it starts over; after it, it resumes from it
-    assert all("from step 0 (no checkpoint yet)" in line for line in restarted[:-1]), restarted
-    assert f"/step-{last_kill} " in restarted[-1], restarted
+    assert all("from step 0 (no checkpoint yet)" in line for line in restarted[:-2]), restarted
+    assert f"/step-{last_kill} " in restarted[-2], restarted
+    assert re.search(r"trainer stopped at step 1[1-3] of 14 with exit code 0", out), where
+    assert re.search(r"/step-1[1-3] ", restarted[-1]), restarted  # its final checkpoint

@@ -127,23 +127,6 @@ def test_ctrl_c_stops_everything_and_the_trainer_checkpoints(launch, tmp_path):
     assert run.leftovers() == []
 
 
-def test_a_trainer_interrupted_from_outside_is_resumed_not_taken_for_finished(launch, tmp_path):
-    """LCH-2: a SIGINT or SIGTERM to the trainer alone (a scheduler's preemption) made it
-    checkpoint and exit 0, and the launcher reported the run finished at that step."""
-    run_dir = tmp_path / "run"
-    config = launch_config(run_dir, steps=8)
-    config["trainer"]["args"]["vllm_restart_interval"] = 100
-    run = launch(config)
-    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 2) is None
-    os.kill(run.child_pid("example_trainer.grpo"), signal.SIGTERM)
-    assert run.wait(240) == 0, run.output()[-4000:]
-    out = re.sub(r"\s+", " ", run.output())
-    assert re.search(r"trainer stopped at step \d+ of 8 with exit code 0 \(interrupted", out)
-    assert re.search(r"restarting trainer from \S+/step-\d+ ", out), out[-3000:]
-    assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(1, 9))
-    assert run.leftovers() == []
-
-
 @pytest.mark.learning
 def test_the_cpu_quickstart_learns(launch, tmp_path):
     """configs/quickstart_cpu.yaml as shipped (seed 0): the late mean score beats the early one."""
