@@ -133,8 +133,9 @@ def lora_lm(base_path, adapter_path):
     return PeftModel.from_pretrained(causal_lm(base_path), adapter_path)
 
 
-def complete(url: str, model: str, prompt_ids: list[int], max_tokens: int = 6) -> httpx.Response:
-    body = {
+def greedy_body(model: str, prompt_ids: list[int], max_tokens: int, **extra) -> dict:
+    """A greedy completion of exactly `max_tokens`, with token ids and their logprobs."""
+    return {
         "model": model,
         "prompt": prompt_ids,
         "max_tokens": max_tokens,
@@ -142,7 +143,12 @@ def complete(url: str, model: str, prompt_ids: list[int], max_tokens: int = 6) -
         "logprobs": 0,
         "return_tokens_as_token_ids": True,
         "ignore_eos": True,
+        **extra,
     }
+
+
+def complete(url: str, model: str, prompt_ids: list[int], max_tokens: int = 6) -> httpx.Response:
+    body = greedy_body(model, prompt_ids, max_tokens)
     return httpx.post(f"{url}/v1/completions", json=body, timeout=120)
 
 
@@ -209,16 +215,7 @@ class Streamed:
 
 
 def stream_completion(url: str, prompt_ids: list[int], max_tokens: int, into: Streamed) -> None:
-    body = {
-        "model": NAME,
-        "prompt": prompt_ids,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "logprobs": 0,
-        "return_tokens_as_token_ids": True,
-        "ignore_eos": True,
-        "stream": True,
-    }
+    body = greedy_body(NAME, prompt_ids, max_tokens, stream=True)
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
         into.status = response.status_code
         for line in response.iter_lines():
