@@ -35,6 +35,7 @@ import torch
 
 from atroposlib.inference.weight_routes import WEIGHT_SYNC_KEY_ENVIRONMENT
 from atroposlib.inference.weight_sync_errors import WeightSyncError
+from atroposlib.utils.http_client import shared_http_client
 from example_trainer.config import TrainingConfig
 
 logger = logging.getLogger("example_trainer")
@@ -109,7 +110,7 @@ def push_to_cpu_engine(url: str, path: Path, version: str, key: str, timeout_s: 
     """`POST /update_weights_from_disk` on atropos-inference-server; seconds it took."""
     started = time.perf_counter()
     try:
-        response = httpx.post(
+        response = shared_http_client().post(
             f"{url}/update_weights_from_disk",
             json={"model_path": str(path), "weight_version": version},
             headers={"Authorization": f"Bearer {key}"},

@@ -24,6 +24,7 @@ from atroposlib.inference.weight_routes import (
 from atroposlib.utils.exposure import ExposureRule
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
+from atroposlib.utils.model_files import local_model_problem
 
 KEY_ENVIRONMENT = ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY")
 
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"atropos-inference-server: {problem}", file=sys.stderr)
         return 2
+    if problem := local_model_problem(settings.model):  # before seconds of imports
+        print(f"atropos-inference-server: cannot load model: {problem}", file=sys.stderr)
+        return 1
     configure_logging(settings.log_level)
     import torch
 

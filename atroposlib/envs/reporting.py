@@ -94,9 +94,12 @@ class ReportingHooks:
             self.rollouts_for_wandb.pop(0)
 
     async def create_rollout_table(self, wandb_metrics: dict[str, Any]) -> dict[str, Any]:
-        """Add `train/rollouts`, a wandb table of the kept (text, score) rows."""
+        """Add `train/rollouts`, a wandb table of the kept (text, score) rows, when logging to
+        wandb (importing it costs an env without wandb half a second of CPU)."""
+        if not (self.rollouts_for_wandb and self.config.use_wandb):
+            return wandb_metrics
         wandb = _wandb()
-        if self.rollouts_for_wandb and wandb is not None:
+        if wandb is not None:
             table = wandb.Table(columns=["text", "score"])
             for group in self.rollouts_for_wandb:
                 for row in group:

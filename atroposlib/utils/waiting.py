@@ -14,6 +14,8 @@ from typing import TypeVar
 
 import httpx
 
+from atroposlib.utils.http_client import shared_http_client
+
 T = TypeVar("T")
 
 
@@ -38,7 +40,7 @@ def poll_until(
 def answers_200(url: str, timeout_s: float = 2.0) -> bool:
     """Whether GET `url` answers 200 (any transport error is a no)."""
     try:
-        return httpx.get(url, timeout=timeout_s).status_code == 200
+        return shared_http_client().get(url, timeout=timeout_s).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -110,3 +110,21 @@ def test_wandb_gets_prefixed_keys_and_the_trainers_project(
     assert row["arith_env_train/custom_table_rows"] == 1
     assert not {"train/extra", "train/mine"} & set(row), "keys were not prefixed"
     assert wandb.run is None
+
+
+def test_without_wandb_the_rollout_table_is_not_built(tiny_model_path, monkeypatch):
+    """Every env process imported wandb at its first log to build a table nobody read."""
+    from atroposlib.envs import reporting
+
+    def no_import():
+        raise AssertionError("wandb was imported with use_wandb off")
+
+    monkeypatch.setattr(reporting, "_wandb", no_import)
+    config = BaseEnvConfig(tokenizer_name=str(tiny_model_path), group_size=2, use_wandb=False)
+    env = ArithEnv(config, ServerBaseline(), testing=True)
+    env.rollouts_for_wandb = [[("text", 1.0)]]
+    metrics = asyncio.run(env.create_rollout_table({"train/x": 1.0}))
+    assert metrics == {"train/x": 1.0}
+    env.config.use_wandb = True
+    monkeypatch.setattr(reporting, "_wandb", lambda: None)  # on, but not installed
+    assert asyncio.run(env.create_rollout_table({})) == {}

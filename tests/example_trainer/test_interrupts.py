@@ -23,6 +23,7 @@ from tests.support.trainer_batches import make_trainer, post_groups  # noqa: E40
 
 
 def test_a_signal_outside_a_step_interrupts_at_once():
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN under a shell's background job
     guard = StepInterrupts()
     guard.install()
     try:
@@ -31,7 +32,7 @@ def test_a_signal_outside_a_step_interrupts_at_once():
                 signal.raise_signal(number)
     finally:
         guard.uninstall()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_a_signal_inside_a_step_waits_for_the_step_to_end():
@@ -105,6 +106,7 @@ POINTS = {
 def test_a_signal_at_any_point_of_a_step_leaves_a_checkpoint_that_holds_its_label(
     point, number, api, wire_client, tiny_model_path, tmp_path, monkeypatch
 ):
+    before = signal.getsignal(signal.SIGINT)
     save = tmp_path / "ckpt"
     trainer = make_trainer(tiny_model_path, save, atropos_url=api.url, training_steps=3)
     post_groups(wire_client, 3)
@@ -120,4 +122,4 @@ def test_a_signal_at_any_point_of_a_step_leaves_a_checkpoint_that_holds_its_labe
     assert steps_held(checkpoint) == (expected, expected, expected)
     trained = read_trained_groups(groups_path(save))
     assert [record.step for record in trained] == list(range(1, expected + 1))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    assert signal.getsignal(signal.SIGINT) is before  # put back

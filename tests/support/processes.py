@@ -9,8 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from atroposlib.utils.waiting import answers_200
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -21,10 +20,7 @@ def answers_health(url: str, proc: subprocess.Popen, log, what: str) -> bool:
     """True once GET url/health answers 200; raises RuntimeError if the process has exited."""
     if proc.poll() is not None:
         raise RuntimeError(f"{what} exited early:\n{log()}")
-    try:
-        return httpx.get(f"{url}/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return answers_200(f"{url}/health", timeout_s=1)
 
 
 class ApiProcess:

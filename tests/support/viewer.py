@@ -7,8 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
-
+from atroposlib.utils.waiting import answers_200
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -34,10 +33,7 @@ class ViewerProcess:
     def _answers(self) -> bool:
         if self.proc.poll() is not None:
             raise AssertionError(f"the viewer exited early:\n{self.log()}")
-        try:
-            return httpx.get(self.url, timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers_200(self.url)
 
     def wait_ready(self, timeout_s: float = 120) -> ViewerProcess:
         try:
