@@ -1,12 +1,22 @@
-"""One ASGI layer in front of every route: auth, body size, gzip bodies, latency.
+"""One ASGI layer in front of every route: auth, Host, content type, body size, gzip
+bodies, latency.
 
 Doing this in a single pure-ASGI pass (not Starlette's BaseHTTPMiddleware) keeps
 the per-request cost to a few microseconds and reads the body exactly once.
+
+Loopback is no trust boundary (docs/security.md): every local process, and every web
+page a local browser opens, can reach 127.0.0.1. So, key or not, a state change must
+say `Content-Type: application/json`, which no page can send to another origin
+without the API's consent (a CORS preflight it never grants), unlike the `text/plain`
+or form posts of a blind cross-site request. Without a key, the Host header must also
+name the API as this machine knows it (localhost, an IP address, or --allowed-hosts),
+which a DNS-rebinding page, whose own name now points at 127.0.0.1, cannot do.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import time
 import zlib
@@ -24,6 +34,34 @@ except ImportError:  # pragma: no cover - optional speed-up
     _inflate = zlib
 
 OPEN_PATHS = frozenset({"/", "/health"})
+WRONG_CONTENT_TYPE = (
+    "send the request as JSON, with 'Content-Type: application/json' (a body or not): "
+    "run-api refuses other content types, which any web page can post to it"
+)
+
+
+def host_name(header: bytes) -> str:
+    """The name a Host header gives, without its port: `[::1]:8000` -> `::1`."""
+    text = header.decode("latin-1").strip().lower().rstrip(".")
+    if text.startswith("["):
+        return text[1:].partition("]")[0]
+    return text.rpartition(":")[0] if text.count(":") == 1 else text
+
+
+def host_allowed(name: str, allowed: frozenset[str]) -> bool:
+    """localhost, an IP address (never a rebinding page's name) or an allowed name."""
+    if name in allowed or "*" in allowed or name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def is_json(content_type: bytes) -> bool:
+    media = content_type.partition(b";")[0].strip().lower()
+    return media == b"application/json" or media.endswith(b"+json")
 
 
 async def send_json(
@@ -67,9 +105,17 @@ class RequestGuard:
         max_body_bytes: int,
         observe: Callable[[str, float], None] | None = None,
         known_paths: frozenset[str] = frozenset(),
+        allowed_hosts: frozenset[str] = frozenset(),
+        json_paths: frozenset[str] = frozenset(),
     ) -> None:
+        """`allowed_hosts`: the Host names, besides localhost and IP addresses, that a
+        request may name when there is no key (with one, the key is the check).
+        `json_paths`: the paths that take a POST, which must be JSON (another method, or
+        another path, is the router's 405 or 404)."""
         self.app = app
+        self.json_paths = json_paths
         self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.allowed_hosts = allowed_hosts
         self.max_body_bytes = max_body_bytes
         self.observe = observe
         self.known_paths = known_paths
@@ -98,6 +144,18 @@ class RequestGuard:
                     {"WWW-Authenticate": "Bearer"},
                 )
                 return
+        if self.expected is None and b"host" in headers and scope["path"] not in OPEN_PATHS:
+            name = host_name(headers[b"host"])
+            if not host_allowed(name, self.allowed_hosts):
+                await send_json(send, 400, {"detail": wrong_host(name)})
+                return
+        if (
+            scope["method"] == "POST"
+            and scope["path"] in self.json_paths
+            and not is_json(headers.get(b"content-type", b""))
+        ):
+            await send_json(send, 415, {"detail": WRONG_CONTENT_TYPE})
+            return
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await self._too_large(send)
@@ -141,6 +199,15 @@ class RequestGuard:
         )
 
 
+def wrong_host(name: str) -> str:
+    return (
+        f"Host {name!r} is not this API's: without an API key, run-api answers only "
+        "requests addressed to localhost, an IP address or a name in --allowed-hosts, so "
+        "that a web page that points its own name at 127.0.0.1 cannot read it; start it "
+        f"with --allowed-hosts {name} (or --api-key)"
+    )
+
+
 def _replay(body: bytes, receive: Receive) -> Callable[[], Awaitable[Message]]:
     delivered = False
 
@@ -164,8 +231,17 @@ def document_guard(app: FastAPI, api_key_required: bool) -> None:
     build = app.openapi
     detail = {"application/json": {"schema": ErrorDetail.model_json_schema()}}
     answers: dict[str, dict[str, Any]] = {
-        "400": {"description": "A gzip request body that does not inflate.", "content": detail},
+        "400": {
+            "description": "A gzip request body that does not inflate, or (without "
+            "--api-key) a Host header that names neither localhost, an IP address nor one "
+            "of --allowed-hosts.",
+            "content": detail,
+        },
         "413": {"description": "A request body over --max-body-mb.", "content": detail},
+    }
+    not_json = {
+        "description": "A POST without 'Content-Type: application/json'.",
+        "content": detail,
     }
     unauthorized = {
         "description": "Missing or wrong 'Authorization: Bearer <key>' (--api-key).",
@@ -183,10 +259,12 @@ def document_guard(app: FastAPI, api_key_required: bool) -> None:
             schemes = document.setdefault("components", {}).setdefault("securitySchemes", {})
             schemes["bearer"] = {"type": "http", "scheme": "bearer"}
         for path, operations in document["paths"].items():
-            for operation in operations.values():
+            for method, operation in operations.items():
                 responses = operation.setdefault("responses", {})
                 for code, answer in answers.items():
                     responses.setdefault(code, answer)
+                if method == "post":
+                    responses.setdefault("415", not_json)
                 if api_key_required and path not in OPEN_PATHS:
                     operation["security"] = [{"bearer": []}]
                     responses.setdefault("401", unauthorized)

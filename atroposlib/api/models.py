@@ -107,6 +107,13 @@ def refusal(description: str, **extra: Any) -> dict[str, Any]:
 
 
 INVALID = {422: {"model": ValidationFailure, "description": "The request breaks a rule."}}
+INVALID_ON_PLAIN_TEXT = {
+    422: {
+        "description": "The request breaks a rule.",
+        "content": {"application/json": {"schema": ValidationFailure.model_json_schema()}},
+    }
+}
+"""`INVALID` for a route whose own answer is plain text (FastAPI would document it so)."""
 STORE_FAILED = {
     503: refusal("The durable store failed to read or write; retry later.", headers=RETRY_AFTER)
 }

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Body, FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -30,7 +30,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from atroposlib.api.long_poll import NO_BATCH, Arrivals, requested_wait
 from atroposlib.api.metrics import ApiMetrics
 from atroposlib.api.middleware import RequestGuard, document_guard
-from atroposlib.api.models import INVALID, STORE_FAILED, group_schema, json_body, refusal
+from atroposlib.api.models import (
+    INVALID,
+    INVALID_ON_PLAIN_TEXT,
+    STORE_FAILED,
+    group_schema,
+    json_body,
+    refusal,
+)
 from atroposlib.api.settings import APISettings, settings_from_environment
 from atroposlib.api.state import (
     InvalidGroups,
@@ -292,9 +299,16 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
     async def wandb_info() -> dict[str, str | None]:
         return state().wandb_info()
 
-    @app.post("/reset_data", response_class=PlainTextResponse, responses=STORE_FAILED)
-    async def reset_data() -> PlainTextResponse:
-        """Wipe the run: queue, kept batches, registrations."""
+    @app.post(
+        "/reset_data",
+        response_class=PlainTextResponse,
+        responses={**INVALID_ON_PLAIN_TEXT, **STORE_FAILED},
+    )
+    async def reset_data(
+        _: Annotated[dict[str, Any], Body(description="A JSON object, not read; send {}.")],
+    ) -> PlainTextResponse:
+        """Wipe the run: queue, kept batches, registrations. The body is not read; its JSON
+        content type is what a web page cannot send (atroposlib/api/middleware.py)."""
         state().reset()
         return PlainTextResponse("Reset successful", status_code=200)
 
@@ -313,7 +327,7 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
                 status_code=403,
             )
         logger.warning("GET /reset_data wiped the run; POST /reset_data is the safe form")
-        return await reset_data()
+        return await reset_data({})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -350,6 +364,10 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
         max_body_bytes=settings.max_body_bytes,
         observe=service.observe,
         known_paths=known,
+        json_paths=frozenset(
+            route.path for route in app.routes if "POST" in getattr(route, "methods", ())
+        ),
+        allowed_hosts=frozenset(name.lower() for name in settings.allowed_hosts),
     )
     return app
 

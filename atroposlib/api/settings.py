@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from atroposlib.utils.exposure import ExposureRule, is_loopback
 
@@ -47,6 +47,12 @@ class APISettings(ExposureRule, BaseModel):
     insecure: bool = Field(
         False, description="Allow binding a non-loopback address without an API key."
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names (comma-separated) that requests may be addressed to when "
+        "there is no API key, besides localhost and IP addresses; '*' allows any. Other "
+        "names get 400: a web page can point its own name at 127.0.0.1 (DNS rebinding).",
+    )
     idempotency_ttl_s: float = Field(
         3600.0, gt=0, description="How long an Idempotency-Key answer is remembered."
     )
@@ -70,6 +76,13 @@ class APISettings(ExposureRule, BaseModel):
         "text", description="Log format: text, or json for one object per line."
     )
     access_log: bool = Field(False, description="Log every HTTP request (uvicorn access log).")
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_names(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
 
     @property
     def max_body_bytes(self) -> int:

@@ -54,7 +54,7 @@ def test_reset_without_key_cannot_wipe_the_run(api_factory):
     by_get = httpx.get(f"{api.url}/reset_data", headers=auth)
     assert by_get.status_code == 403 and "POST it" in by_get.json()["detail"]
     assert httpx.get(f"{api.url}/info", headers=auth).json()["batch_size"] == 8
-    assert httpx.post(f"{api.url}/reset_data", headers=auth).status_code == 200
+    assert httpx.post(f"{api.url}/reset_data", json={}, headers=auth).status_code == 200
     assert httpx.get(f"{api.url}/info", headers=auth).json()["batch_size"] == -1
 
 

@@ -250,7 +250,7 @@ def test_reset_data_clears_everything(client, method):
     start_trainer(client)
     register_env(client)
     client.post("/scored_data", json=make_group(4, tag=1, env_id=0))
-    response = client.request(method, "/reset_data")
+    response = client.request(method, "/reset_data", json={} if method == "POST" else None)
     assert response.status_code == 200 and response.text == "Reset successful"
     assert client.get("/status").json() == {"current_step": 0, "queue_size": 0}
     assert client.get("/info").json() == {"batch_size": -1, "max_token_len": -1}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,9 @@ class LaunchRun:
             stderr=subprocess.STDOUT,
             cwd=REPO,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
+            # as a terminal's Ctrl-C reaches it, even when the suite itself runs in a
+            # shell's background job, which starts with SIGINT ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.seen: set[int] = set()
 
