@@ -109,7 +109,7 @@ def refusal(description: str, **extra: Any) -> dict[str, Any]:
 INVALID = {422: {"model": ValidationFailure, "description": "The request breaks a rule."}}
 INVALID_ON_PLAIN_TEXT = {
     422: {
-        "description": "The request breaks a rule.",
+        "description": INVALID[422]["description"],
         "content": {"application/json": {"schema": ValidationFailure.model_json_schema()}},
     }
 }
