@@ -6,12 +6,13 @@ just its body, which is then appended to the prompt.
 
 Reward: the fraction of the problem's hidden test cases the code passes, each case a
 top-level assert of the dataset's `check(candidate)`. The program (answer + tests) runs
-in `atroposlib.envs.sandbox` (time, memory, process and file limits, no network where
-bubblewrap works) through the harness in `code_execution_harness.py`, which reports each
-passed case with a per-run random nonce so printed fake tallies and early exits earn
-nothing; its docstring lists what it defends against and what it does not (the solution
-and the tests share one interpreter). Partial credit, rather than all-or-nothing, gives a
-group of almost-right programs a gradient.
+in `atroposlib.envs.sandbox` (time, memory, process and file limits, no network, no
+view of the host's files beyond the interpreter's) through the harness in
+`code_execution_harness.py`: the answer and the hidden tests run in two sandboxes joined
+by a pipe, so the answer cannot read the tests or touch the tally; its docstring lists
+what that stops. Without bubblewrap the env refuses to start unless `--env.sandbox
+namespaces` opts in. Partial credit, rather than all-or-nothing, gives a group of
+almost-right programs a gradient.
 
 Data: the columns of openai/openai_humaneval (`task_id`, `prompt`, `canonical_solution`,
 `test`, `entry_point`). HumanEval is an evaluation set (one split, "test"), so by default
@@ -40,7 +41,7 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -48,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
 from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
-from atroposlib.envs.sandbox import SandboxLimits  # noqa: E402
+from atroposlib.envs.sandbox import SandboxLimits, require_isolation  # noqa: E402
 from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
 from environments.code_execution_harness import CodeRun, count_cases, run_tests  # noqa: E402
 
@@ -85,6 +86,13 @@ class CodeExecutionConfig(BaseEnvConfig, DataSourceConfig):
     memory_mb: int = Field(512, ge=64, description="Address-space limit of one test run.")
     case_timeout_s: float = Field(3.0, gt=0, description="Time one test case may take.")
     max_concurrent_runs: int = Field(8, ge=1, description="Sandboxed runs at once.")
+    sandbox: Literal["bubblewrap", "namespaces"] = Field(
+        "bubblewrap",
+        description="How answers are isolated. 'bubblewrap' (apt install bubblewrap) shows "
+        "them only the interpreter's files; 'namespaces' is the explicit opt-in for hosts "
+        "without it (root only; host files stay readable except the project, homes and "
+        "data caches). The env refuses to start when the chosen mode cannot run.",
+    )
 
 
 class CodeExecutionEnv(BaseEnv):
@@ -119,8 +127,12 @@ class CodeExecutionEnv(BaseEnv):
         random.Random(config.seed).shuffle(self.train)
         self.position = 0
         self.limits = SandboxLimits(
-            wall_time_s=config.wall_time_s, cpu_time_s=config.cpu_time_s, memory_mb=config.memory_mb
+            wall_time_s=config.wall_time_s,
+            cpu_time_s=config.cpu_time_s,
+            memory_mb=config.memory_mb,
+            isolation=config.sandbox,
         )
+        require_isolation(config.sandbox)
         self.runs = asyncio.Semaphore(config.max_concurrent_runs)
 
     async def get_next_item(self) -> dict[str, Any]:

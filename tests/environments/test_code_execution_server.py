@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from atroposlib.envs import sandbox, sandbox_isolation
 from atroposlib.envs.base import APIServerConfig
 from atroposlib.envs.data_source import read_jsonl
-from atroposlib.envs.sandbox import SandboxLimits
+from atroposlib.envs.sandbox import SandboxLimits, SandboxUnavailable
 from environments.code_execution_harness import (
     count_cases,
     extract_code,
-    harness_source,
     passed_cases,
     run_tests,
 )
@@ -101,26 +101,111 @@ ANSWERS = {
     "empty": ("", 0),
     "over-long": (fenced("def add(a, b):\n    return a + b\n" + "# pad\n" * 20000), 4),
     "endless printing": (fenced("def add(a, b):\n    while True:\n        print('x' * 1000)"), 0),
+    "correct but prints 70k characters": (
+        fenced("def add(a, b):\n    print('x' * 70000)\n    return a + b"),
+        4,
+    ),
+    # The review's attacks (SBX-1, SBX-2): each used to score 1.0 or 0.85.
+    "patched zip in the harness loop": (
+        fenced(
+            "import ast, builtins\nreal_zip = builtins.zip\n"
+            "def fake_zip(*lists):\n    for statement, case in real_zip(*lists):\n"
+            "        yield ast.parse('pass').body[0], case\n"
+            "builtins.zip = fake_zip\ndef add(a, b):\n    return 0"
+        ),
+        0,
+    ),
+    "always-equal object behind patched dict": (
+        fenced(
+            "import builtins\nclass Anything:\n    def __eq__(self, other):\n        return True\n"
+            "    def __sub__(self, other):\n        return 0\n"
+            "    def items(self):\n        return []\n"
+            "builtins.dict = Anything\ndef add(a, b):\n    return Anything()"
+        ),
+        0,
+    ),
+    "patched callable, isinstance and TypeError": (
+        fenced(
+            "import builtins\nbuiltins.callable = lambda value: True\n"
+            "builtins.isinstance = lambda *args: True\nbuiltins.TypeError = KeyError\n"
+            "def add(a, b):\n    return a - b"
+        ),
+        0,
+    ),
+    "tests read from the program, /proc and scratch dirs": (
+        fenced(
+            "import glob, os, re, sys\ntext = ''\n"
+            "paths = [sys.argv[0], *glob.glob('/proc/*/fd/*'), *glob.glob('/proc/*/cmdline')]\n"
+            "paths += glob.glob('/tmp/**', recursive=True) + glob.glob('/dev/shm/*')\n"
+            "for path in paths:\n    try:\n"
+            "        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)\n"
+            "        text += os.read(fd, 1 << 20).decode('latin-1')\n    except OSError:\n"
+            "        pass\n"
+            "table = {(int(a), int(b)): int(c) for a, b, c in "
+            "re.findall(r'candidate\\((\\d+), (\\d+)\\) == (\\d+)', text)}\n"
+            "def add(a, b):\n    return table.get((a, b), -1)"
+        ),
+        0,
+    ),
 }
+
+
+@pytest.fixture(params=["bubblewrap", "namespaces"])
+def limits(request) -> SandboxLimits:
+    """LIMITS in each sandbox mode this machine can run (CI runs both)."""
+    problem = sandbox._mode_works(request.param)
+    if problem is not None:
+        pytest.skip(f"the {request.param} sandbox cannot run here: {problem}")
+    return LIMITS.model_copy(update={"isolation": request.param})
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("name", list(ANSWERS))
-def test_harness_counts_only_honest_passes(name):
+def test_harness_counts_only_honest_passes(name, limits):
     completion, passed = ANSWERS[name]
-    run = asyncio.run(run_tests(completion, ADD, LIMITS, case_timeout_s=0.5))
+    run = asyncio.run(run_tests(completion, ADD, limits, case_timeout_s=0.5))
     assert (run.passed, run.total) == (passed, 4), run.result
 
 
-def test_tally_lines_need_this_runs_nonce():
-    assert (
-        passed_cases("abc PASS 0\nabc PASS 0\nabc PASS 1\nzzz PASS 2\nabc PASS 9\n", "abc", 4) == 2
+@pytest.mark.integration
+def test_the_canonical_solution_on_disk_is_out_of_reach(limits):
+    """SBX-2: the shipped dataset (and the hub cache) held each answer's canonical solution."""
+    problem = read_jsonl(SAMPLE_DIR / "test.jsonl")[0]
+    entry = problem["entry_point"]
+    steal = fenced(
+        "import glob, json\n"
+        f"roots = [{str(SAMPLE_DIR)!r}, '/root/.cache', '/home']\n"
+        "for root in roots:\n"
+        "    for path in glob.glob(root + '/**/*.json*', recursive=True):\n"
+        "        try:\n            rows = [json.loads(line) for line in open(path)]\n"
+        "        except (OSError, ValueError):\n            continue\n"
+        "        for row in rows:\n"
+        f"            if isinstance(row, dict) and row.get('entry_point') == {entry!r}:\n"
+        "                exec(row['prompt'] + row['canonical_solution'])\n"
     )
+    canonical = problem["prompt"] + problem["canonical_solution"]
+    honest = asyncio.run(run_tests(canonical, problem, limits))
+    stolen = asyncio.run(run_tests(steal, problem, limits))
+    assert honest.score == 1.0 and stolen.score == 0.0, stolen.result
+
+
+@pytest.mark.integration
+def test_assert_true_lines_are_not_cases(limits):
+    """SBX-10: HumanEval's `assert True, "..."` lines passed for any candidate."""
+    problem = {
+        **ADD,
+        "test": "def check(candidate):\n    assert True, 'debugging aid'\n"
+        "    assert candidate(1, 2) == 3\n    assert True\n    assert candidate(2, 2) == 4\n",
+    }
+    assert count_cases(problem["test"]) == 2
+    run = asyncio.run(run_tests(fenced("def add(a, b):\n    pass"), problem, limits))
+    assert (run.passed, run.total) == (0, 2)
+
+
+def test_only_the_judges_distinct_pass_lines_count():
+    assert passed_cases("PASS 0\nPASS 0\nPASS 1\nx PASS 2\nPASS 9\n", 4) == 2
     assert count_cases(ADD["test"]) == 4
     assert extract_code("```py\nx = 1\n```") == "x = 1"
-    source = harness_source("print('__TESTS__')", ADD["test"], "add", 1.0)
-    assert source.rstrip().endswith(repr(1.0) + ")")
-    compile(source, "harness", "exec")
 
 
 @pytest.mark.integration
@@ -246,3 +331,30 @@ def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):
     assert env.train[0]["entry_point"] == "add" and env.test[0]["cases"] == 4
     run = asyncio.run(env.judge(RIGHT, env.train[0]))
     assert run.score == 1.0
+
+
+def test_the_env_refuses_to_start_without_bubblewrap_unless_opted_in(
+    monkeypatch, tiny_model_path, problems_file
+):
+    """SBX-4: the default used to fall back to weaker isolation with only a log line."""
+    sandbox._mode_works.cache_clear()
+    monkeypatch.setattr(sandbox_isolation, "bubblewrap_path", lambda: None)
+
+    def env_with(**fields) -> CodeExecutionEnv:
+        config = CodeExecutionConfig(
+            dataset_path=str(problems_file),
+            tokenizer_name=str(tiny_model_path),
+            use_wandb=False,
+            **fields,
+        )
+        return CodeExecutionEnv(config, APIServerConfig(model_name="tiny"), testing=True)
+
+    try:
+        with pytest.raises(SandboxUnavailable, match="bubblewrap is not installed"):
+            asyncio.run(env_with().setup())
+        if sandbox._mode_works("namespaces") is None:
+            opted_in = env_with(sandbox="namespaces")
+            asyncio.run(opted_in.setup())
+            assert asyncio.run(opted_in.judge(RIGHT, opted_in.train[0])).score == 1.0
+    finally:
+        sandbox._mode_works.cache_clear()
