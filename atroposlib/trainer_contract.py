@@ -15,6 +15,9 @@ The contract is three things, all here, so any trainer can satisfy it:
 - Groups out (optional). The `group_id`s of each step's batch, as a
   `TrainedGroups` record in `<save_path>/trained_groups.jsonl`, written before that
   step's checkpoint. The launcher counts them against what environments delivered.
+- A key in. With `keys: per_run` (the default) run-api wants the run's key, which
+  the trainer finds in `$ATROPOS_API_KEY` and sends as `Authorization: Bearer KEY`.
+  A trainer that sends none (upstream's) runs with `keys: none` in the YAML.
 - Resume in. A trainer that exits non-zero is started again with `--resume` and the
   path of its latest `checkpoint_saved` event (or as first started, if none), so it
   must accept `--resume DIR`. Exit code 2 means "starting again cannot help" (bad

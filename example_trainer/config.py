@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from atroposlib.utils.exposure import engine_args_problem
 
 WeightBridgeMode = Literal[
     "none", "restart", "hot_reload", "lora_only", "lora_restart", "shared_vllm"
@@ -135,6 +138,14 @@ class TrainingConfig(BaseModel):
         description="Longest back-off between /batch polls, for an API that does not hold "
         "/batch open (ours does: Prefer: wait).",
     )
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args_keep_loopback(cls, value: str) -> str:
+        problem = engine_args_problem(shlex.split(value))
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _one_checkpoint_interval(self) -> TrainingConfig:

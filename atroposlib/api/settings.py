@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from atroposlib.utils.exposure import ExposureRule, is_loopback
+from atroposlib.utils.exposure import API_KEY_ENVIRONMENT, ExposureRule, is_loopback
 
 __all__ = ["SETTINGS_ENV", "APISettings", "is_loopback", "settings_from_environment"]
 
@@ -17,7 +17,7 @@ SETTINGS_ENV = "ATROPOS_API_SETTINGS"
 
 
 class APISettings(ExposureRule, BaseModel):
-    KEY_ENVIRONMENT: ClassVar[tuple[str, ...]] = ("ATROPOS_API_KEY",)
+    KEY_ENVIRONMENT: ClassVar[tuple[str, ...]] = (API_KEY_ENVIRONMENT,)
     EXPOSURE_RISK: ClassVar[str] = "read batches or wipe the run"
 
     host: str = Field(

@@ -21,12 +21,12 @@ from atroposlib.inference.weight_routes import (
     WEIGHT_SYNC_KEY_ENVIRONMENT,
     WEIGHT_VERSION_ENVIRONMENT,
 )
-from atroposlib.utils.exposure import ExposureRule
+from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, ExposureRule
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 from atroposlib.utils.model_files import local_model_problem
 
-KEY_ENVIRONMENT = ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY")
+KEY_ENVIRONMENT = ENGINE_KEY_ENVIRONMENT
 
 """Where the key comes from without --api-key, first set wins (VLLM_API_KEY is vLLM's)."""
 

@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from atroposlib.utils.exposure import engine_args_problem
 from atroposlib.utils.processes import log_tail, spawn, stop_group
 from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until, port_in_use
 
@@ -54,6 +55,14 @@ class EngineConfig(BaseModel):
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @field_validator("extra_args")
+    @classmethod
+    def _loopback_and_no_key_in_argv(cls, args: list[str]) -> list[str]:
+        problem = engine_args_problem(args)
+        if problem:
+            raise ValueError(problem)
+        return args
 
 
 def resolve_engine(config: EngineConfig) -> Literal["vllm", "transformers"]:

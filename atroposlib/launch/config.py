@@ -8,6 +8,7 @@ limit) is written once at the top level or chosen by the plan.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -101,6 +102,12 @@ class LaunchConfig(Section):
     stop_grace_s: float = Field(
         60, gt=0, description="Time the trainer gets to write its final checkpoint on stop."
     )
+    keys: Literal["per_run", "none"] = Field(
+        "per_run",
+        description="'per_run': a fresh key guards the API and the engine, handed to every "
+        "child in its environment and written to <run_dir>/api-key; 'none': no key, for a "
+        "trainer that sends none (upstream's).",
+    )
     api: ApiSection = Field(default_factory=ApiSection)
     engine: EngineSection | None = Field(None, description="Optional standalone engine.")
     environments: list[EnvironmentSection] = Field(..., min_length=1)
@@ -123,6 +130,33 @@ def load_config(path: str | Path) -> LaunchConfig:
         return LaunchConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{path}: {describe_errors(exc)}") from exc
+
+
+SECRET_NAME = re.compile(r"(key|token|secret|password)$", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def redacted(value: Any) -> Any:
+    """`value` with every mapping entry whose name ends in key, token, secret or password
+    replaced by REDACTED: what the run directory and the report may show of a config."""
+    if isinstance(value, dict):
+        return {
+            k: REDACTED if isinstance(k, str) and SECRET_NAME.search(k) and v else redacted(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redacted(v) for v in value]
+    return value
+
+
+def redacted_text(text: str) -> str:
+    """The YAML as written, or re-dumped with its secrets redacted when it holds any."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    clean = redacted(data)
+    return text if clean == data else yaml.safe_dump(clean, sort_keys=False)
 
 
 def describe_errors(exc: ValidationError) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -35,9 +36,12 @@ from atroposlib.trainer_contract import (
     events_path,
     metrics_path,
 )
+from atroposlib.utils.exposure import API_KEY_ENVIRONMENT, ENGINE_KEY_ENVIRONMENT
 from atroposlib.utils.waiting import port_in_use
 
 TINY_MODEL = "tiny"
+KEY_FILE = "api-key"
+"""The run's key in its run directory (mode 0600), for clients such as view-run."""
 # the settings the launcher owns outright; a trainer.args entry for them is ignored
 LAUNCHER_OWNED = ("save_path", "atropos_url")
 
@@ -69,6 +73,8 @@ class Plan:
     environments: list[ProcessPlan] = field(default_factory=list)
     api_state_dir: Path | None = None
     """The API's durable store (None: it runs ephemeral)."""
+    key: str | None = None
+    """The run's key for the API and the engine (None: keys: none)."""
 
     @property
     def checkpoints(self) -> Path:
@@ -98,10 +104,15 @@ class Shared:
     served: str
     api_url: str
     engine_port: int
+    key: str | None
 
     @property
     def engine_url(self) -> str:
         return f"http://127.0.0.1:{self.engine_port}"
+
+    def key_env(self, *names: str) -> dict[str, str]:
+        """The run's key under each of `names`, for a child's environment (never its argv)."""
+        return {name: self.key for name in names} if self.key else {}
 
 
 def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
@@ -126,6 +137,7 @@ def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
         served=config.served_model_name or config.model,
         api_url=f"http://127.0.0.1:{api_port}",
         engine_port=_port(requested_engine_port, "engine", taken),
+        key=_run_key(config),
     )
     api = _api_plan(config, shared, api_port)
     trainer, settings = _trainer_plan(config, shared, trainer_args)
@@ -143,11 +155,22 @@ def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
         trainer=trainer,
         engine=engine,
         environments=environments,
+        key=shared.key,
     )
 
 
+def _run_key(config: LaunchConfig) -> str | None:
+    """The YAML's api.args.api_key, else a fresh one unless keys: none."""
+    given = config.api.args.get("api_key")
+    if given:
+        return str(given)
+    return secrets.token_urlsafe(32) if config.keys == "per_run" else None
+
+
 def _api_args(config: LaunchConfig, shared: Shared) -> dict[str, Any]:
-    return {"state_dir": str(shared.run_dir / "api-state"), **config.api.args}
+    """run-api's flags; its key goes in its environment (see `_run_key`)."""
+    args = {k: v for k, v in config.api.args.items() if k != "api_key"}
+    return {"state_dir": str(shared.run_dir / "api-state"), **args}
 
 
 def _api_state_dir(config: LaunchConfig, shared: Shared) -> Path | None:
@@ -163,6 +186,7 @@ def _api_plan(config: LaunchConfig, shared: Shared, port: int) -> ProcessPlan:
         [shared.python, "-m", "atroposlib.cli.run_api", *flags(args)],
         health_url=f"{shared.api_url}/health",
         max_restarts=config.api.max_restarts,
+        env=shared.key_env(API_KEY_ENVIRONMENT),
         not_restartable=(
             "the API runs with ephemeral: true, so its queue and registrations died with it"
             if args.get("ephemeral")
@@ -214,6 +238,8 @@ def _trainer_plan(
         [*runner, "-m", module, *flags(every_flag)],
         health_url=None if config.engine else f"{shared.engine_url}/health",
         max_restarts=config.trainer.max_restarts,
+        # its own engine, if it runs one, inherits the engine key
+        env=shared.key_env(API_KEY_ENVIRONMENT, *ENGINE_KEY_ENVIRONMENT),
     )
     return trainer, settings
 
@@ -234,19 +260,23 @@ def _engine_plan(
             f"engine.max_model_len {section.max_model_len} is under the trainer's seq_len "
             f"{limit}: the engine could not produce the longest sequences the run trains on"
         )
-    engine_config = EngineConfig(
-        engine=section.engine,
-        served_model_name=shared.served,
-        port=shared.engine_port,
-        python=shared.python,
-        max_model_len=section.max_model_len or limit,
-        extra_args=section.args,
-    )
+    try:
+        engine_config = EngineConfig(
+            engine=section.engine,
+            served_model_name=shared.served,
+            port=shared.engine_port,
+            python=shared.python,
+            max_model_len=section.max_model_len or limit,
+            extra_args=section.args,
+        )
+    except ValidationError as exc:
+        raise ConfigError(f"engine: {describe_errors(exc)}") from exc
     return ProcessPlan(
         "engine",
         engine_command(engine_config, resolve_engine(engine_config), shared.model),
         health_url=f"{engine_config.url}/health",
         max_restarts=section.max_restarts,
+        env=shared.key_env(*ENGINE_KEY_ENVIRONMENT),
     )
 
 
@@ -281,7 +311,13 @@ def _environment_plans(
             openai_values = {
                 "base_url": f"{shared.engine_url}/v1",
                 "model_name": shared.served,
-                **section.openai,
+                **{k: v for k, v in section.openai.items() if k != "api_key"},
+            }
+            key_env = {
+                **shared.key_env(API_KEY_ENVIRONMENT),
+                **_engine_key_for(section, shared),
+                # backlogs and spools belong to this run, not to the working directory
+                "ATROPOS_ENV_STATE_DIR": str(shared.run_dir / "env-state" / name),
             }
             environments.append(
                 ProcessPlan(
@@ -295,11 +331,19 @@ def _environment_plans(
                         *section.args,
                     ],
                     max_restarts=section.max_restarts,
-                    # backlogs and spools belong to this run, not to the working directory
-                    env={"ATROPOS_ENV_STATE_DIR": str(shared.run_dir / "env-state" / name)},
+                    env=key_env,
                 )
             )
     return environments
+
+
+def _engine_key_for(section: EnvironmentSection, shared: Shared) -> dict[str, str]:
+    """What an environment sends its engine: the YAML's openai.api_key, or the run's key
+    when the engine is the run's own (never to a server elsewhere)."""
+    given = section.openai.get("api_key")
+    if given:
+        return {ENGINE_KEY_ENVIRONMENT[0]: str(given)}
+    return {} if "base_url" in section.openai else shared.key_env(ENGINE_KEY_ENVIRONMENT[0])
 
 
 def _declared_config(module: str) -> type[BaseModel] | None:

@@ -52,9 +52,15 @@ class Snapshot:
 
 class StatusReader:
     def __init__(
-        self, api_url: str, metrics_path: Path, events_path: Path, total_steps: int
+        self,
+        api_url: str,
+        metrics_path: Path,
+        events_path: Path,
+        total_steps: int,
+        key: str | None = None,
     ) -> None:
-        self.http = httpx.Client(base_url=api_url, timeout=1.0)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.Client(base_url=api_url, timeout=1.0, headers=headers)
         self.total = total_steps
         # (time, groups received) over the last RATE_WINDOW_S: groups arrive in bursts
         self.counts: deque[tuple[float, float]] = deque()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -37,10 +38,12 @@ from rich.panel import Panel
 from rich.text import Text
 
 from atroposlib.launch.children import Child
-from atroposlib.launch.plan import Plan
+from atroposlib.launch.config import redacted_text
+from atroposlib.launch.plan import KEY_FILE, Plan
 from atroposlib.launch.report import run_numbers, write_report
 from atroposlib.launch.status import StatusReader
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, read_events, read_metrics
+from atroposlib.utils.exposure import API_KEY_ENVIRONMENT
 from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until
 
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan"]
@@ -69,7 +72,7 @@ def _raise_interrupt(signum, frame) -> None:
 class Launcher:
     def __init__(self, plan: Plan, config_text: str, console: Console | None = None) -> None:
         self.plan = plan
-        self.config_text = config_text
+        self.config_text = redacted_text(config_text)  # what the run dir and report show
         self.console = console or Console(highlight=False)
         self.live: Live | None = None
         colors = itertools.cycle(COLORS)
@@ -81,12 +84,22 @@ class Launcher:
         self.environments = [make(p) for p in plan.environments]
         self.width = max(len(c.name) for c in self.children)
         self.status = StatusReader(
-            plan.api_url, plan.metrics_path, plan.events_path, plan.training_steps
+            plan.api_url, plan.metrics_path, plan.events_path, plan.training_steps, plan.key
         )
 
     @property
     def children(self) -> list[Child]:
         return [c for c in (self.api, self.engine, self.trainer, *self.environments) if c]
+
+    def _write_key(self) -> None:
+        """The run's key, readable by its owner only: for view-run and other clients."""
+        if self.plan.key is None:
+            return
+        path = self.plan.run_dir / KEY_FILE
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(self.plan.key + "\n")
+        self.say(f"API key: {path} (clients: export {API_KEY_ENVIRONMENT}=$(cat {path}))")
 
     # ----------------------------------------------------------------- output
     def _print_line(self, child: Child, line: str) -> None:
@@ -100,6 +113,7 @@ class Launcher:
     def run(self) -> int:
         self.plan.run_dir.mkdir(parents=True, exist_ok=True)
         (self.plan.run_dir / "config.yaml").write_text(self.config_text)
+        self._write_key()
         commands = {c.name: c.plan.command for c in self.children}
         (self.plan.run_dir / "commands.json").write_text(json.dumps(commands, indent=2))
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -15,6 +15,11 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 INSECURE_FLAG = "--insecure"
+API_KEY_ENVIRONMENT = "ATROPOS_API_KEY"
+"""run-api's key: run-api, environments, trainers and viewers read it."""
+ENGINE_KEY_ENVIRONMENT = ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY")
+"""An engine's key, first set wins: our engine reads both, vLLM the second; an
+environment sends the first to its engine (how atropos-launch hands it over)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -41,6 +46,30 @@ def exposure_problem(
         f"refusing to bind {host} without an API key: anyone who can reach it could {risk}. "
         f"Pass --api-key KEY (or {key_source}), or {INSECURE_FLAG} to accept the risk."
     )
+
+
+def engine_args_problem(args: list[str]) -> str | None:
+    """Why extra engine flags must not be used, or None.
+
+    The engine binds loopback, and its weight routes (vLLM's development routes
+    included) trust whoever reaches it, so a `--host` to any other address is refused.
+    A key in argv is readable by every local user (/proc/*/cmdline), so `--api-key` is
+    refused too: the key belongs in the environment.
+    """
+    for index, arg in enumerate(args):
+        name, _, inline = arg.partition("=")
+        value = inline or (args[index + 1] if index + 1 < len(args) else "")
+        if name == "--host" and not is_loopback(value):
+            return (
+                f"engine flag --host {value}: the engine must bind loopback, since its weight "
+                "routes would be open to the network; run an exposed engine yourself, with a key"
+            )
+        if name == "--api-key":
+            return (
+                "engine flag --api-key: a key in argv is readable by every local user; set "
+                "ATROPOS_ENGINE_API_KEY or VLLM_API_KEY in the environment instead"
+            )
+    return None
 
 
 def key_from_environment(names: Iterable[str]) -> str | None:

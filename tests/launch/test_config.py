@@ -182,3 +182,90 @@ def test_an_unknown_trainer_module_is_named(tmp_path, capsys):
     config["trainer"]["module"] = "no_such_trainer.main"
     code, err = run_main(tmp_path, config, capsys)
     assert code == 2 and "trainer module not found: no_such_trainer.main" in err
+
+
+def _plan(tmp_path, config):
+    path = write_config(tmp_path / "c.yaml", config)
+    return plan(load_config(path), path)
+
+
+@pytest.mark.integration
+def test_every_child_gets_the_runs_fresh_key_in_its_environment_never_in_argv(tmp_path):
+    """KEY-1, API-4: a launched run's API and engine had no key, so any local process or
+    web page could take a batch or wipe the run."""
+    config = launch_config(tmp_path / "run")
+    config["engine"] = {"engine": "transformers"}
+    first = _plan(tmp_path, config)
+    config["run_dir"] = str(tmp_path / "run2")
+    second = _plan(tmp_path, config)
+    key = first.key
+    assert key and len(key) >= 32 and key != second.key
+    everyone = [first.api, first.trainer, first.engine, *first.environments]
+    assert all(key not in " ".join(p.command) for p in everyone)
+    assert first.api.env["ATROPOS_API_KEY"] == first.trainer.env["ATROPOS_API_KEY"] == key
+    assert first.engine.env == {"ATROPOS_ENGINE_API_KEY": key, "VLLM_API_KEY": key}
+    (env,) = first.environments
+    assert env.env["ATROPOS_API_KEY"] == env.env["ATROPOS_ENGINE_API_KEY"] == key
+
+
+@pytest.mark.integration
+def test_keys_from_the_yaml_move_to_the_environment_and_none_turns_keys_off(tmp_path):
+    config = launch_config(tmp_path / "run")
+    config["api"]["args"]["api_key"] = "yaml-api-secret"
+    config["environments"].append(
+        {
+            "script": str(ARITH_ENV),
+            "name": "remote",
+            "openai": {"base_url": "http://127.0.0.1:1/v1", "api_key": "yaml-engine-secret"},
+        }
+    )
+    config["environments"].append(
+        {"script": str(ARITH_ENV), "name": "elsewhere", "openai": {"base_url": "http://x/v1"}}
+    )
+    resolved = _plan(tmp_path, config)
+    assert resolved.key == "yaml-api-secret"
+    commands = " ".join(" ".join(p.command) for p in [resolved.api, *resolved.environments])
+    assert "yaml-api-secret" not in commands and "yaml-engine-secret" not in commands
+    own, remote, elsewhere = resolved.environments
+    assert own.env["ATROPOS_ENGINE_API_KEY"] == "yaml-api-secret"
+    assert remote.env["ATROPOS_ENGINE_API_KEY"] == "yaml-engine-secret"
+    assert "ATROPOS_ENGINE_API_KEY" not in elsewhere.env  # the run's key stays home
+    config = launch_config(tmp_path / "run3", keys="none")
+    resolved = _plan(tmp_path, config)
+    assert resolved.key is None and "ATROPOS_API_KEY" not in resolved.api.env
+
+
+def test_secrets_in_the_yaml_are_redacted_from_what_the_run_keeps():
+    from atroposlib.launch.config import REDACTED, redacted_text
+
+    text = (
+        "model: tiny\napi:\n  args:\n    api_key: s3cret\nenvironments:\n- openai:\n"
+        "    api_key: other\n    model_name: m\n"
+    )
+    clean = redacted_text(text)
+    assert "s3cret" not in clean and "other" not in clean and clean.count(REDACTED) == 2
+    assert "model_name: m" in clean
+    plain = "# a comment stays\nmodel: tiny\n"
+    assert redacted_text(plain) == plain
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "where, args",
+    [
+        ("engine", ["--host", "0.0.0.0"]),
+        ("engine", ["--host=192.168.1.5"]),
+        ("engine", ["--api-key", "visible-in-proc"]),
+        ("trainer", "--host 0.0.0.0 --enforce-eager"),
+    ],
+)
+def test_an_engine_flag_that_opens_it_or_shows_a_key_is_refused(where, args, tmp_path, capsys):
+    """ENG-1: engine_args --host 0.0.0.0 silently overrode the loopback bind."""
+    config = launch_config(tmp_path / "run")
+    if where == "engine":
+        config["engine"] = {"engine": "transformers", "args": args}
+    else:
+        config["trainer"]["args"]["engine_args"] = args
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "must bind loopback" in err or "readable by every local user" in err

@@ -11,6 +11,10 @@ processes one after another:
 - then the trainer gets the SIGTERM a scheduler's preemption sends: it checkpoints and
   exits 0 before its last step, and must be resumed, not taken for finished.
 
+Early on, a stranger also tries what a local process or a web page could send (a plain
+`/batch`, a wipe, a `text/plain` group, a foreign `Host`), without the run's fresh key
+and with it: each is refused, and the ledger below shows that nothing changed.
+
 The run must reach its last step, and every group an environment got a 200 for must be
 trained exactly once or still be queued: ids from the environments' ledgers against
 the trainer's ledger and the API's store, not totals. One run holds every fault
@@ -24,6 +28,7 @@ import os
 import re
 import signal
 
+import httpx
 import pytest
 
 from atroposlib.launch.ledger import account
@@ -87,6 +92,39 @@ def assert_every_acknowledged_group_trained_once(run, run_dir, where: str, steps
     return numbers
 
 
+def strangers_are_refused(run_dir) -> None:
+    """API-4, KEY-1: without the run's key nothing is taken, wiped or added; with it,
+    the forms a browser or a stray client could send are refused too."""
+    api = json.loads((run_dir / "commands.json").read_text())["api"]
+    url = f"http://127.0.0.1:{api[api.index('--port') + 1]}"
+    key_file = run_dir / "api-key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text().strip()
+    auth = {"Authorization": f"Bearer {key}"}
+    text = {"Content-Type": "text/plain"}
+    group = json.dumps({"tokens": [[1, 2]], "masks": [[1, 2]], "scores": [1.0]})
+    attempts = [
+        ("GET", "/batch", {}, None, 401),
+        ("GET", "/reset_data", {}, None, 401),
+        ("POST", "/scored_data", text, group, 401),
+        ("POST", "/reset_data", {"Host": "rebind.attacker.example"}, "{}", 401),
+        ("GET", "/batch", auth, None, 409),  # the trainer asks by step
+        ("GET", "/reset_data", auth, None, 403),  # a keyed API takes only POST
+        ("POST", "/scored_data", {**auth, **text}, group, 415),
+    ]
+    with httpx.Client(base_url=url, timeout=10) as http:
+        for method, path, headers, body, expected in attempts:
+            answer = http.request(method, path, headers=headers, content=body)
+            assert answer.status_code == expected, (method, path, headers, answer.text)
+
+
+def the_key_is_nowhere_but_its_file(run_dir) -> None:
+    key = (run_dir / "api-key").read_text().strip()
+    kept = [p for p in run_dir.rglob("*") if p.is_file() and p.name != "api-key"]
+    kept = [p for p in kept if p.suffix in {".json", ".yaml", ".log", ".html", ".jsonl"}]
+    assert kept and not [p for p in kept if key in p.read_text(errors="replace")]
+
+
 def passed(run_dir, step: int) -> None:
     wait_until(
         lambda: newest_row_step(run_dir) > step, 300, f"the trainer never passed step {step}"
@@ -136,6 +174,8 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
         now = wait_until(reached, 300, f"the trainer never reached step {step}", poll_s=0.02)
         os.kill(run.child_pid(TARGETS["trainer"]), signal.SIGKILL)
         kills += 1
+        if step == 2:
+            strangers_are_refused(run_dir)
         # a kill that came a step late is still a kill; before the first checkpoint the
         # trainer starts over and passes this step again
         step += now == step
@@ -163,6 +203,7 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
         "environment, the API and the engine, the API frozen, then the trainer TERMed"
     )
     numbers = assert_every_acknowledged_group_trained_once(run, run_dir, where, steps)
+    the_key_is_nowhere_but_its_file(run_dir)
     restarts = {name: n for name, n in numbers["restarts"].items() if n}
     # the frozen API is no crash
     assert restarts == {"trainer": kills + 1, "mod_arithmetic": 1, "api": 1, "engine": 1}, (

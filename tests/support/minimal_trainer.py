@@ -5,13 +5,15 @@ pulls `training_steps` batches, and for each writes a metrics row (the mean
 score, a zero loss: it learns nothing) and a checkpoint of its step counter,
 recorded as an event. It also prints the log line the example trainer's engine
 launcher prints, to show that the launcher counts events, not log text.
-It declares no `LAUNCH_CONFIG`, so the launcher passes its flags unchecked.
+It declares no `LAUNCH_CONFIG`, so the launcher passes its flags unchecked. It sends
+the run's key from `$ATROPOS_API_KEY`, as the contract asks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -21,6 +23,7 @@ import httpx
 
 from atroposlib.protocol import Batch, Registration
 from atroposlib.trainer_contract import EventKind, LaunchSettings, RunRecords
+from atroposlib.utils.exposure import API_KEY_ENVIRONMENT
 
 POLL_S = 0.2
 BATCH_TIMEOUT_S = 240
@@ -44,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     settings, batch_size, first_step = parse(argv)
     records = RunRecords(settings.save_path)
     print("starting transformers engine: (not really; this line must not count)", flush=True)
-    http = httpx.Client(base_url=settings.atropos_url, timeout=30)
+    key = os.environ.get(API_KEY_ENVIRONMENT)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    http = httpx.Client(base_url=settings.atropos_url, timeout=30, headers=headers)
     registration = Registration(
         wandb_group="minimal",
         wandb_project="minimal",

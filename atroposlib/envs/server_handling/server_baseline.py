@@ -39,6 +39,7 @@ from atroposlib.envs.server_handling.request_policy import (  # noqa: F401 - re-
     merge_choices,
     offset_seed,
 )
+from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT
 
 logger = logging.getLogger("atroposlib.inference")
 
@@ -275,9 +276,16 @@ class APIServer(ABC):
 
     @property
     def endpoint_key(self) -> str:
-        """The bearer key sent: `api_key`, or for None `OPENAI_API_KEY` (as the SDK does)."""
+        """The bearer key sent: `api_key`; else $ATROPOS_ENGINE_API_KEY (how atropos-launch
+        hands an environment its engine's key, out of argv); else, for None,
+        `OPENAI_API_KEY` (as the SDK does)."""
         key = self.config.api_key
-        return key if key is not None else os.environ.get("OPENAI_API_KEY", "")
+        if key:
+            return key
+        launched = os.environ.get(ENGINE_KEY_ENVIRONMENT[0])
+        if launched:
+            return launched
+        return os.environ.get("OPENAI_API_KEY", "") if key is None else key
 
     # -- capacity and health ------------------------------------------------
     def free_slots(self, split: str = "train") -> float:
