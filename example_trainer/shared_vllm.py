@@ -65,7 +65,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import pickle
 import time
 from pathlib import Path
@@ -74,6 +73,7 @@ from typing import Any
 import httpx
 import torch
 
+from atroposlib.inference.vllm_route_guard import guard_launch_extras
 from atroposlib.inference.weight_sync_errors import WeightSyncError
 from example_trainer.shared_vllm_mapping import (
     SharedVLLMSetupError,
@@ -104,22 +104,23 @@ class _UpdateFailed(WeightSyncError):
         self.rolled_back = rolled_back
 
 
-def shared_vllm_launch_extras() -> tuple[list[str], dict[str, str]]:
-    """(extra vLLM flags, extra environment) the engine must be started with; see module doc."""
+def shared_vllm_launch_extras(sync_key: str) -> tuple[list[str], dict[str, str]]:
+    """(extra vLLM flags, extra environment) the engine must be started with; see module doc.
+
+    The routes it opens (the weight transfer unpickles what is posted) sit behind the
+    weight-route guard, keyed with `sync_key`; the guard also puts the project, where
+    the worker extension lives, on the engine's PYTHONPATH.
+    """
     extension = f"{SharedVLLMWorkerExtension.__module__}.{SharedVLLMWorkerExtension.__name__}"
-    repo_root = str(Path(__file__).resolve().parent.parent)
-    python_path = os.pathsep.join(p for p in (repo_root, os.environ.get("PYTHONPATH")) if p)
+    guard_args, guard_env = guard_launch_extras(sync_key)
     args = [
         "--weight-transfer-config",
         json.dumps({"backend": "ipc"}),
         "--worker-extension-cls",
         extension,
+        *guard_args,
     ]
-    env = {
-        "VLLM_SERVER_DEV_MODE": "1",
-        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-        "PYTHONPATH": python_path,
-    }
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **guard_env}
     return args, env
 
 

@@ -90,7 +90,7 @@ class EnginePush:
         from atroposlib.inference.vllm_weights import vllm_launch_extras
 
         mode = "lora_only" if self.adapter_only else "hot_reload"
-        return vllm_launch_extras(mode, self.config.lora_r)
+        return vllm_launch_extras(mode, self.sync_key, self.config.lora_r)
 
     def push(self, path: Path, version: str) -> float:
         timeout = self.config.weight_sync_timeout_s
@@ -98,11 +98,12 @@ class EnginePush:
         if self.engine_kind == "vllm":
             from atroposlib.inference import vllm_weights
 
+            headers = vllm_weights.weight_route_headers(self.sync_key)
             if self.adapter_only:
                 return vllm_weights.load_vllm_lora(
-                    self.url, served, str(path), version, timeout_s=timeout
+                    self.url, served, str(path), version, headers, timeout
                 )
-            return vllm_weights.reload_vllm_weights(self.url, str(path), version, timeout_s=timeout)
+            return vllm_weights.reload_vllm_weights(self.url, str(path), version, headers, timeout)
         return push_to_cpu_engine(self.url, path, version, self.sync_key, timeout)
 
 
@@ -218,12 +219,17 @@ class SharedBridge(WeightBridge):
     push_at_start = True  # connect (the handshake) before environments sample
 
     def __init__(self, config: TrainingConfig, model: torch.nn.Module) -> None:
+        from atroposlib.inference.vllm_weights import weight_route_headers
         from example_trainer.shared_vllm import SharedVLLMBridge, shared_vllm_launch_extras
 
         super().__init__(config)
-        self._extras = shared_vllm_launch_extras()
+        sync_key = secrets.token_urlsafe(24)
+        self._extras = shared_vllm_launch_extras(sync_key)
         self.bridge = SharedVLLMBridge(
-            f"http://127.0.0.1:{config.vllm_port}", model, timeout_s=config.weight_sync_timeout_s
+            f"http://127.0.0.1:{config.vllm_port}",
+            model,
+            headers=weight_route_headers(sync_key),
+            timeout_s=config.weight_sync_timeout_s,
         )
         self.connected = False
 

@@ -21,9 +21,12 @@ Design decisions:
   (`lora_base_name`) and the adapter is loaded under `<name>`, in place
   (`load_inplace`: same adapter slot, new path). Prefix-cache keys include the
   adapter path, and the pause clears the cache anyway, so nothing stale is reused.
-- vLLM's `--api-key` guards only /v1, /v2, /inference and /cohere: the dev-mode
-  routes used here (/pause, /collective_rpc, ...) are open to anyone who reaches
-  the port, so the engine must bind 127.0.0.1 (the launcher's default).
+- vLLM's `--api-key` guards only /v1, /v2, /inference and /cohere, so the dev-mode
+  routes used here (/pause, /collective_rpc, ...) get a key of their own:
+  `vllm_route_guard.WeightRouteGuard`, which vLLM loads through its `--middleware`
+  flag. The trainer makes the key, hands it to the engine in its environment and
+  sends it with every call here (`weight_route_headers`). The engine also binds
+  127.0.0.1, and `engine_args` may not change that.
 """
 
 from __future__ import annotations
@@ -38,36 +41,50 @@ from typing import Literal
 
 import httpx
 
+from atroposlib.inference.vllm_route_guard import guard_launch_extras
 from atroposlib.inference.weight_sync_errors import WeightSyncError
+from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, key_from_environment
 
 # vLLM 0.32's LoRAConfig.max_lora_rank accepts only these (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 LORA_BASE_SUFFIX = "-base"
 RESUME_TIMEOUT_S = 30.0
-DEV_MODE_HINT = "start vLLM with the env of vllm_launch_extras(...) (VLLM_SERVER_DEV_MODE=1)"
+DEV_MODE_HINT = (
+    "start vLLM with the flags and env of vllm_launch_extras(...) (VLLM_SERVER_DEV_MODE=1, "
+    "the weight-route guard and its key)"
+)
 LORA_HINT = "start vLLM with vllm_launch_extras('lora_only') (--enable-lora, runtime LoRA env)"
 
 
 def vllm_launch_extras(
-    mode: Literal["hot_reload", "lora_only"], lora_rank: int = 16
+    mode: Literal["hot_reload", "lora_only"], sync_key: str, lora_rank: int = 16
 ) -> tuple[list[str], dict[str, str]]:
     """Extra vLLM flags and environment the engine needs for `mode`'s pushes to work.
 
     Both modes need the dev-mode routes (/pause, /resume, /update_weight_version,
-    /weight_info; /collective_rpc for the full reload). `lora_only` also needs
-    runtime LoRA; its adapters must have rank <= `lora_rank`, and the engine must
-    serve the base under `lora_base_name(name)`.
+    /weight_info; /collective_rpc for the full reload), behind the guard keyed with
+    `sync_key`. `lora_only` also needs runtime LoRA; its adapters must have rank <=
+    `lora_rank`, and the engine must serve the base under `lora_base_name(name)`.
     """
-    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    guard_args, guard_env = guard_launch_extras(sync_key)
+    env = {"VLLM_SERVER_DEV_MODE": "1", **guard_env}
     if mode == "hot_reload":
-        return [], env
+        return guard_args, env
     if mode != "lora_only":
         raise ValueError(f"mode must be 'hot_reload' or 'lora_only', not {mode!r}")
     max_rank = next((rank for rank in VLLM_LORA_RANKS if rank >= lora_rank), None)
     if lora_rank < 1 or max_rank is None:
         raise ValueError(f"lora_rank must be between 1 and {VLLM_LORA_RANKS[-1]}, not {lora_rank}")
     args = ["--enable-lora", "--max-lora-rank", str(max_rank), "--max-loras", "1"]
-    return args, {**env, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    return [*guard_args, *args], {**env, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def weight_route_headers(sync_key: str) -> dict[str, str]:
+    """What the trainer sends on the weight routes: the engine's API key when it has one
+    (vLLM's own check on /v1/load_lora_adapter wants it; the guard takes either), else
+    the weight-sync key."""
+    token = key_from_environment(ENGINE_KEY_ENVIRONMENT) or sync_key
+    return {"Authorization": f"Bearer {token}"}
 
 
 def lora_base_name(served_model_name: str) -> str:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from atroposlib.inference.vllm_route_guard import MIDDLEWARE
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 from safetensors import safe_open  # noqa: E402
@@ -393,7 +395,9 @@ def test_push_before_connect_is_refused(tiny):
 
 
 def test_launch_extras_name_ipc_backend_dev_mode_and_the_worker_extension():
-    args, env = sv.shared_vllm_launch_extras()
+    args, env = sv.shared_vllm_launch_extras("a-sync-key")
+    assert args[args.index("--middleware") + 1] == MIDDLEWARE
+    assert env["ATROPOS_WEIGHT_SYNC_KEY"] == "a-sync-key"
     config = args[args.index("--weight-transfer-config") + 1]
     assert json.loads(config) == {"backend": "ipc"}
     extension = args[args.index("--worker-extension-cls") + 1]

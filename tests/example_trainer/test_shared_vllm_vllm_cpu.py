@@ -17,6 +17,8 @@ import subprocess
 import httpx
 import pytest
 
+from atroposlib.inference.vllm_weights import weight_route_headers
+
 torch = pytest.importorskip("torch")
 
 from atroposlib.inference.launcher import EngineProcess  # noqa: E402
@@ -42,6 +44,9 @@ class FakeCudaIpc(sv.CudaIpc):
         pass
 
 
+SYNC_KEY = "shared-vllm-test-key"
+
+
 @pytest.fixture(scope="module")
 def python():
     found = vllm_python()
@@ -53,7 +58,9 @@ def python():
 @pytest.fixture(scope="module")
 def engine(python, tiny_model_path, tmp_path_factory):
     config = cpu_vllm_config(
-        python, tmp_path_factory.mktemp("vllm") / "vllm.log", extra=sv.shared_vllm_launch_extras()
+        python,
+        tmp_path_factory.mktemp("vllm") / "vllm.log",
+        extra=sv.shared_vllm_launch_extras(SYNC_KEY),
     )
     with EngineProcess(config) as process:
         process.start(tiny_model_path)
@@ -105,7 +112,12 @@ def test_update_payload_parses_as_vllms_ipc_update_info(python, tiny):
 
 def test_real_vllm_handshake_and_refused_push(engine, tiny, monkeypatch):
     url = engine.url
-    bridge = sv.SharedVLLMBridge(url, tiny, timeout_s=120)
+    stranger = sv.SharedVLLMBridge(url, tiny, timeout_s=120)
+    stranger.ipc = FakeCudaIpc()
+    with pytest.raises(WeightSyncError, match="HTTP 401"):  # ENG-1: the routes need the key
+        stranger.connect()
+    stranger.close()
+    bridge = sv.SharedVLLMBridge(url, tiny, headers=weight_route_headers(SYNC_KEY), timeout_s=120)
     bridge.ipc = FakeCudaIpc()
     # The worker extension is loaded and answers; on CPU it cannot name a GPU.
     with pytest.raises(sv.SharedVLLMSetupError, match="not compiled with CUDA"):
@@ -119,7 +131,9 @@ def test_real_vllm_handshake_and_refused_push(engine, tiny, monkeypatch):
         bridge.push("step-1")
     assert "/update_weights" in str(failed.value)
     assert "resumed and it serves its previous weights" in str(failed.value)
-    assert httpx.get(f"{url}/is_paused").json() == {"is_paused": False}
+    assert httpx.get(f"{url}/is_paused", headers=weight_route_headers(SYNC_KEY)).json() == {
+        "is_paused": False
+    }
     assert greedy(url) == before  # the roll-back restored the layers vLLM had put on meta
     assert engine.alive()
     bridge.close()

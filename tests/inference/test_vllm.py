@@ -24,11 +24,13 @@ import pytest
 
 from atroposlib.envs.server_handling.server_manager import APIServerConfig, ServerManager
 from atroposlib.inference.launcher import EngineProcess
+from atroposlib.inference.vllm_route_guard import MIDDLEWARE
 from atroposlib.inference.vllm_weights import (
     load_vllm_lora,
     lora_base_name,
     reload_vllm_weights,
     vllm_launch_extras,
+    weight_route_headers,
 )
 from atroposlib.inference.weight_sync_errors import WeightSyncError
 from tests.support.ports import free_port
@@ -49,6 +51,8 @@ SERVING_QUESTION = [  # the tiny model answers this one far from any tie (see it
     {"role": "user", "content": "What is 6 + 1 mod 10?"},
 ]
 LORA_RANK = 8
+SYNC_KEY = "vllm-test-sync-key"
+AUTH = weight_route_headers(SYNC_KEY)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -56,7 +60,7 @@ def start_vllm(model_path, log_dir: Path, served_name: str, mode: str) -> Engine
     python = vllm_python()
     if python is None:
         pytest.skip(NOT_INSTALLED)
-    extra = vllm_launch_extras(mode, lora_rank=LORA_RANK)
+    extra = vllm_launch_extras(mode, SYNC_KEY, lora_rank=LORA_RANK)
     config = cpu_vllm_config(python, log_dir / "vllm.log", served_name, extra)
     engine = EngineProcess(config)
     engine.start(model_path)
@@ -196,7 +200,7 @@ def assert_served_by(
 
 
 def weight_version(url: str) -> str:
-    return httpx.get(f"{url}/weight_info", timeout=10).json()["weight_version"]
+    return httpx.get(f"{url}/weight_info", headers=AUTH, timeout=10).json()["weight_version"]
 
 
 def model_ids(url: str) -> list[str]:
@@ -240,7 +244,7 @@ def test_launcher_runs_real_vllm(hot_engine):
 def test_logprobs_match_transformers_and_the_cpu_server(
     hot_engine, inference_server, tiny_model_path, tokenizer
 ):
-    reload_vllm_weights(hot_engine.url, tiny_model_path, "base")
+    reload_vllm_weights(hot_engine.url, tiny_model_path, "base", AUTH)
     prompt_ids = chat_ids(tokenizer, SERVING_QUESTION)
     vllm_tokens, vllm_logprobs = greedy(hot_engine.url, NAME, prompt_ids)
     ours_tokens, ours_logprobs = greedy(inference_server.url, NAME, prompt_ids)
@@ -253,7 +257,7 @@ def test_logprobs_match_transformers_and_the_cpu_server(
 
 
 def test_managed_server_against_vllm(hot_engine, tiny_model_path, tokenizer):
-    reload_vllm_weights(hot_engine.url, tiny_model_path, "base")
+    reload_vllm_weights(hot_engine.url, tiny_model_path, "base", AUTH)
     config = APIServerConfig(
         base_url=f"{hot_engine.url}/v1", model_name=NAME, server_type="vllm", timeout=120
     )
@@ -283,13 +287,13 @@ def test_full_reload_serves_the_new_checkpoint(
     hot_engine, tiny_model_path, scaled_checkpoints, prompt_ids
 ):
     url = hot_engine.url
-    reload_vllm_weights(url, tiny_model_path, "base")
+    reload_vllm_weights(url, tiny_model_path, "base", AUTH)
     old_tokens, old_logprobs = greedy(url, NAME, prompt_ids)
     new_model = causal_lm(scaled_checkpoints["x3"])
     gap, tolerance = worst_gap(new_model, prompt_ids, old_tokens, old_logprobs)
     assert gap > 100 * tolerance, "the two checkpoints must differ visibly for this test"
 
-    seconds = reload_vllm_weights(url, str(scaled_checkpoints["x3"]), "step-1")
+    seconds = reload_vllm_weights(url, str(scaled_checkpoints["x3"]), "step-1", AUTH)
 
     assert 0 < seconds < 60
     tokens, logprobs = greedy(url, NAME, prompt_ids)
@@ -303,14 +307,14 @@ def test_requests_in_flight_finish_on_the_old_weights(
     hot_engine, tiny_model_path, scaled_checkpoints, prompt_ids
 ):
     url = hot_engine.url
-    reload_vllm_weights(url, tiny_model_path, "before")
+    reload_vllm_weights(url, tiny_model_path, "before", AUTH)
     old_model, new_model = causal_lm(tiny_model_path), causal_lm(scaled_checkpoints["half"])
     streams = [Streamed() for _ in range(4)]
 
     with ThreadPoolExecutor(len(streams)) as pool:
         futures = [pool.submit(stream_completion, url, prompt_ids, 64, s) for s in streams]
         wait_until(lambda: all(s.started.is_set() for s in streams), 60, "requests never began")
-        reload_vllm_weights(url, str(scaled_checkpoints["half"]), "after")
+        reload_vllm_weights(url, str(scaled_checkpoints["half"]), "after", AUTH)
         reloaded_at = time.monotonic()
         for future in futures:
             future.result()
@@ -328,17 +332,17 @@ def test_reload_refuses_a_bad_checkpoint_and_keeps_serving(
     hot_engine, tiny_model_path, prompt_ids, tmp_path
 ):
     url = hot_engine.url
-    reload_vllm_weights(url, tiny_model_path, "good")
+    reload_vllm_weights(url, tiny_model_path, "good", AUTH)
     expected = greedy(url, NAME, prompt_ids)
 
     with pytest.raises(WeightSyncError, match="no such checkpoint directory"):
-        reload_vllm_weights(url, str(tmp_path / "missing"), "bad")
+        reload_vllm_weights(url, str(tmp_path / "missing"), "bad", AUTH)
 
     config = transformers.AutoConfig.from_pretrained(tiny_model_path)
     config.intermediate_size *= 2
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "wider")
     with pytest.raises(WeightSyncError, match="does not match the architecture") as refused:
-        reload_vllm_weights(url, str(tmp_path / "wider"), "bad")
+        reload_vllm_weights(url, str(tmp_path / "wider"), "bad", AUTH)
     assert "mlp.down_proj.weight" in str(refused.value)
 
     assert hot_engine.healthy() and weight_version(url) == "good"
@@ -355,16 +359,36 @@ def test_pushes_to_a_dead_server_raise(tiny_model_path, adapters):
         load_vllm_lora(url, NAME, str(adapters[0]), "v1", timeout_s=5)
 
 
+def test_the_development_routes_need_the_sync_key(hot_engine, lora_engine, adapters):
+    """ENG-1: /collective_rpc, /pause and the LoRA routes answered anyone on the port."""
+    stranger = {"Authorization": "Bearer not-the-key"}
+    for headers in ({}, stranger):
+        for path in ("/pause", "/collective_rpc", "/update_weight_version", "/server_info"):
+            answer = httpx.post(f"{hot_engine.url}{path}", headers=headers, json={}, timeout=10)
+            assert answer.status_code == 401, (path, answer.text)
+        body = {"lora_name": NAME, "lora_path": str(adapters[0]), "load_inplace": True}
+        answer = httpx.post(
+            f"{lora_engine.url}/v1/load_lora_adapter", headers=headers, json=body, timeout=10
+        )
+        assert answer.status_code == 401, answer.text
+    assert httpx.get(f"{hot_engine.url}/health", timeout=10).status_code == 200
+    assert httpx.get(f"{hot_engine.url}/v1/models", timeout=10).status_code == 200  # no api key
+    assert httpx.get(f"{hot_engine.url}/weight_info", headers=AUTH, timeout=10).status_code == 200
+
+
 def test_launch_extras_name_what_each_mode_needs():
-    args, env = vllm_launch_extras("hot_reload")
-    assert args == [] and env == {"VLLM_SERVER_DEV_MODE": "1"}
-    args, env = vllm_launch_extras("lora_only", lora_rank=12)
-    assert args == ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"]
+    args, env = vllm_launch_extras("hot_reload", "k")
+    assert args == ["--middleware", MIDDLEWARE]
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["ATROPOS_WEIGHT_SYNC_KEY"] == "k"
+    args, env = vllm_launch_extras("lora_only", "k", lora_rank=12)
+    assert args[2:] == ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"]
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     with pytest.raises(ValueError, match="lora_rank"):
-        vllm_launch_extras("lora_only", lora_rank=1024)
+        vllm_launch_extras("lora_only", "k", lora_rank=1024)
     with pytest.raises(ValueError, match="mode"):
-        vllm_launch_extras("sideways")  # type: ignore[arg-type]
+        vllm_launch_extras("sideways", "k")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-empty key"):
+        vllm_launch_extras("hot_reload", "")
 
 
 # --- runtime LoRA ----------------------------------------------------------------------
@@ -377,7 +401,7 @@ def test_lora_adapters_replace_each_other_under_one_name(
     base = greedy(url, lora_base_name(NAME), prompt_ids)
     served = {}
     for step, adapter in enumerate(adapters):
-        seconds = load_vllm_lora(url, NAME, str(adapter), f"lora-{step}")
+        seconds = load_vllm_lora(url, NAME, str(adapter), f"lora-{step}", AUTH)
         assert 0 < seconds < 60
         served[step] = greedy(url, NAME, prompt_ids)
         assert_served_by(lora_lm(tiny_model_path, adapter), prompt_ids, *served[step])
@@ -397,11 +421,11 @@ def test_lora_load_refuses_a_missing_adapter_and_keeps_the_last(
     lora_engine, tiny_model_path, adapters, prompt_ids, tmp_path
 ):
     url = lora_engine.url
-    load_vllm_lora(url, NAME, str(adapters[0]), "kept")
+    load_vllm_lora(url, NAME, str(adapters[0]), "kept", AUTH)
     with pytest.raises(WeightSyncError, match="not a peft adapter directory"):
-        load_vllm_lora(url, NAME, str(tmp_path / "missing"), "lost")
+        load_vllm_lora(url, NAME, str(tmp_path / "missing"), "lost", AUTH)
     with pytest.raises(WeightSyncError, match="conflicts with a served base model"):
-        load_vllm_lora(url, lora_base_name(NAME), str(adapters[1]), "lost")
+        load_vllm_lora(url, lora_base_name(NAME), str(adapters[1]), "lost", AUTH)
 
     assert lora_engine.healthy() and weight_version(url) == "kept"
     assert_served_by(

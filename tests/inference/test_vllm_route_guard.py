@@ -1,0 +1,66 @@
+"""The key on vLLM's development routes (ENG-1), checked in-process on a stand-in app.
+
+`tests/inference/test_vllm.py` checks the same against real vLLM, which loads the
+guard through its `--middleware` flag; this module needs no vLLM.
+"""
+
+from __future__ import annotations
+
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from atroposlib.inference.vllm_route_guard import WeightRouteGuard, guard_launch_extras, guarded
+
+
+def serving_app() -> Starlette:
+    async def ok(request):
+        return JSONResponse({"path": request.url.path})
+
+    paths = ["/health", "/v1/models", "/collective_rpc", "/pause", "/v1/load_lora_adapter"]
+    app = Starlette(routes=[Route(p, ok, methods=["GET", "POST"]) for p in paths])
+    app.add_middleware(WeightRouteGuard)  # as vLLM's --middleware does
+    return app
+
+
+@pytest.fixture
+def keyed(monkeypatch):
+    for name in ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ATROPOS_WEIGHT_SYNC_KEY", "sync")
+    return TestClient(serving_app())
+
+
+def test_weight_routes_need_the_key_and_the_rest_is_left_to_vllm(keyed):
+    for path in ("/collective_rpc", "/pause", "/v1/load_lora_adapter"):
+        assert keyed.post(path).status_code == 401
+        assert keyed.post(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert keyed.post(path, headers={"Authorization": "Basic sync"}).status_code == 401
+        assert keyed.post(path, headers={"Authorization": "Bearer sync"}).status_code == 200
+    assert keyed.get("/health").status_code == 200
+    assert keyed.get("/v1/models").status_code == 200  # vLLM's own --api-key guards /v1
+
+
+def test_the_engine_api_key_also_opens_them(monkeypatch):
+    monkeypatch.setenv("ATROPOS_WEIGHT_SYNC_KEY", "sync")
+    monkeypatch.setenv("VLLM_API_KEY", "engine")
+    client = TestClient(serving_app())
+    assert client.post("/pause", headers={"Authorization": "Bearer engine"}).status_code == 200
+
+
+def test_without_any_key_every_weight_route_is_closed(monkeypatch):
+    for name in ("ATROPOS_WEIGHT_SYNC_KEY", "ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    client = TestClient(serving_app())
+    assert client.post("/collective_rpc", headers={"Authorization": "Bearer "}).status_code == 401
+    assert client.get("/health").status_code == 200
+
+
+def test_which_paths_are_guarded_and_how_vllm_is_told():
+    assert guarded("/update_weights") and guarded("/v1/unload_lora_adapter")
+    assert not guarded("/v1/chat/completions") and not guarded("/health")
+    args, env = guard_launch_extras("k")
+    assert args == ["--middleware", "atroposlib.inference.vllm_route_guard.WeightRouteGuard"]
+    assert env["ATROPOS_WEIGHT_SYNC_KEY"] == "k" and env["PYTHONPATH"]
