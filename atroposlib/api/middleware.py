@@ -1,5 +1,5 @@
 """One ASGI layer in front of every route: auth, Host, content type, body size, gzip
-bodies, latency.
+bodies, the count of values in a body, latency.
 
 Doing this in a single pure-ASGI pass (not Starlette's BaseHTTPMiddleware) keeps
 the per-request cost to a few microseconds and reads the body exactly once.
@@ -103,6 +103,7 @@ class RequestGuard:
         app: ASGIApp,
         api_key: str | None,
         max_body_bytes: int,
+        max_body_values: int | None = None,
         observe: Callable[[str, float], None] | None = None,
         known_paths: frozenset[str] = frozenset(),
         allowed_hosts: frozenset[str] = frozenset(),
@@ -117,6 +118,7 @@ class RequestGuard:
         self.expected = f"Bearer {api_key}".encode() if api_key else None
         self.allowed_hosts = allowed_hosts
         self.max_body_bytes = max_body_bytes
+        self.max_body_values = max_body_values
         self.observe = observe
         self.known_paths = known_paths
 
@@ -174,6 +176,10 @@ class RequestGuard:
             except (zlib.error, _inflate.error) as exc:
                 await send_json(send, 400, {"detail": f"Invalid gzip payload: {exc}"})
                 return
+        if self.max_body_values is not None and body.count(b",") >= self.max_body_values:
+            # a cheap bound on the values before json builds an object for each
+            await send_json(send, 413, {"detail": too_many_values(self.max_body_values)})
+            return
         await self.app(scope, _replay(body, receive), send)
 
     async def _read_body(self, receive: Receive) -> bytes:
@@ -197,6 +203,13 @@ class RequestGuard:
         await send_json(
             send, 413, {"detail": f"request body over the {limit_mb:g} MB limit (--max-body-mb)"}
         )
+
+
+def too_many_values(limit: int) -> str:
+    return (
+        f"request body holds {limit:,} JSON values or more (--max-body-values): split the "
+        "groups over several posts"
+    )
 
 
 def wrong_host(name: str) -> str:
@@ -237,7 +250,11 @@ def document_guard(app: FastAPI, api_key_required: bool) -> None:
             "of --allowed-hosts.",
             "content": detail,
         },
-        "413": {"description": "A request body over --max-body-mb.", "content": detail},
+        "413": {
+            "description": "A request body over --max-body-mb, or holding --max-body-values "
+            "JSON values or more.",
+            "content": detail,
+        },
     }
     not_json = {
         "description": "A POST without 'Content-Type: application/json'.",

@@ -362,6 +362,7 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
         RequestGuard,
         api_key=settings.api_key,
         max_body_bytes=settings.max_body_bytes,
+        max_body_values=settings.max_body_values,
         observe=service.observe,
         known_paths=known,
         json_paths=frozenset(

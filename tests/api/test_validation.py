@@ -195,6 +195,28 @@ def test_oversize_bodies_get_413(client):
     assert post(client, make_group(2)).status_code == 200  # still serving
 
 
+def test_a_body_is_refused_on_its_value_count_before_it_is_parsed(tmp_path, monkeypatch):
+    """API-7: a small gzip post expanded to 100 MB of token ids and peaked at 1.8 GB of
+    Python objects before the 422; the count of values is now checked on the raw bytes."""
+    import atroposlib.api.server as server
+
+    parsed = []
+    real = server.read_groups_json
+    monkeypatch.setattr(
+        server, "read_groups_json", lambda *a, **k: parsed.append(1) or real(*a, **k)
+    )
+    with inprocess_api(tmp_path / "state", max_body_values=1000) as c:
+        start_trainer(c, batch_size=4, max_token_len=16)
+        register_env(c, group_size=2)
+        bomb = gzip.compress(json.dumps(make_group(2, length=600)).encode())
+        headers = {"content-encoding": "gzip", "content-type": "application/json"}
+        response = c.post("/scored_data", content=bomb, headers=headers)
+        assert response.status_code == 413 and "--max-body-values" in response.text
+        assert parsed == []  # refused before json built anything
+        assert post(c, make_group(2)).status_code == 200
+        assert parsed == [1]
+
+
 ENDPOINTS = [
     ("POST", "/register"),
     ("POST", "/register-env"),
