@@ -6,7 +6,8 @@ scheduler, RNG states and step, for `--resume`. A LoRA run also writes its
 adapter to `adapter/`: the served weights are merged, and resuming from merged
 weights with fresh adapters would pair the saved optimizer moments with
 parameters they were never computed for. The directory is written under a
-temporary name and renamed, so a crash never leaves a half checkpoint.
+temporary name, fsynced and renamed, so neither a crash nor a power loss leaves a
+half checkpoint, and the API deletes the batches it holds only once it is on disk.
 
 `--keep-checkpoints N` prunes after each save (`prune_checkpoints`).
 """
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from atroposlib.utils.durable import fsync_dir, fsync_tree
 
 STATE_FILE = "trainer_state.pt"
 ADAPTER_DIR = "adapter"
@@ -48,8 +51,10 @@ def save_checkpoint(save_path: str, step: int, model, tokenizer, optimizer, sche
         },
         staging / STATE_FILE,
     )
+    fsync_tree(staging)  # on disk before `committed` lets the API delete its batches
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
+    fsync_dir(target.parent)
     return target
 
 

@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 
 from atroposlib.protocol import GROUP_ID_FIELD
+from atroposlib.utils.durable import fsync_dir
 
 logger = logging.getLogger("atroposlib.envs")
 
@@ -222,7 +223,7 @@ class TrajectoryClient:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)
-        _fsync_dir(self.spool)  # and the name itself
+        fsync_dir(self.spool)  # and the name itself
         self._wake.set()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
@@ -328,12 +329,3 @@ class TrajectoryClient:
         if self._flusher is not None:
             self._flusher.cancel()
         await self.http.aclose()
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename inside `path` durable (POSIX: the directory entry is data too)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

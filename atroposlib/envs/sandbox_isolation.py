@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 # Per-process block of uids no account uses, one uid per concurrent run.
 UID_POOL_SIZE = 64
-UID_POOL_BASE = 2_000_000_000 + (os.getpid() % 1_000_000) * UID_POOL_SIZE
+UID_POOL_BASE = 2_000_000_000 + os.getpid() * UID_POOL_SIZE  # pids < 2**22: unique, < 2**32
 WORK_DIR = "/tmp/work"  # inside both modes: on the run's own /tmp tmpfs
 # What the interpreter needs; everything else of the host stays out of a bubblewrap run.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")

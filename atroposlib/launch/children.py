@@ -3,7 +3,8 @@
 Restarts back off 1, 2, 4, ... seconds (at most 30) while a child keeps
 crashing; a child that ran for `STABLE_AFTER_S`, or made progress (a trainer that
 finished a step), before crashing starts the back-off over, so a long run with a rare
-crash never waits long.
+crash never waits long. The restart budget (`max_restarts`) counts the same way:
+crashes in a row, so a run of days is not ended by its fourth crash ever.
 
 Output is read line by line by a thread that appends it to the child's own
 log file in the run directory (kept whole) and hands it to a sink that prints
@@ -88,10 +89,14 @@ class Child:
             self.reader.join(timeout=5)
         return code
 
+    def crashes_in_a_row(self, made_progress: bool = False) -> int:
+        """Crashes before this one without a stable run or progress between them."""
+        stable = made_progress or time.monotonic() - self.started_at >= STABLE_AFTER_S
+        return 0 if stable else self.crash_streak
+
     def schedule_restart(self, made_progress: bool = False) -> float:
         """Back-off before the next restart (see the module docstring); its seconds."""
-        if made_progress or time.monotonic() - self.started_at >= STABLE_AFTER_S:
-            self.crash_streak = 0
+        self.crash_streak = self.crashes_in_a_row(made_progress)
         delay = min(MAX_BACKOFF_S, 2.0**self.crash_streak)
         self.crash_streak += 1
         self.next_restart_at = time.monotonic() + delay

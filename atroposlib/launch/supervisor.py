@@ -201,8 +201,8 @@ class Launcher:
                 command, checkpoint = self._resume_command()
                 how = f" from {checkpoint}" if checkpoint else " from step 0 (no checkpoint yet)"
             self.say(
-                f"restarting {child.name}{how} (restart {child.restarts + 1}/"
-                f"{child.plan.max_restarts})",
+                f"restarting {child.name}{how} (restart {child.crash_streak}/"
+                f"{child.plan.max_restarts} in a row)",
                 "bold yellow",
             )
             child.restart(command)
@@ -216,14 +216,15 @@ class Launcher:
             raise RunFailed(child, f"exited with code {code}: a restart would fail the same way")
         if child.plan.not_restartable:
             raise RunFailed(child, f"exited with code {code}; {child.plan.not_restartable}")
-        if child.restarts >= child.plan.max_restarts:
+        progress = self._trained_since_start(child)
+        in_a_row = child.crashes_in_a_row(progress)
+        if in_a_row >= child.plan.max_restarts:
             raise RunFailed(
                 child,
-                f"crashed {child.restarts + 1} time{'s' if child.restarts else ''} (exit code "
-                f"{code}); its restart budget "
-                f"({child.plan.max_restarts}) is spent, giving up",
+                f"crashed {in_a_row + 1} time{'s' if in_a_row else ''} in a row (exit code "
+                f"{code}); its restart budget ({child.plan.max_restarts}) is spent, giving up",
             )
-        delay = child.schedule_restart(made_progress=self._trained_since_start(child))
+        delay = child.schedule_restart(made_progress=progress)
         what = f"crashed with exit code {code}"
         if code == 0:  # the trainer, before its last step: a SIGINT or SIGTERM from outside
             what = (

@@ -214,7 +214,7 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
     for target in ("mod_arithmetic", "api"):
         assert f"{target} crashed with exit code -9; restarting in" in out, where
         restarted = [line for line in out.splitlines() if f"restarting {target}" in line]
-        assert len(restarted) == 1 and "(restart 1/3)" in restarted[0], (where, restarted)
+        assert len(restarted) == 1 and "(restart 1/3 in a row)" in restarted[0], (where, restarted)
     assert "the trainer restarted its crashed engine" in out, where
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in events].count("engine_crashed") == 1, where

@@ -99,7 +99,7 @@ def test_a_crash_past_the_restart_budget_stops_the_run_with_the_cause(launch, tm
     assert run.wait(240, until=lambda: trained_steps(run_dir) >= 1) is None
     os.kill(run.child_pid("arith_env.py"), signal.SIGKILL)
     assert run.wait(120) == 1
-    expected = "arith_env crashed 1 time (exit code -9); its restart budget (0) is spent"
+    expected = "arith_env crashed 1 time in a row (exit code -9); its restart budget (0) is spent"
     assert expected in re.sub(r"\s+", " ", run.output())
     assert run.leftovers() == []
 
