@@ -15,18 +15,11 @@ group that breaks one at intake, and a trainer skips one that still reaches it.
 from __future__ import annotations
 
 import math
-import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from atroposlib.token_limit import exceeds_token_limit
-
-if sys.version_info >= (3, 11):
-    from typing import TypedDict
-else:  # pragma: no cover - Python 3.10
-    from typing_extensions import TypedDict
-
 
 STRICT_JSON = ConfigDict(strict=True)
 """Request models take JSON types as they are: a bool is not an int and a string is not

@@ -7,15 +7,9 @@ those environments import unchanged. They are plain typing aliases and
 inference server and the trainer, and cost nothing at runtime.
 """
 
-import sys
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from openai.types.chat import ChatCompletionContentPartParam
-
-if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
-else:  # pragma: no cover - Python 3.10
-    from typing_extensions import NotRequired, TypedDict
 
 __all__ = [
     "UUID",

@@ -180,7 +180,7 @@ async def throughput_phase(args, host, port, bodies) -> dict:
     post_seconds = time.perf_counter() - start
     try:
         sequences, _ = await asyncio.wait_for(train_task, timeout=60)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         sequences = len(seen) * args.group_size
     lost = len(set(accepted) - set(seen))
     duplicated = len(seen) - len(set(seen))

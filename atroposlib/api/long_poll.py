@@ -42,5 +42,5 @@ class Arrivals:
         """Return at the next post, or after `timeout_s`."""
         try:
             await asyncio.wait_for(self._event.wait(), max(0.0, timeout_s))
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+        except TimeoutError:  # not the builtin TimeoutError before Python 3.11
             pass

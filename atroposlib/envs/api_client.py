@@ -324,7 +324,7 @@ class TrajectoryClient:
     async def close(self, flush_timeout_s: float = 30.0) -> None:
         try:
             await asyncio.wait_for(self.flush(), flush_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             logger.warning("%d groups stay in %s for the next run", self.pending(), self.spool)
         if self._flusher is not None:
             self._flusher.cancel()

@@ -231,7 +231,7 @@ class EnvRuntime:
             self.backlog.extend(more or [])
         except asyncio.CancelledError:
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             env.stats["worker_timeouts"] += 1
             logger.warning(
                 "rollout of item %r timed out after %ss", item, env.config.worker_timeout
