@@ -46,7 +46,7 @@ from example_trainer.engine import Engine
 from example_trainer.interrupts import StepInterrupts
 from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
 from example_trainer.model import MasterWeights, build_optimizer, load_policy
-from example_trainer.weight_bridge import WeightBridge, build_bridge
+from example_trainer.weight_bridge import ExportFailed, WeightBridge, build_bridge
 
 NOTHING_TRAINED = dict.fromkeys(
     (
@@ -194,12 +194,18 @@ class Trainer:
         """Hot modes: this step's weights into the running engine; seconds spent.
 
         A push the engine did not take restarts the engine on the newest weights it can
-        start on (this step's export, when one was written).
+        start on (this step's export, when one was written). An export that could not be
+        written (a full disk) restarts nothing: the engine keeps its weights, and the next
+        step tries again.
         """
         try:
             spent = self.bridge.sync(self.model, self.tokenizer, self.step)
             self.engine.forget(self.bridge.pruned)  # deleted: nothing to fall back to
             return spent
+        except ExportFailed as exc:  # a restart would fail to export the same way
+            logger.error("weight push at step %d skipped: %s", self.step, exc)
+            self.records.event(EventKind.WEIGHT_SYNC_FAILED, self.step, error=str(exc)[:300])
+            return 0.0
         except WeightSyncError as exc:
             if not self.engine.alive():  # it died, and the push found out first
                 return self.ensure_engine()

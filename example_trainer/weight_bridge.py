@@ -38,6 +38,12 @@ from atroposlib.inference.weight_sync_errors import WeightSyncError
 from atroposlib.utils.http_client import shared_http_client
 from example_trainer.config import TrainingConfig
 
+
+class ExportFailed(WeightSyncError):
+    """The weights could not be written (a full disk): the engine never saw them, keeps
+    serving what it had, and needs no restart."""
+
+
 logger = logging.getLogger("example_trainer")
 
 LIVE_DIR = "live"
@@ -197,7 +203,7 @@ class HotBridge(WeightBridge):
                 model, tokenizer, self.live / f"step-{step}", self.pusher.adapter_only
             )
         except OSError as exc:  # a full disk: the engine keeps its weights, the run goes on
-            raise WeightSyncError(f"cannot write the weights to {self.live}: {exc}") from None
+            raise ExportFailed(f"cannot write the weights to {self.live}: {exc}") from None
         self.exports.append(path)
         self.latest = (str(path), step)  # servable even if the push below fails
         self.pusher.push(path, str(step))

@@ -330,3 +330,15 @@ def test_bubblewrap_is_run_by_the_path_the_probe_found():
 def test_limits_that_leave_a_process_too_little_memory_are_refused():
     with pytest.raises(ValueError, match="raise memory_mb or lower max_processes"):
         SandboxLimits(memory_mb=128, max_processes=16)
+
+
+def test_without_root_the_namespaces_mode_refuses(monkeypatch):
+    """SBX-5: a non-root parent ran code as itself, which could read the parent's
+    environment; such a parent now has bubblewrap or nothing."""
+    sandbox_module._mode_works.cache_clear()
+    monkeypatch.setattr(sandbox_isolation, "drops_identity", lambda: False)
+    try:
+        with pytest.raises(SandboxUnavailable, match="needs a root parent"):
+            run_python("print('ran')", LIMITS.model_copy(update={"isolation": "namespaces"}))
+    finally:
+        sandbox_module._mode_works.cache_clear()

@@ -8,6 +8,7 @@ refusal: one push goes out with a wrong key, and the engine answers 401.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -213,6 +214,34 @@ def test_a_refused_push_and_a_killed_engine_restart_on_the_newest_export(
     rows = {row.step: row.model_dump() for row in read_metrics(save / "metrics.jsonl")}
     assert sorted(rows) == [1, 2, 3, 4]
     assert last_served == ["3"]
+
+
+def test_a_full_disk_at_export_skips_the_push_without_restarting_the_engine(
+    api, wire_client, tiny_model_path, tmp_path, monkeypatch, last_served
+):
+    """MISC (review of e6a9d2c): an export that hit a full disk restarted the engine on
+    every step, and each restart failed to export the same way."""
+    export = weight_bridge.export_weights
+    full = []
+
+    def export_on_a_full_disk_once(model, tokenizer, target, adapter_only):
+        if not full:
+            full.append(target.name)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return export(model, tokenizer, target, adapter_only)
+
+    monkeypatch.setattr(weight_bridge, "export_weights", export_on_a_full_disk_once)
+    save = tmp_path / "ckpt"
+    trainer = hot_trainer(tiny_model_path, save, api.url, training_steps=3)
+    post_groups(wire_client, 3)
+    trainer.run()
+    assert full == ["step-1"]
+    assert events(save) == [
+        ("engine_started", 0, None, tiny_model_path.name),
+        ("weight_sync_failed", 1, None, ""),
+        ("checkpoint_saved", 3, None, ""),
+    ]
+    assert last_served == ["2"]  # the next step's push landed on the same engine
 
 
 # ------------------------------------------------------------ configuration

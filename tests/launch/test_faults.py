@@ -147,9 +147,41 @@ def both_more(now: tuple[int, int], before: tuple[int, int]) -> bool:
 def newest_row_step(run_dir) -> int:
     """The step of the trainer's newest metrics row: after a restart from step 0 the rows
     start again at 1, so this is where the trainer running now is."""
-    path = run_dir / "checkpoints" / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
+    lines = metric_lines(run_dir)
     return json.loads(lines[-1])["step"] if lines else 0
+
+
+def metric_lines(run_dir) -> list[str]:
+    path = run_dir / "checkpoints" / "metrics.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def kill_the_trainer_after_each_step(run, run_dir, last_kill: int, saved_at, on_kill=None) -> int:
+    """SIGKILL the trainer after each of steps 1 to `last_kill`; the number of kills.
+
+    A step counts once a row for it comes from the trainer running now (rows written
+    before the last kill do not count) and, where `saved_at(step)` asks for it, the
+    step's checkpoint exists. A kill that lands after the trainer already passed the
+    step counts for the step it had reached. Before a checkpoint the trainer starts
+    over and passes the step again.
+    """
+    step, kills, seen = 1, 0, 0
+    while step <= last_kill:
+
+        def reached(step=step, seen=seen) -> bool:
+            assert run.proc.poll() is None, f"the run ended before step {step}"
+            fresh = metric_lines(run_dir)[seen:]
+            return bool(fresh) and json.loads(fresh[-1])["step"] >= step and saved_at(step)
+
+        wait_until(reached, 300, f"the trainer never reached step {step}", poll_s=0.02)
+        os.kill(run.child_pid(TARGETS["trainer"]), signal.SIGKILL)
+        kills += 1
+        if on_kill is not None:
+            on_kill(step)
+        lines = metric_lines(run_dir)  # final: the killed trainer writes no more
+        seen = len(lines)
+        step = max(step, json.loads(lines[-1])["step"]) + 1
+    return kills
 
 
 def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(launch, tmp_path):
@@ -162,23 +194,14 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
     config["trainer"]["max_restarts"] = 2 * last_kill
     run = launch(config)
     checkpoint = run_dir / "checkpoints" / f"step-{last_kill}"
-    step, kills = 1, 0
-    while step <= last_kill:
-
-        def reached(step=step) -> int:
-            assert run.proc.poll() is None, f"the run ended before step {step}"
-            now = newest_row_step(run_dir)
-            # the last kill waits for the checkpoint, written after the step's records
-            return now if now >= step and (step < last_kill or checkpoint.is_dir()) else 0
-
-        now = wait_until(reached, 300, f"the trainer never reached step {step}", poll_s=0.02)
-        os.kill(run.child_pid(TARGETS["trainer"]), signal.SIGKILL)
-        kills += 1
-        if step == 2:
-            strangers_are_refused(run_dir)
-        # a kill that came a step late is still a kill; before the first checkpoint the
-        # trainer starts over and passes this step again
-        step += now == step
+    kills = kill_the_trainer_after_each_step(
+        run,
+        run_dir,
+        last_kill,
+        # the last kill waits for the checkpoint, written after the step's records
+        saved_at=lambda step: step < last_kill or checkpoint.is_dir(),
+        on_kill=lambda step: step == 2 and strangers_are_refused(run_dir),
+    )
     # then the environment, the API and the engine, each once the trainer has moved on
     for target, after in (("mod_arithmetic", 10), ("api", 11), ("engine", 12)):
         passed(run_dir, after)
@@ -225,3 +248,29 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
     assert f"/step-{last_kill} " in restarted[-2], restarted
     assert re.search(rf"trainer stopped at step 1[5-7] of {steps} with exit code 0", out), where
     assert re.search(r"/step-1[5-7] ", restarted[-1]), restarted  # its final checkpoint
+
+
+def test_a_trainer_killed_at_every_step_of_a_restart_mode_run_loses_nothing(launch, tmp_path):
+    """The restart mode (the trainer restarts its engine on each checkpoint): a SIGKILL
+    after each of steps 1 to 6, before the first checkpoint (3), on it and after it, and
+    on the second (6). Each restart starts the engine again from the newest checkpoint."""
+    last_kill, steps, interval = 6, 8, 3
+    run_dir = tmp_path / "run"
+    config = fault_config(run_dir, steps)
+    config["trainer"]["args"].update(weight_bridge_mode="restart", vllm_restart_interval=interval)
+    config["trainer"]["max_restarts"] = 2 * last_kill
+    run = launch(config)
+    kills = kill_the_trainer_after_each_step(
+        run,
+        run_dir,
+        last_kill,
+        saved_at=lambda step: (
+            step % interval or (run_dir / "checkpoints" / f"step-{step}").is_dir()
+        ),
+    )
+    where = f"restart mode, the trainer killed after each of steps 1 to {last_kill}"
+    numbers = assert_every_acknowledged_group_trained_once(run, run_dir, where, steps)
+    assert numbers["restarts"]["trainer"] == kills, (where, numbers["restarts"])
+    restarted = [line for line in run.output().splitlines() if "restarting trainer" in line]
+    assert len(restarted) == kills and "from step 0 (no checkpoint yet)" in restarted[0], restarted
+    assert any(f"/step-{interval} " in line for line in restarted), restarted
