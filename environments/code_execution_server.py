@@ -83,7 +83,12 @@ class CodeExecutionConfig(BaseEnvConfig, DataSourceConfig):
     seed: int = Field(0, description="Shuffle seed for the training problems.")
     wall_time_s: float = Field(10.0, gt=0, description="Wall-clock limit of one test run.")
     cpu_time_s: int = Field(5, ge=1, description="CPU-time limit of one test run.")
-    memory_mb: int = Field(512, ge=64, description="Address-space limit of one test run.")
+    memory_mb: int = Field(
+        512,
+        ge=64,
+        description="Address space of each of an answer's two sandboxes (solution, judge), "
+        "all its processes together.",
+    )
     case_timeout_s: float = Field(3.0, gt=0, description="Time one test case may take.")
     max_concurrent_runs: int = Field(8, ge=1, description="Sandboxed runs at once.")
     sandbox: Literal["bubblewrap", "namespaces"] = Field(

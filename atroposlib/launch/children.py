@@ -1,8 +1,8 @@
 """One supervised child of `atropos-launch`: its process, its log, its restarts.
 
 Restarts back off 1, 2, 4, ... seconds (at most 30) while a child keeps
-crashing; a child that ran for `STABLE_AFTER_S`, or made progress (a trainer that
-finished a step), before crashing starts the back-off over, so a long run with a rare
+crashing; a child that ran for `STABLE_AFTER_S`, or made progress (the run trained a
+step since it started), before crashing starts the back-off over, so a long run with a rare
 crash never waits long. The restart budget (`max_restarts`) counts the same way:
 crashes in a row, so a run of days is not ended by its fourth crash ever.
 

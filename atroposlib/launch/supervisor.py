@@ -243,9 +243,8 @@ class Launcher:
         return self._trained_steps() >= self.plan.training_steps
 
     def _trained_since_start(self, child: Child) -> bool:
-        """A trainer that finished a step since it last started is not in a crash loop."""
-        if child is not self.trainer:
-            return False
+        """The run trained a step since `child` last started: it is not in a crash loop
+        (a trainer that finished a step; an API or environment the run went on with)."""
         try:
             return self.plan.metrics_path.stat().st_mtime >= child.started_wall
         except OSError:

@@ -2,7 +2,7 @@
 
 One server, guarded by both an API key and a weight sync key (both from the
 environment), takes the reloads; the session's unguarded server shows the route
-is off without a key, and a server with only `--api-key` shows that key guards it.
+is off without a key, and a server with only an API key shows that key guards it.
 Checkpoints are built here: the tiny model with noise added, one of another hidden
 size, and a truncated copy. Logprobs are checked against a transformers forward
 pass on the checkpoint each answer says it came from.
@@ -157,14 +157,16 @@ class Server:
 @pytest.fixture(scope="module")
 def servers(tiny_model_path, tmp_path_factory) -> Iterator[dict[str, Server]]:
     """`synced` takes the reloads (its keys and first version come from the environment,
-    as the trainer sets them), `api_key_only` has just --api-key, `open` has no key."""
+    as the trainer sets them), `api_key_only` has just an API key, `open` has no key. The
+    keys come from the environment, as atropos-launch hands them over (argv is public)."""
     logs = tmp_path_factory.mktemp("engines")
+    keyed = {**NO_KEYS, "ATROPOS_ENGINE_API_KEY": API_KEY}
     flavours = {
         "synced": (
-            ["--api-key", API_KEY],
-            {**NO_KEYS, "ATROPOS_WEIGHT_SYNC_KEY": SYNC_KEY, "ATROPOS_WEIGHT_VERSION": "base"},
+            [],
+            {**keyed, "ATROPOS_WEIGHT_SYNC_KEY": SYNC_KEY, "ATROPOS_WEIGHT_VERSION": "base"},
         ),
-        "api_key_only": (["--api-key", API_KEY], NO_KEYS),
+        "api_key_only": ([], keyed),
         "open": ([], NO_KEYS),
     }
     started: dict[str, Server] = {}

@@ -33,6 +33,7 @@ import pytest
 
 from atroposlib.launch.ledger import account
 from atroposlib.trainer_contract import read_metrics, read_trained_groups
+from atroposlib.utils.processes import descendant_matching
 from tests.support.launch import launch_config
 from tests.support.source import REPO
 from tests.support.waiting import wait_until
@@ -156,17 +157,30 @@ def metric_lines(run_dir) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+def newest_checkpoint(run_dir) -> int:
+    steps = [p.name.removeprefix("step-") for p in (run_dir / "checkpoints").glob("step-*")]
+    return max((int(s) for s in steps if s.isdigit()), default=0)
+
+
 def kill_the_trainer_after_each_step(run, run_dir, last_kill: int, saved_at, on_kill=None) -> int:
     """SIGKILL the trainer after each of steps 1 to `last_kill`; the number of kills.
 
     A step counts once a row for it comes from the trainer running now (rows written
     before the last kill do not count) and, where `saved_at(step)` asks for it, the
-    step's checkpoint exists. A kill that lands after the trainer already passed the
-    step counts for the step it had reached. Before a checkpoint the trainer starts
-    over and passes the step again.
+    step's checkpoint exists. The trainer's pid is found before the wait, so the kill
+    follows the row within a poll. If it still lands a step late, the same step is
+    tried again when the restarted trainer will pass it again (it resumes from an
+    earlier checkpoint), else the kill counts for the step it landed on.
     """
-    step, kills, seen = 1, 0, 0
+    step, kills, seen, killed = 1, 0, 0, None
     while step <= last_kill:
+
+        def running(step=step, killed=killed) -> int | None:
+            assert run.proc.poll() is None, f"the run ended before step {step}"
+            pid = descendant_matching(run.proc.pid, TARGETS["trainer"])
+            return pid if pid not in (None, killed) else None
+
+        pid = wait_until(running, 120, "the trainer was not restarted", poll_s=0.05)
 
         def reached(step=step, seen=seen) -> bool:
             assert run.proc.poll() is None, f"the run ended before step {step}"
@@ -174,13 +188,14 @@ def kill_the_trainer_after_each_step(run, run_dir, last_kill: int, saved_at, on_
             return bool(fresh) and json.loads(fresh[-1])["step"] >= step and saved_at(step)
 
         wait_until(reached, 300, f"the trainer never reached step {step}", poll_s=0.02)
-        os.kill(run.child_pid(TARGETS["trainer"]), signal.SIGKILL)
-        kills += 1
+        os.kill(pid, signal.SIGKILL)
+        killed, kills = pid, kills + 1
         if on_kill is not None:
             on_kill(step)
         lines = metric_lines(run_dir)  # final: the killed trainer writes no more
-        seen = len(lines)
-        step = max(step, json.loads(lines[-1])["step"]) + 1
+        seen, landed = len(lines), json.loads(lines[-1])["step"]
+        if landed == step or newest_checkpoint(run_dir) >= step:
+            step = landed + 1
     return kills
 
 
@@ -250,15 +265,25 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
     assert re.search(r"/step-1[5-7] ", restarted[-1]), restarted  # its final checkpoint
 
 
-def test_a_trainer_killed_at_every_step_of_a_restart_mode_run_loses_nothing(launch, tmp_path):
-    """The restart mode (the trainer restarts its engine on each checkpoint): a SIGKILL
-    after each of steps 1 to 6, before the first checkpoint (3), on it and after it, and
-    on the second (6). Each restart starts the engine again from the newest checkpoint."""
-    last_kill, steps, interval = 6, 8, 3
+def test_every_process_killed_at_every_step_of_a_restart_mode_run_loses_nothing(launch, tmp_path):
+    """The restart mode (the trainer restarts its engine on each checkpoint): the trainer,
+    and with it its engine, SIGKILLed after each of steps 1 to 6: before the first
+    checkpoint (3), on it, after it and on the second (6). After each of steps 1 to 4 the
+    environment and the API die at the same moment: the whole run crashes at once."""
+    last_kill, everything_until, steps, interval = 6, 4, 8, 3
     run_dir = tmp_path / "run"
     config = fault_config(run_dir, steps)
     config["trainer"]["args"].update(weight_bridge_mode="restart", vllm_restart_interval=interval)
     config["trainer"]["max_restarts"] = 2 * last_kill
+    others = ("mod_arithmetic", "api")
+    together: list[int] = []  # the steps after which everything died
+
+    def kill_the_others(step: int) -> None:
+        if step <= everything_until:
+            together.append(step)
+            for target in others:
+                os.kill(run.child_pid(TARGETS[target]), signal.SIGKILL)
+
     run = launch(config)
     kills = kill_the_trainer_after_each_step(
         run,
@@ -267,10 +292,16 @@ def test_a_trainer_killed_at_every_step_of_a_restart_mode_run_loses_nothing(laun
         saved_at=lambda step: (
             step % interval or (run_dir / "checkpoints" / f"step-{step}").is_dir()
         ),
+        on_kill=kill_the_others,
     )
-    where = f"restart mode, the trainer killed after each of steps 1 to {last_kill}"
+    where = (
+        f"restart mode, the trainer killed after each of steps 1 to {last_kill}, the "
+        f"environment and the API with it after each of steps 1 to {everything_until}"
+    )
     numbers = assert_every_acknowledged_group_trained_once(run, run_dir, where, steps)
-    assert numbers["restarts"]["trainer"] == kills, (where, numbers["restarts"])
+    assert together and together[-1] >= everything_until - 1, together
+    expected = {"trainer": kills, **{target: len(together) for target in others}}
+    assert {k: numbers["restarts"][k] for k in expected} == expected, (where, numbers)
     restarted = [line for line in run.output().splitlines() if "restarting trainer" in line]
     assert len(restarted) == kills and "from step 0 (no checkpoint yet)" in restarted[0], restarted
     assert any(f"/step-{interval} " in line for line in restarted), restarted
