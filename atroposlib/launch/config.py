@@ -81,7 +81,12 @@ class TrainerSection(Section):
     """The trainer: any module that keeps `atroposlib.trainer_contract`; `args` are its flags."""
 
     module: str = Field(DEFAULT_TRAINER, description="Trainer module (python -m).")
-    nproc: int = Field(1, ge=1, description="Processes (torchrun --nproc_per_node) when > 1.")
+    nproc: int = Field(
+        1,
+        ge=1,
+        description="Ranks on this machine; more than 1 runs them as torchrun --standalone "
+        "would, through atroposlib.launch.local_ranks (its store listens on loopback only).",
+    )
     args: dict[str, Any] = Field(default_factory=dict, description="Trainer flags.")
     max_restarts: int = Field(
         3, ge=0, description="Restarts with --resume from its latest checkpoint before giving up."

@@ -228,11 +228,9 @@ def _trainer_plan(
     if declared is not None:
         _validate("trainer.args", every_flag, declared)
     nproc = config.trainer.nproc
-    runner = (
-        [shared.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-        if nproc > 1
-        else [shared.python]
-    )
+    # several ranks meet on a store that listens on loopback only (local_ranks says why)
+    ranks = [shared.python, "-m", "atroposlib.launch.local_ranks", "--nproc", str(nproc), "--"]
+    runner = [*ranks, shared.python] if nproc > 1 else [shared.python]
     trainer = ProcessPlan(
         "trainer",
         [*runner, "-m", module, *flags(every_flag)],

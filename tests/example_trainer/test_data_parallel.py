@@ -50,21 +50,26 @@ def test_two_ranks_match_one_process(tiny_model_path, tmp_path):
     assert single["metrics"]["clip_fraction"] > 0, "the batch should exercise clipping"
 
 
+@pytest.mark.parametrize("runner", ["torchrun", "local_ranks"])
 def test_torchrun_trainer_pulls_from_the_api_on_rank_zero(
-    api, wire_client, tiny_model_path, tmp_path
+    runner, api, wire_client, tiny_model_path, tmp_path
 ):
-    """The real `atropos-grpo` under torchrun: batches flow, rank 0 checkpoints, all exit."""
+    """The real `atropos-grpo` under torchrun, and under atropos-launch's loopback-only
+    stand-in for it: batches flow, rank 0 checkpoints, all exit."""
     import json
 
     from tests.support.groups import make_group
 
     save = tmp_path / "ckpt"
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    local_ranks = [sys.executable, "-m", "atroposlib.launch.local_ranks", "--nproc", "2"]
+    prefix = {
+        "torchrun": [torchrun, "--standalone", "--nproc_per_node=2"],
+        "local_ranks": [*local_ranks, "--", sys.executable],
+    }[runner]
     trainer = subprocess.Popen(
         [
-            torchrun,
-            "--standalone",
-            "--nproc_per_node=2",
+            *prefix,
             "-m",
             "example_trainer.grpo",
             *("--model-name", str(tiny_model_path), "--atropos-url", api.url),
