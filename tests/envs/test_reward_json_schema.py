@@ -14,6 +14,7 @@ from atroposlib.envs.reward_fns.json_schema_reward import (
     NO_JSON,
     JsonSchemaReward,
     extract_json_text,
+    json_schema_score,
     parse_answer,
     schema_errors,
 )
@@ -149,3 +150,37 @@ def test_deep_nesting_is_invalid_not_a_crash(reward):
     deep = "[" * 900 + "]" * 900
     assert reward([deep]) == [0.25]
     assert JsonSchemaReward(schema={"items": {"$ref": "#"}}).compute([deep]) == [0.25]
+
+
+BIG = "1" + "0" * 400
+REVIEWED = [  # (answer, schema, score): issue 27's json_schema findings, each a former bug
+    (
+        '{"x-1": 5}',
+        {"patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False},
+        1.0,
+    ),
+    ('{"1": 5}', {"propertyNames": {"pattern": "^[a-z]+$"}}, 0.25),
+    ('{"a": 1}', {"dependentRequired": {"a": ["b"]}}, 0.25),
+    ('{"a": 1}', {"dependentSchemas": {"a": {"required": ["b"]}}}, 0.25),
+    ('{"a": 1}', {"if": {"required": ["a"]}, "then": {"required": ["b"]}}, 0.25),
+    ("[1, 2]", {"contains": {"const": "x"}}, 0.25),
+    ('{"a": 1, "b": 2}', {"properties": {"a": {}}, "unevaluatedProperties": False}, 0.25),
+    ("[true]", {"enum": [[1]]}, 0.25),
+    ('{"a": false}', {"const": {"a": 0}}, 0.25),
+    ("[1, true]", {"uniqueItems": True}, 1.0),
+    ('"2024-13-45T99:00:00"', {"format": "date-time"}, 0.25),
+    ('"2024-02-30"', {"format": "date"}, 0.25),
+    ('"25:61:00Z"', {"format": "time"}, 0.25),
+    ('"1234-not-a-uuid"', {"format": "uuid"}, 0.25),
+    ('"2024-01-05T10:00:00Z"', {"format": "date-time"}, 1.0),
+    (BIG, {"type": "number", "multipleOf": 0.1}, 0.25),  # raised OverflowError
+    ('{"a": 1}', {"properties": {"a": {"$ref": "#/$defs/missing"}}}, 0.25),
+    ('{"a": 1}', {"type": "objectx"}, 0.25),  # an invalid schema, not an exception
+]
+
+
+@pytest.mark.parametrize("answer, schema, score", REVIEWED)
+def test_the_reward_agrees_with_jsonschema_on_what_it_used_to_get_wrong(answer, schema, score):
+    """jsonschema (Draft 2020-12, format checks) is the one validator now; a hand-written
+    one stood in when it was not installed and got each of these wrong."""
+    assert json_schema_score(f"```json\n{answer}\n```", schema) == score
