@@ -40,8 +40,10 @@ UID_POOL_BASE = 2_000_000_000 + os.getpid() * UID_POOL_SIZE  # pids < 2**22: uni
 WORK_DIR = "/tmp/work"  # inside both modes: on the run's own /tmp tmpfs
 # What the interpreter needs; everything else of the host stays out of a bubblewrap run.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-# The host dirs every run gets fresh and size-capped.
-SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+# The dirs every run gets fresh and size-capped; a `namespaces` run sees the host's
+# /run/lock too (world-writable there), which bubblewrap's root does not hold.
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+HOST_SCRATCH_DIRS = (*SCRATCH_DIRS, "/run/lock")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -111,7 +113,9 @@ class RunUsers:
             if uid not in busy:
                 return uid
             self._free.append(uid)
-        raise SandboxUnavailable(f"every free sandbox uid still owns processes: {sorted(busy)}")
+        raise SandboxUnavailable(
+            f"every free sandbox uid still owns processes: {sorted(busy & set(self._free))}"
+        )
 
     @contextlib.contextmanager
     def take(self) -> Iterator[tuple[int, int]]:
@@ -190,7 +194,7 @@ def bubblewrap_command(scratch_bytes: int) -> list[str]:
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap is not installed (apt install bubblewrap)")
     size = str(scratch_bytes)
-    scratch = [arg for d in SCRATCH_DIRS[:3] for arg in ("--size", size, "--tmpfs", d)]
+    scratch = [arg for d in SCRATCH_DIRS for arg in ("--size", size, "--tmpfs", d)]
     return [
         bwrap,
         *_system_binds(),
@@ -203,20 +207,23 @@ def bubblewrap_command(scratch_bytes: int) -> list[str]:
 
 # Runs as root inside fresh namespaces: cap the scratch dirs, hide the given host paths,
 # then run the command as the run's uid (as a child, so it is not the namespace's init).
+# Arguments: SIZE UID WORK_DIR SCRATCH_DIR... -- HIDDEN_DIR... -- COMMAND...
 NAMESPACE_INIT = r"""
 set -e
-size=$1; uid=$2; shift 2
-for dir in /tmp /var/tmp /dev/shm /run/lock; do
-  if [ -d "$dir" ]; then mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs "$dir"; fi
+size=$1; uid=$2; work=$3; shift 3
+while [ "$1" != "--" ]; do
+  if [ -d "$1" ]; then mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs "$1"; fi
+  shift
 done
+shift
 while [ "$1" != "--" ]; do
   if [ -d "$1" ]; then mount -t tmpfs -o size=4k,mode=0555,nosuid,nodev tmpfs "$1"; fi
   shift
 done
 shift
-mkdir -m 0700 /tmp/work
-chown "$uid:$uid" /tmp/work
-cd /tmp/work && unset OLDPWD
+mkdir -m 0700 "$work"
+chown "$uid:$uid" "$work"
+cd "$work" && unset OLDPWD
 setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs --inh-caps=-all -- "$@"
 """
 
@@ -252,6 +259,7 @@ def namespace_command(scratch_bytes: int, uid: int, hide: Sequence[str]) -> list
         *("--pid", "--fork", "--kill-child", "--mount-proc"),
         *("--mount", "--net", "--ipc", "--uts", "--propagation", "private"),
         *("/bin/sh", "-c", NAMESPACE_INIT, "sandbox-init", str(scratch_bytes), str(uid)),
+        *(WORK_DIR, *HOST_SCRATCH_DIRS, "--"),
         *hide,
         "--",
     ]

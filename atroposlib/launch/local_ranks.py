@@ -98,9 +98,7 @@ def run(nproc: int, command: list[str]) -> int:
         while True:
             codes = [rank.poll() for rank in ranks]
             failed = [code for code in codes if code not in (None, 0)]
-            if failed:
-                for rank in ranks:
-                    stop_group(rank, STOP_GRACE_S)
+            if failed:  # the others are stopped on the way out
                 return exit_code(failed[0])
             if all(code == 0 for code in codes):
                 return 0

@@ -285,7 +285,7 @@ class APIServer(ABC):
         launched = os.environ.get(ENGINE_KEY_ENVIRONMENT[0])
         if launched:
             return launched
-        return os.environ.get("OPENAI_API_KEY", "") if key is None else key
+        return os.environ.get("OPENAI_API_KEY", "") if key is None else ""
 
     # -- capacity and health ------------------------------------------------
     def free_slots(self, split: str = "train") -> float:
