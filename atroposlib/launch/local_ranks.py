@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import NoReturn
 
 from atroposlib.utils.processes import die_with_parent, stop_group
 
@@ -74,8 +75,8 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def run(nproc: int, command: list[str]) -> int:
-    store, port = loopback_store()
+def run(nproc: int, command: list[str], port: int) -> int:
+    """Run the ranks against the store on `port` until they end: the group's exit code."""
     ranks: list[subprocess.Popen] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -106,10 +107,9 @@ def run(nproc: int, command: list[str]) -> int:
     finally:
         for rank in ranks:
             stop_group(rank, STOP_GRACE_S)
-        del store
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     parser = argparse.ArgumentParser(
         prog="python -m atroposlib.launch.local_ranks",
         description="Run --nproc ranks of COMMAND here, like torchrun --standalone, with "
@@ -121,8 +121,23 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.nproc < 1 or not command:
         parser.error("give --nproc N (at least 1) and, after --, the command each rank runs")
-    return run(args.nproc, command)
+    store, port = loopback_store()  # alive until the exit below, which skips its teardown
+    code = run(args.nproc, command, port)
+    exit_without_teardown(code)
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """Exit now, leaving the store's server thread to the kernel.
+
+    Destroying a `TCPStore` whose server thread is still handling a rank's disconnect
+    aborts the process ("terminate called without an active exception", exit 134),
+    which would hide the group's exit code. Every rank has been stopped by now, so
+    nothing needs the store, and closing its socket is the kernel's job.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
