@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from atroposlib.envs.reward_fns._ifeval_checks import THINK_CLOSE, THINK_OPEN
+from atroposlib.envs.reward_fns._final_answer import after_thinking
 from atroposlib.envs.sandbox import SandboxLimits, SandboxResult, sandboxed_python
 from environments.code_execution_programs import case_flags, check_function
 
@@ -60,13 +60,9 @@ def extract_code(completion: str) -> str:
 
     The response keeps its indentation: a bare function body is a valid answer.
     """
-    closes = list(THINK_CLOSE.finditer(completion))
-    if closes:
-        response = completion[closes[-1].end() :]
-    elif THINK_OPEN.search(completion):
+    response = after_thinking(completion)
+    if response is None:
         return ""
-    else:
-        response = completion
     fences = FENCE.findall(response)
     return (fences[-1] if fences else response).lstrip("\n").rstrip()
 

@@ -3,11 +3,12 @@
 Task: a writing request with one or more checkable instructions ("answer in at least
 120 words", "do not use any commas", "wrap the title in <<double angular brackets>>").
 
-Reward: the "ifeval" reward of the registry (`atroposlib/envs/reward_fns/ifeval_reward.py`):
-the fraction of the item's instructions the response follows, judged on the text after
-the reasoning block (`</think>`). `--env.all_or_nothing true` gives 1.0 only when every
-instruction holds; `--env.all_met_bonus B` adds B when all hold. Partial credit is the
-default because a group whose samples each miss a different instruction would otherwise
+Reward: the "ifeval" reward of the registry (`atroposlib/envs/reward_fns/ifeval_reward.py`),
+graded by lm-eval's own IFEval checkers: the fraction of the item's instructions the
+response follows, judged on the text after the reasoning block (`</think>`).
+`--env.all_or_nothing true` gives 1.0 only when every instruction holds;
+`--env.all_met_bonus B` adds B when all hold. Partial credit is the default because a
+group whose samples each miss a different instruction would otherwise
 score all zeros and carry no signal.
 
 Data: training rows in allenai/RLVR-IFeval's columns (`messages`, `ground_truth` JSON
@@ -16,8 +17,9 @@ with a verifier `func_name` and its arguments, `dataset`, `constraint_type`,
 on; evaluation rows in google/IFEval's columns (`key`, `prompt`, `instruction_id_list`,
 `kwargs`), the benchmark itself (its hub split is called "train"). Both shapes are
 converted to the same item (a prompt plus (instruction id, kwargs) pairs), so either file
-may hold either shape. Rows with an instruction this grader cannot check (response
-language needs a detector we do not ship) are skipped and counted in the log.
+may hold either shape. Rows this grader cannot check (an instruction that needs nltk's
+punkt data when it is not installed, or arguments lm-eval would replace with random
+ones) are skipped, counted and explained in one log line.
 
 Evaluate: IFEval's four numbers: prompt-level and instruction-level accuracy, strict
 (the response as written) and loose (also accepted when a variant passes: the first or
@@ -38,6 +40,7 @@ import logging
 import random
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +51,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
 from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
 from atroposlib.envs.reward_fns._ifeval_checks import (  # noqa: E402
-    CHECKS,
-    check,
+    Check,
+    UnsupportedInstruction,
+    compile_constraints,
+    loose,
     response_text,
+    strict,
 )
-from atroposlib.envs.reward_fns.ifeval_reward import (  # noqa: E402
-    Constraint,
-    constraints_of,
-    ifeval_score,
-)
+from atroposlib.envs.reward_fns.ifeval_reward import constraints_of, ifeval_score  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -67,56 +69,59 @@ SYSTEM_PROMPT = (
 )
 
 
-def item_from_row(row: dict[str, Any]) -> dict[str, Any] | None:
-    """A row of google/IFEval or allenai/RLVR-IFeval as an item; None if not gradable."""
+def item_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of google/IFEval or allenai/RLVR-IFeval as an item.
+
+    Raises `UnsupportedInstruction` (with the reason) for a row this grader cannot check.
+    """
     if "instruction_id_list" in row:
-        prompt = row["prompt"]
+        prompt = row.get("prompt") or ""
         constraints = constraints_of(row["instruction_id_list"], row.get("kwargs"))
-        key = str(row.get("key", ""))
     else:
         users = [m["content"] for m in row.get("messages") or [] if m.get("role") == "user"]
         if not users or not row.get("ground_truth"):
-            return None
+            raise UnsupportedInstruction("no user message or no ground_truth")
         prompt = users[-1]
-        try:
-            constraints = constraints_of(ground_truth=row["ground_truth"])
-        except ValueError:
-            return None
-        key = str(row.get("key", ""))
-    if not prompt or any(i not in CHECKS for i, _ in constraints):
-        return None
-    return {"key": key, "prompt": prompt, "constraints": [list(c) for c in constraints]}
+        constraints = constraints_of(ground_truth=row["ground_truth"])
+    if not prompt:
+        raise UnsupportedInstruction("no prompt")
+    compile_constraints(constraints, prompt)  # refuses what cannot be graded, now
+    return {
+        "key": str(row.get("key", "")),
+        "prompt": prompt,
+        "constraints": [list(c) for c in constraints],
+    }
 
 
 def items_from_rows(rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
-    """Convert rows, logging how many were skipped."""
-    items = [item for item in map(item_from_row, rows) if item is not None]
-    if len(items) < len(rows):
+    """Convert rows, logging how many were skipped and the commonest reasons."""
+    items, reasons = [], Counter()
+    for row in rows:
+        try:
+            items.append(item_from_row(row))
+        except (UnsupportedInstruction, ValueError) as error:
+            reasons[str(error)] += 1
+    if reasons:
         logger.warning(
-            "%s: skipped %d of %d rows (unsupported instruction or no prompt)",
+            "%s: skipped %d of %d rows this grader cannot check; commonest: %s",
             split,
             len(rows) - len(items),
             len(rows),
+            "; ".join(f"{n}x {reason}" for reason, n in reasons.most_common(3)),
         )
     if not items:
         raise ValueError(f"no gradable rows in the {split!r} split")
     return items
 
 
-def loose_variants(response: str) -> list[str]:
-    """IFEval's loose reading: the response with a first/last line dropped, '*' removed."""
-    lines = response.split("\n")
-    cuts = [response, "\n".join(lines[1:]), "\n".join(lines[:-1]), "\n".join(lines[1:-1])]
-    return [v for cut in cuts for v in (cut, cut.replace("*", "")) if v.strip()]
+def item_checks(item: dict[str, Any]) -> list[Check]:
+    return compile_constraints([(i, kw) for i, kw in item["constraints"]], item["prompt"])
 
 
-def instruction_results(completion: str, constraints: list[Constraint]) -> dict[str, list[bool]]:
-    """Per instruction: followed strictly, and followed under the loose reading."""
+def instruction_results(completion: str, checks: list[Check]) -> dict[str, list[bool]]:
+    """Per instruction: followed in lm-eval's strict mode, and in its loose mode."""
     response = response_text(completion)
-    variants = loose_variants(response) if response else []
-    strict = [bool(response) and check(i, response, kw) for i, kw in constraints]
-    loose = [any(check(i, v, kw) for v in variants) for i, kw in constraints]
-    return {"strict": strict, "loose": loose}
+    return {"strict": strict(response, checks), "loose": loose(response, checks)}
 
 
 class InstructionFollowingConfig(BaseEnvConfig, DataSourceConfig):
@@ -182,17 +187,17 @@ class InstructionFollowingEnv(BaseEnv):
             {"role": "user", "content": item["prompt"]},
         ]
 
-    def score(self, completion: str, item: dict[str, Any]) -> float:
+    def score(self, completion: str, checks: list[Check]) -> float:
         """The configured ifeval reward for one completion."""
-        constraints = [(i, kw) for i, kw in item["constraints"]]
         return ifeval_score(
-            completion, constraints, self.config.all_or_nothing, self.config.all_met_bonus
+            completion, checks, self.config.all_or_nothing, self.config.all_met_bonus
         )
 
     async def collect_trajectories(self, item: dict[str, Any]) -> tuple[dict[str, Any], list]:
+        checks = item_checks(item)
         group = await self.sample_group(
             self.messages_for(item),
-            lambda completion: self.score(completion, item),
+            lambda completion: self.score(completion, checks),
             max_tokens=self.config.max_tokens,
             temperature=self.config.temperature,
         )
@@ -210,7 +215,7 @@ class InstructionFollowingEnv(BaseEnv):
                 split="eval",
             )
             completion = chat.choices[0].message.content or ""
-            results = instruction_results(completion, [(i, kw) for i, kw in item["constraints"]])
+            results = instruction_results(completion, item_checks(item))
             return {
                 "key": item["key"],
                 "prompt": item["prompt"],

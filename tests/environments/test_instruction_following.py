@@ -16,11 +16,19 @@ import pytest
 
 from atroposlib.envs.base import APIServerConfig
 from atroposlib.envs.data_source import read_jsonl
+from atroposlib.envs.reward_fns._ifeval_checks import (
+    NEEDS_PUNKT,
+    UnsupportedInstruction,
+    compile_constraints,
+    punkt_installed,
+)
+from atroposlib.envs.reward_fns.ifeval_reward import constraints_of
 from environments.instruction_following import (
     SAMPLE_DIR,
     InstructionFollowingConfig,
     InstructionFollowingEnv,
     instruction_results,
+    item_checks,
     item_from_row,
     items_from_rows,
 )
@@ -59,13 +67,22 @@ ROWS = [
 REPLIES = {
     "Write about rain": (["Rain falls softly. The end.", "Rain falls, softly."], [1.0, 1 / 3]),
     "Give a motto": (['"Bake it better."', "Bake it better."], [1.0, 0.0]),
-    "Describe a storm": (["<think>THUNDER</think>STORMS ROAR.", "<think>ROAR"], [1.0, 0.0]),
+    "Describe a storm": (
+        ["<think>THUNDER</think>THUNDER AND RAIN FILL THE NIGHT SKY.", "<think>ROAR"],
+        [1.0, 0.0],
+    ),
 }
 EVAL_REPLIES = {
     "Write about rain": "Rain falls softly. The end.",  # strict and loose
     "Give a motto": 'Sure, here it is:\n"Bake it better."',  # loose only (first line dropped)
     "Describe a storm": "A storm.",  # neither
 }
+
+
+def item_ids(row: dict) -> list[str]:
+    if "instruction_id_list" in row:
+        return row["instruction_id_list"]
+    return [i for i, _ in constraints_of(ground_truth=row["ground_truth"])]
 
 
 def replies_for(text: str) -> list[str]:
@@ -82,10 +99,13 @@ def rows_file(tmp_path):
     return path
 
 
-def test_the_shipped_sample_converts_completely():
+def test_the_shipped_sample_converts_completely_but_for_missing_punkt_data():
     for split in ("train", "test"):
         rows = read_jsonl(SAMPLE_DIR / f"{split}.jsonl")
-        assert 20 <= len(items_from_rows(rows, split)) == len(rows)
+        needs_punkt = [r for r in rows if NEEDS_PUNKT & set(item_ids(r))]
+        converted = items_from_rows(rows, split)
+        skipped = 0 if punkt_installed() else len(needs_punkt)
+        assert len(converted) == len(rows) - skipped >= 15
     assert sum(p.stat().st_size for p in SAMPLE_DIR.iterdir()) < 1 << 20
 
 
@@ -115,17 +135,19 @@ def test_both_hub_shapes_become_the_same_item():
     ]
     unsupported = {
         "key": 9,
-        "prompt": "Answer in French.",
-        "instruction_id_list": ["language:response_language"],
-        "kwargs": [{"language": "fr"}],
+        "prompt": "Mention a word.",
+        "instruction_id_list": ["keywords:existence"],
+        "kwargs": [{"keywords": None}],  # lm-eval would pick random keywords
     }
-    assert item_from_row(unsupported) is None
+    with pytest.raises(UnsupportedInstruction, match="keywords at random"):
+        item_from_row(unsupported)
+    assert len(items_from_rows([unsupported, ROWS[1]], "train")) == 1
 
 
 def test_loose_reading_forgives_a_preamble_line_only():
-    constraints = [("startend:quotation", {})]
-    assert instruction_results('Sure:\n"Hi."', constraints) == {"strict": [False], "loose": [True]}
-    assert instruction_results("", constraints) == {"strict": [False], "loose": [False]}
+    checks = compile_constraints([("startend:quotation", {})])
+    assert instruction_results('Sure:\n"Hi."', checks) == {"strict": [False], "loose": [True]}
+    assert instruction_results("", checks) == {"strict": [False], "loose": [False]}
 
 
 def test_process_scores_a_scripted_policy_exactly(scripted, rows_file, tiny_model_path, tmp_path):
@@ -234,5 +256,5 @@ def test_hub_rows_load_and_convert(fake_hub, tiny_model_path):
     asyncio.run(env.setup())
     assert fake_hub == [("allenai/RLVR-IFeval", None, "train"), ("google/IFEval", None, "train")]
     assert env.train[0]["constraints"] == [["change_case:english_lowercase", {}]]
-    assert env.score("hi there", env.train[0]) == 1.0
+    assert env.score("hi there", item_checks(env.train[0])) == 1.0
     assert [item["key"] for item in env.test] == ["1", "2", "3"]

@@ -1,153 +1,111 @@
-"""The "ifeval" reward: each instruction check, partial credit, and answers that try to cheat."""
+"""The "ifeval" reward: lm-eval's IFEval verdicts, partial credit, and what it refuses."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
 from atroposlib.envs.reward_fns import registry
 from atroposlib.envs.reward_fns._ifeval_checks import (
+    NEEDS_PUNKT,
+    UnsupportedInstruction,
+    bounds,
     check,
-    compare,
+    compile_constraint,
     constraints_from_rlvr,
+    punkt_installed,
     response_text,
 )
 from atroposlib.envs.reward_fns.ifeval_reward import IFEvalReward, ifeval_score
-
-# (instruction id, kwargs, a response that follows it, one that does not)
-CASES = [
-    (
-        "keywords:existence",
-        {"keywords": ["moss", "river"]},
-        "Moss grew by the river.",
-        "Mossy rivers.",
-    ),
-    (
-        "keywords:forbidden_words",
-        {"forbidden_words": ["cheap"]},
-        "It is affordable.",
-        "It is CHEAP.",
-    ),
-    (
-        "keywords:frequency",
-        {"keyword": "rain", "frequency": 2, "relation": "exactly"},
-        "Rain, then rain again.",
-        "Rain, rainy, raining.",
-    ),
-    (
-        "keywords:letter_frequency",
-        {"letter": "e", "let_frequency": 3, "let_relation": "at least"},
-        "Eeek, a bee",
-        "a cat",
-    ),
-    (
-        "length_constraints:number_words",
-        {"num_words": 5, "relation": "at least"},
-        "one two three four five",
-        "one two three four",
-    ),
-    (
-        "length_constraints:number_words",
-        {"num_words": 5, "relation": "less than"},
-        "one two three four",
-        "one two three four five",
-    ),
-    (
-        "length_constraints:number_sentences",
-        {"num_sentences": 2, "relation": "at most"},
-        "It rains. It pours!",
-        "One. Two. Three?",
-    ),
-    (
-        "length_constraints:number_paragraphs",
-        {"num_paragraphs": 2},
-        "First.\n***\nSecond.",
-        "First.\n***\n\n***\nSecond.",
-    ),
-    (
-        "length_constraints:nth_paragraph_first_word",
-        {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "lava"},
-        "Volcanoes erupt.\n\nLava, hot and red, flows.",
-        "Volcanoes erupt.\n\nMagma flows.",
-    ),
-    (
-        "detectable_format:number_bullet_lists",
-        {"num_bullets": 2},
-        "Reasons:\n* one\n- two",
-        "* one\n* two\n* three",
-    ),
-    ("detectable_format:title", {}, "<<Ode to Trains>>\nChoo.", "<< >>\nChoo."),
-    ("detectable_format:json_format", {}, '```json\n{"city": "Lima"}\n```', "city: Lima"),
-    (
-        "detectable_format:number_highlighted_sections",
-        {"num_highlights": 2},
-        "*fast* and **cheap**",
-        "*fast* and plain",
-    ),
-    (
-        "detectable_format:multiple_sections",
-        {"section_spliter": "SECTION", "num_sections": 2},
-        "SECTION 1\nBoil.\nSECTION 2\nPour.",
-        "SECTION 1\nBoil and pour.",
-    ),
-    (
-        "detectable_format:constrained_response",
-        {},
-        "My answer is no.",
-        "My answer is yes. My answer is no.",
-    ),
-    (
-        "detectable_content:postscript",
-        {"postscript_marker": "P.S."},
-        "Hi.\nP.S. bring cake",
-        "Hi. Note the P.S. rule",
-    ),
-    (
-        "detectable_content:number_placeholders",
-        {"num_placeholders": 2},
-        "At [address] on [date].",
-        "At [address] on [].",
-    ),
-    (
-        "startend:end_checker",
-        {"end_phrase": "Any other questions?"},
-        "Done. Any other questions?",
-        "Any other questions? Done.",
-    ),
-    ("startend:quotation", {}, '"Bread is life."', '"Bread is life.'),
-    ("change_case:english_lowercase", {}, "all quiet here.", "all quiet Here."),
-    ("change_case:english_capital", {}, "STORM AHEAD!", "STORM Ahead!"),
-    (
-        "change_case:capital_word_frequency",
-        {"capital_frequency": 2, "capital_relation": "at least"},
-        "RUN FAST today",
-        "Run FAST today",
-    ),
-    ("punctuation:no_comma", {}, "No commas here.", "Well, yes."),
-    (
-        "combination:repeat_prompt",
-        {"prompt_to_repeat": "Name a moon."},
-        "Name a moon. Io.",
-        "Io. Name a moon.",
-    ),
-    ("combination:two_responses", {}, "Shelly ****** Tank", "Shelly ****** Shelly"),
-]
+from tests.support.reward_agreement.compare import ifeval_agreement
 
 
-@pytest.mark.parametrize(("instruction", "kwargs", "right", "wrong"), CASES)
-def test_each_check_separates_right_from_wrong(instruction, kwargs, right, wrong):
-    assert check(instruction, right, kwargs) is True
-    assert check(instruction, wrong, kwargs) is False
+def test_verdicts_agree_with_lm_evals_ifeval_on_hundreds_of_adversarial_cases():
+    """Every disagreement is fixed or documented (tests/support/reward_agreement)."""
+    agreement = ifeval_agreement(n=500, seed=27)
+    assert agreement.cases >= 500
+    assert agreement.disagreements == []
+    assert agreement.agreed >= 0.9 * agreement.cases
 
 
-def test_relations():
-    assert compare(5, "at least", 5) and not compare(4, "at least", 5)
-    assert compare(5, "at most", 5) and not compare(6, "at most", 5)
-    assert compare(4, "less than", 5) and not compare(5, "less than", 5)
-    assert compare(33, "around", 30) and not compare(34, "around", 30)
-    with pytest.raises(ValueError):
-        compare(1, "roughly", 1)
+def test_more_relations_are_bounds_on_lm_evals_own_count():
+    from lm_eval.tasks.ifeval.instructions_util import count_words
+
+    assert bounds("at most", 5) == [("less than", 6)]
+    assert bounds("around", 30) == [("at least", 27), ("less than", 34)]
+    for n_words in range(0, 14):
+        text = " ".join(["it's"] * n_words)  # lm-eval counts "it's" as two words
+        count = count_words(text)
+        for relation, holds in [
+            ("at most", count <= 6),
+            ("more than", count > 6),
+            ("exactly", count == 6),
+            ("around", abs(count - 6) <= 1),
+        ]:
+            kwargs = {"num_words": 6, "relation": relation}
+            assert check("length_constraints:number_words", text, kwargs) == (
+                holds and bool(text)
+            ), (text, relation)
+    with pytest.raises(UnsupportedInstruction, match="unknown relation"):
+        bounds("roughly", 1)
+
+
+def test_a_count_at_or_below_zero_is_graded_as_written():
+    """lm-eval would draw a random count; "at least 0" always holds, "less than 0" never."""
+    for relation, expected in [("at least", True), ("less than", False), ("exactly", False)]:
+        kwargs = {"keyword": "rain", "frequency": 0, "relation": relation}
+        assert check("keywords:frequency", "Rain again.", kwargs) is expected
+
+
+@pytest.mark.parametrize(
+    ("instruction_id", "kwargs"),
+    [
+        ("keywords:existence", {"keywords": None}),
+        (
+            "keywords:letter_frequency",
+            {"letter": "ß", "let_frequency": 2, "let_relation": "at least"},
+        ),
+        ("detectable_content:postscript", {}),
+        (
+            "length_constraints:nth_paragraph_first_word",
+            {"num_paragraphs": 2, "nth_paragraph": 3, "first_word": "a"},
+        ),
+    ],
+)
+def test_an_argument_lm_eval_would_randomize_is_refused_by_name(instruction_id, kwargs):
+    with pytest.raises(UnsupportedInstruction, match="random"):
+        compile_constraint(instruction_id, kwargs)
+
+
+def test_sentence_counts_need_punkt_data_or_say_how_to_get_it():
+    kwargs = {"num_sentences": 2, "relation": "at least"}
+    if punkt_installed():
+        assert check("length_constraints:number_sentences", "One. Two.", kwargs)
+        return
+    for instruction_id in NEEDS_PUNKT:
+        with pytest.raises(UnsupportedInstruction, match="nltk.downloader punkt_tab"):
+            compile_constraint(instruction_id, kwargs)
+
+
+def test_an_item_that_cannot_be_graded_scores_zero_and_is_logged_once(caplog):
+    reward = IFEvalReward()
+    row = {"instruction_id_list": ["no:such"], "kwargs": [{}]}
+    with caplog.at_level(logging.WARNING):
+        assert reward.compute(["x", "y"], **row) == [0.0, 0.0]
+        assert reward(["x"], **row) == [0.0]
+    assert [r.message for r in caplog.records].count(
+        "ifeval: this item cannot be graded, scoring 0.0: no IFEval instruction 'no:such'"
+    ) == 1
+
+
+def test_one_completion_whose_check_raises_leaves_the_rest_alone():
+    row = {"instruction_id_list": ["keywords:existence"], "kwargs": [{"keywords": ["(rain"]}]}
+    row_ok = {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}
+    completions = ["(rain falls", None, {"role": "assistant", "content": "a, b"}, 7, "fine"]
+    assert IFEvalReward().compute(completions, **row) == [0.0] * 5  # lm-eval's re.error
+    assert IFEvalReward().compute(completions, **row_ok) == [1.0, 0.0, 0.0, 0.0, 1.0]
 
 
 IFEVAL_ROW = {
@@ -206,7 +164,7 @@ def test_answer_hidden_in_reasoning_does_not_count():
     assert (
         ifeval_score(
             "<think>mention the river</think>A calm lake.",
-            [("keywords:existence", {"keywords": ["river"]})],
+            [compile_constraint("keywords:existence", {"keywords": ["river"]})],
         )
         == 0.0
     )
@@ -226,32 +184,3 @@ def test_empty_output_meets_nothing_even_vacuous_rules():
         "kwargs": [{}, {"forbidden_words": ["x"]}],
     }
     assert IFEvalReward()(["", "   ", "<think>ok</think>"], **row) == [0.0, 0.0, 0.0]
-
-
-def test_formatting_tricks():
-    # keywords must be whole words: "concatenate" does not contain the keyword "cat"
-    assert not check("keywords:existence", "we concatenate", {"keywords": ["cat"]})
-    # a full-width comma is still a comma
-    assert not check("punctuation:no_comma", "yes，no", {})
-    # a title needs text between the brackets, on one line
-    assert not check("detectable_format:title", "<<\n>>", {})
-    # horizontal rules are not bullets
-    assert not check("detectable_format:number_bullet_lists", "***\n---", {"num_bullets": 2})
-    # no letters at all is neither lowercase nor uppercase
-    assert not check("change_case:english_lowercase", "123 !!!", {})
-
-
-def test_over_long_output_is_judged_on_all_of_it():
-    row = {
-        "instruction_id_list": ["length_constraints:number_words"],
-        "kwargs": [{"num_words": 50, "relation": "at most"}],
-    }
-    long_text = "word " * 20000
-    assert IFEvalReward()([long_text, "word " * 50], **row) == [0.0, 1.0]
-
-
-def test_unknown_instruction_is_an_error_not_a_zero():
-    reward = IFEvalReward()
-    with pytest.raises(KeyError):
-        reward.compute(["x"], instruction_id_list=["language:response_language"], kwargs=[{}])
-    assert reward(["x"], instruction_id_list=["no:such"], kwargs=[{}]) == [0.0]  # __call__ logs

@@ -1,241 +1,255 @@
-"""Verifiable instruction checks (IFEval's instruction ids), used by the "ifeval" reward.
+"""IFEval's instruction checks, as lm-eval defines them, for the "ifeval" reward.
 
 Design decisions:
 
-- **One vocabulary.** Checks are keyed by Google's IFEval instruction ids
-  (`punctuation:no_comma`, `length_constraints:number_words`, ...) and take IFEval's
-  kwarg names (`num_words`, `relation`, ...). allenai/RLVR-IFeval rows, which name a
-  verifier function (`"func_name": "validate_word_constraint"`) and its arguments, are
-  translated into the same ids by `constraints_from_rlvr`, so both hub shapes are graded
-  by the same code.
-- **Stricter where the lenient reading is gameable.** Keywords match whole words
-  ("cat" is not found in "concatenate"); `no_comma` also refuses the full-width comma;
-  a constrained response must name exactly one of its options; a postscript must start
-  a line; empty paragraphs, bullets or sections do not count.
-- **Relations** are IFEval's "less than" / "at least" plus "at most", "more than",
-  "exactly" and "around" (within 10%, at least 1), which RLVR-IFeval uses.
-- `language:response_language` needs a language detector the project does not ship; it
-  is listed in `UNSUPPORTED` so loaders can skip such rows instead of mis-grading them.
+- **lm-eval is the grader.** Each instruction is checked by lm-eval's own checker
+  class (`lm_eval.tasks.ifeval.instructions_registry`), built and called the way lm-eval's
+  strict and loose modes call it (`lm_eval/tasks/ifeval/utils.py`), so a score here is
+  the score the IFEval benchmark gives. This module only adapts: it reads the item's
+  constraints, refuses what lm-eval would grade at random, and adds relations.
+- **No random grading.** lm-eval fills a missing or out-of-range argument (no keywords,
+  a letter outside a-z, a zero count, a paragraph past the last) with a random one, so
+  the verdict would be a coin toss. Each checker is built with lm-eval's `random`
+  replaced by one that refuses; a constraint whose build draws a random number is
+  refused with `UnsupportedInstruction`.
+- **More relations.** lm-eval knows "less than" and "at least". allenai/RLVR-IFeval
+  also writes "at most", "more than", "exactly" and "around" (within 10%, at least 1):
+  each becomes one or two lm-eval bounds on the same count ("at most N" is "less than
+  N+1"), so the counting stays lm-eval's. A bound at or below zero needs no count.
+- **Offline.** Importing lm-eval's checkers runs `nltk.download("punkt_tab")`; here the
+  download is skipped, so grading never touches the network. The two instructions that
+  need nltk's punkt data (`length_constraints:number_sentences`,
+  `change_case:capital_word_frequency`) raise `UnsupportedInstruction` with the command
+  that installs it until `nltk.data.find("tokenizers/punkt_tab")` finds it; they never
+  pass or fail silently.
+- **Deterministic language checks.** lm-eval leaves langdetect unseeded, so a short or
+  mixed text can be called English on one run and not the next; the seed is fixed at 0.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import json
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
-Check = Callable[..., bool]
+from ._final_answer import after_thinking
 
-WORD = re.compile(r"\w+(?:['’-]\w+)*")
-SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
-THINK_OPEN = re.compile(r"<think>", re.IGNORECASE)
-THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
-UNSUPPORTED = {"language:response_language"}
+LM_EVAL_RELATIONS = ("less than", "at least")
 CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
+NEEDS_PUNKT = {"length_constraints:number_sentences", "change_case:capital_word_frequency"}
+# instruction id -> (its count argument, its relation argument), in lm-eval's names
+COUNTED = {
+    "keywords:frequency": ("frequency", "relation"),
+    "keywords:letter_frequency": ("let_frequency", "let_relation"),
+    "length_constraints:number_words": ("num_words", "relation"),
+    "length_constraints:number_sentences": ("num_sentences", "relation"),
+    "change_case:capital_word_frequency": ("capital_frequency", "capital_relation"),
+}
+
+Constraint = tuple[str, dict[str, Any]]
+Check = Callable[[str], bool]
+
+
+class IFEvalUnavailable(ImportError):
+    """lm-eval, whose checkers grade IFEval, is not installed."""
+
+
+class UnsupportedInstruction(ValueError):
+    """A constraint this grader cannot check as lm-eval defines it (the message says why)."""
+
+
+class _RandomDrawn(Exception):
+    """lm-eval drew a random value while building a checker: an argument was unusable."""
+
+
+class _NoRandom:
+    """Stands in for lm-eval's `random` module while a checker is built."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise _RandomDrawn(name)
+
+        return refuse
+
+
+_BUILDING = threading.Lock()
+
+
+@functools.cache
+def lm_eval_modules() -> tuple[ModuleType, ...]:
+    """lm-eval's IFEval modules that draw random arguments: instructions, instructions_util."""
+    lm_eval_instructions()
+    from lm_eval.tasks.ifeval import instructions, instructions_util
+
+    return instructions, instructions_util
+
+
+@functools.cache
+def lm_eval_instructions() -> dict[str, type]:
+    """lm-eval's instruction id -> checker class, imported without any download."""
+    try:
+        import langdetect
+        import nltk
+    except ImportError as error:
+        raise IFEvalUnavailable(
+            f"the ifeval reward needs {error.name}: pip install 'atroposlib[ifeval]'"
+        ) from error
+    real_download = nltk.download
+    nltk.download = lambda *args, **kwargs: False  # lm-eval downloads punkt at import
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # and then says it did
+            from lm_eval.tasks.ifeval import instructions_registry
+    except ImportError as error:
+        raise IFEvalUnavailable(
+            "the ifeval reward grades with lm-eval's IFEval checkers: "
+            f"pip install 'atroposlib[ifeval]' ({error})"
+        ) from error
+    finally:
+        nltk.download = real_download
+    langdetect.DetectorFactory.seed = 0
+    return dict(instructions_registry.INSTRUCTION_DICT)
+
+
+def punkt_installed() -> bool:
+    import nltk
+
+    try:
+        nltk.data.find("tokenizers/punkt_tab/english/")
+    except LookupError:
+        return False
+    return True
 
 
 def response_text(completion: str) -> str:
     """What the constraints are checked on: the text after the reasoning block.
 
     An unclosed `<think>` means the model never left its reasoning: there is no
-    response, so nothing written in the reasoning can satisfy a constraint.
+    response, so nothing written in the reasoning can satisfy a constraint. Without a
+    reasoning block the completion is the response, exactly as lm-eval reads it.
     """
-    closes = list(THINK_CLOSE.finditer(completion))
-    if closes:
-        return completion[closes[-1].end() :].strip()
-    if THINK_OPEN.search(completion):
+    response = after_thinking(completion)
+    if response is None:
         return ""
-    return completion.strip()
+    return response if response is completion else response.strip()
 
 
-def compare(count: int, relation: str | None, target: int) -> bool:
-    """`count <relation> target` for IFEval's and RLVR-IFeval's relation words."""
-    relation = (relation or "exactly").strip().lower()
-    if relation == "at least":
-        return count >= target
-    if relation == "at most":
-        return count <= target
-    if relation == "less than":
-        return count < target
-    if relation == "more than":
-        return count > target
-    if relation == "around":
-        return abs(count - target) <= max(1, round(target * 0.1))
-    if relation in ("exactly", "equal to", "=="):
-        return count == target
-    raise ValueError(f"unknown relation {relation!r}")
+def clean_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """IFEval's hub rows give every kwarg for every instruction, unused ones None."""
+    return {k: v for k, v in (kwargs or {}).items() if v is not None}
 
 
-def words(text: str) -> list[str]:
-    return WORD.findall(text)
-
-
-def _whole_word(term: str) -> re.Pattern[str]:
-    return re.compile(rf"(?<!\w){re.escape(term.strip())}(?!\w)", re.IGNORECASE)
-
-
-def keywords_existence(text: str, keywords: list[str]) -> bool:
-    return bool(keywords) and all(_whole_word(k).search(text) for k in keywords)
-
-
-def keywords_forbidden(text: str, forbidden_words: list[str]) -> bool:
-    return not any(_whole_word(k).search(text) for k in forbidden_words)
-
-
-def keywords_frequency(text: str, keyword: str, frequency: int, relation: str = "") -> bool:
-    return compare(len(_whole_word(keyword).findall(text)), relation, int(frequency))
-
-
-def letter_frequency(text: str, letter: str, let_frequency: int, let_relation: str = "") -> bool:
-    if len(letter) != 1:
-        return False
-    return compare(text.lower().count(letter.lower()), let_relation, int(let_frequency))
-
-
-def number_words(text: str, num_words: int, relation: str) -> bool:
-    return compare(len(words(text)), relation, int(num_words))
-
-
-def number_sentences(text: str, num_sentences: int, relation: str) -> bool:
-    pieces = [p for p in SENTENCE_END.split(text) if words(p)]
-    return compare(len(pieces), relation, int(num_sentences))
-
-
-def number_paragraphs(text: str, num_paragraphs: int) -> bool:
-    """Paragraphs separated by the markdown divider `***` (IFEval's rule); none empty."""
-    parts = re.split(r"\s?\*\s?\*\s?\*\s?", text)
-    return all(p.strip() for p in parts) and len(parts) == int(num_paragraphs)
-
-
-def nth_paragraph_first_word(
-    text: str, num_paragraphs: int, nth_paragraph: int, first_word: str
-) -> bool:
-    """Exactly `num_paragraphs` blank-line separated paragraphs; the nth starts with a word."""
-    parts = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
-    nth = int(nth_paragraph)
-    if len(parts) != int(num_paragraphs) or not 1 <= nth <= len(parts):
-        return False
-    found = words(parts[nth - 1])
-    return bool(found) and found[0].lower() == first_word.strip().lower()
-
-
-def number_bullets(text: str, num_bullets: int) -> bool:
-    bullets = re.findall(r"^\s*(?:\*(?!\*)|-(?!-))\s*\S.*$", text, re.MULTILINE)
-    return len(bullets) == int(num_bullets)
-
-
-def title(text: str) -> bool:
-    return any(t.strip() for t in re.findall(r"<<([^\n]+?)>>", text))
-
-
-def json_format(text: str) -> bool:
-    body = text.strip()
-    fenced = re.fullmatch(r"```(?:json|JSON)?\s*\n?(.*?)\n?```", body, re.DOTALL)
-    if fenced:
-        body = fenced.group(1)
+def bounds(relation: Any, target: Any) -> list[tuple[str, int]]:
+    """A relation word and its target as lm-eval bounds on the count, all of which must hold."""
+    name = str(relation or "").strip().lower()
     try:
-        json.loads(body)
-    except ValueError:
-        return False
-    return True
+        n = int(target)
+    except (TypeError, ValueError) as error:
+        raise UnsupportedInstruction(f"the count {target!r} is not an integer") from error
+    if name in LM_EVAL_RELATIONS:
+        return [(name, n)]
+    if name == "at most":
+        return [("less than", n + 1)]
+    if name == "more than":
+        return [("at least", n + 1)]
+    if name in ("exactly", "equal to", "=="):
+        return [("at least", n), ("less than", n + 1)]
+    if name == "around":
+        slack = max(1, round(n * 0.1))
+        return [("at least", n - slack), ("less than", n + slack + 1)]
+    raise UnsupportedInstruction(f"unknown relation {relation!r}")
 
 
-def highlighted_sections(text: str, num_highlights: int) -> bool:
-    single = re.findall(r"(?<!\*)\*([^\n*]+)\*(?!\*)", text)
-    double = re.findall(r"\*\*([^\n*]+)\*\*", text)
-    return sum(1 for h in single + double if h.strip()) >= int(num_highlights)
+def lm_eval_check(instruction_id: str, kwargs: dict[str, Any], prompt: str = "") -> Check:
+    """lm-eval's checker for one instruction, refused if it would grade at random."""
+    checker = lm_eval_instructions()[instruction_id](instruction_id)
+    modules = lm_eval_modules()
+    with _BUILDING:
+        saved = [module.random for module in modules]
+        for module in modules:
+            module.random = _NoRandom()
+        try:
+            checker.build_description(**kwargs)
+            if "prompt" in (checker.get_instruction_args() or {}):  # as lm-eval's utils.py
+                checker.build_description(prompt=prompt)
+        except _RandomDrawn as error:
+            raise UnsupportedInstruction(
+                f"{instruction_id}: lm-eval would replace an argument with a random one "
+                f"(given {kwargs}); give a valid value for each of "
+                f"{checker.get_instruction_args_keys()}"
+            ) from error
+        except (TypeError, ValueError) as error:
+            raise UnsupportedInstruction(f"{instruction_id}: {error}") from error
+        finally:
+            for module, real in zip(modules, saved, strict=True):
+                module.random = real
+    return checker.check_following
 
 
-def multiple_sections(text: str, section_spliter: str, num_sections: int) -> bool:
-    marker = re.compile(rf"(?:^|\n)\s*{re.escape(section_spliter.strip())}\s*\d+", re.IGNORECASE)
-    parts = marker.split(text)[1:]
-    return sum(1 for p in parts if p.strip()) >= int(num_sections)
+def compile_constraint(
+    instruction_id: str, kwargs: Mapping[str, Any] | None, prompt: str = ""
+) -> Check:
+    """One constraint as a check of a response; `UnsupportedInstruction` if it cannot be."""
+    if instruction_id not in lm_eval_instructions():
+        raise UnsupportedInstruction(f"no IFEval instruction {instruction_id!r}")
+    if instruction_id in NEEDS_PUNKT and not punkt_installed():
+        raise UnsupportedInstruction(
+            f"{instruction_id} counts with nltk's punkt_tab data, which is not installed "
+            "here; install it with `python -m nltk.downloader punkt_tab`"
+        )
+    given = clean_kwargs(kwargs)
+    if instruction_id not in COUNTED:
+        return lm_eval_check(instruction_id, given, prompt)
+    count_key, relation_key = COUNTED[instruction_id]
+    if count_key not in given or relation_key not in given:
+        raise UnsupportedInstruction(f"{instruction_id} needs {count_key} and {relation_key}")
+    checks: list[Check] = []
+    for relation, target in bounds(given[relation_key], given[count_key]):
+        if target <= 0:  # lm-eval would pick a random target; the answer needs no count
+            always = relation == "at least"
+            checks.append(lambda response, always=always: always)
+            continue
+        bound = {**given, count_key: target, relation_key: relation}
+        checks.append(lm_eval_check(instruction_id, bound, prompt))
+    return lambda response: all(check(response) for check in checks)
 
 
-def constrained_response(text: str, options: list[str] | str | None = None) -> bool:
-    if isinstance(options, str):  # RLVR-IFeval writes the options as one string
-        options = re.findall(r"['\"]([^'\"]+)['\"]", options) or [options]
-    named = {o for o in (options or CONSTRAINED_OPTIONS) if o.strip().lower() in text.lower()}
-    return len(named) == 1
+def compile_constraints(constraints: list[Constraint], prompt: str = "") -> list[Check]:
+    return [compile_constraint(i, kwargs, prompt) for i, kwargs in constraints]
 
 
-def postscript(text: str, postscript_marker: str) -> bool:
-    marker = re.escape(postscript_marker.strip())
-    return bool(re.search(rf"^\s*{marker}\s*\S", text, re.MULTILINE | re.IGNORECASE))
+def strict(response: str, checks: list[Check]) -> list[bool]:
+    """lm-eval's strict mode: each check on the response as written (empty follows nothing)."""
+    return [bool(response.strip()) and bool(check(response)) for check in checks]
 
 
-def number_placeholders(text: str, num_placeholders: int) -> bool:
-    found = [p for p in re.findall(r"\[([^\[\]\n]+)\]", text) if p.strip()]
-    return len(found) >= int(num_placeholders)
+def loose_variants(response: str) -> list[str]:
+    """lm-eval's loose reading: the first and/or last line dropped, '*' removed."""
+    lines = response.split("\n")
+    cuts = [
+        response,
+        "\n".join(lines[1:]).strip(),
+        "\n".join(lines[:-1]).strip(),
+        "\n".join(lines[1:-1]).strip(),
+    ]
+    return [cuts[0], cuts[0].replace("*", ""), *cuts[1:], *(c.replace("*", "") for c in cuts[1:])]
 
 
-def end_checker(text: str, end_phrase: str) -> bool:
-    return text.strip().lower().endswith(end_phrase.strip().lower())
+def loose(response: str, checks: list[Check]) -> list[bool]:
+    """lm-eval's loose mode: a check holds if it holds on any loose variant."""
+    variants = [v for v in loose_variants(response) if v.strip()]
+    return [any(check(v) for v in variants) for check in checks]
 
 
-def start_checker(text: str, start_phrase: str) -> bool:
-    return text.strip().lower().startswith(start_phrase.strip().lower())
+def check(instruction_id: str, response: str, kwargs: Mapping[str, Any] | None = None) -> bool:
+    """Does `response` (already stripped of reasoning) follow one instruction, strictly?"""
+    return strict(response, [compile_constraint(instruction_id, kwargs)])[0]
 
-
-def quotation(text: str) -> bool:
-    body = text.strip()
-    return len(body) > 1 and body[0] == '"' and body[-1] == '"'
-
-
-def english_lowercase(text: str) -> bool:
-    return text.islower()
-
-
-def english_capital(text: str) -> bool:
-    return text.isupper()
-
-
-def capital_word_frequency(text: str, capital_frequency: int, capital_relation: str) -> bool:
-    capitals = [w for w in words(text) if w.isupper()]
-    return compare(len(capitals), capital_relation, int(capital_frequency))
-
-
-def no_comma(text: str) -> bool:
-    return "," not in text and "，" not in text
-
-
-def repeat_prompt(text: str, prompt_to_repeat: str) -> bool:
-    return start_checker(" ".join(text.split()), " ".join(prompt_to_repeat.split()))
-
-
-def two_responses(text: str) -> bool:
-    parts = [p.strip() for p in text.split("******")]
-    return len(parts) == 2 and all(parts) and parts[0] != parts[1]
-
-
-CHECKS: dict[str, Check] = {
-    "keywords:existence": keywords_existence,
-    "keywords:forbidden_words": keywords_forbidden,
-    "keywords:frequency": keywords_frequency,
-    "keywords:letter_frequency": letter_frequency,
-    "length_constraints:number_words": number_words,
-    "length_constraints:number_sentences": number_sentences,
-    "length_constraints:number_paragraphs": number_paragraphs,
-    "length_constraints:nth_paragraph_first_word": nth_paragraph_first_word,
-    "detectable_format:number_bullet_lists": number_bullets,
-    "detectable_format:title": title,
-    "detectable_format:json_format": json_format,
-    "detectable_format:number_highlighted_sections": highlighted_sections,
-    "detectable_format:multiple_sections": multiple_sections,
-    "detectable_format:constrained_response": constrained_response,
-    "detectable_content:postscript": postscript,
-    "detectable_content:number_placeholders": number_placeholders,
-    "startend:end_checker": end_checker,
-    "startend:start_checker": start_checker,
-    "startend:quotation": quotation,
-    "change_case:english_lowercase": english_lowercase,
-    "change_case:english_capital": english_capital,
-    "change_case:capital_word_frequency": capital_word_frequency,
-    "punctuation:no_comma": no_comma,
-    "combination:repeat_prompt": repeat_prompt,
-    "combination:two_responses": two_responses,
-}
 
 # RLVR-IFeval verifier name -> (IFEval id, {IFEval kwarg: RLVR argument or a constant})
 _RLVR: dict[str, tuple[str, dict[str, Any]]] = {
@@ -273,7 +287,7 @@ _RLVR: dict[str, tuple[str, dict[str, Any]]] = {
     "validate_placeholders": ("detectable_content:number_placeholders", {"num_placeholders": "N"}),
     "verify_bullet_points": ("detectable_format:number_bullet_lists", {"num_bullets": "N"}),
     "validate_title": ("detectable_format:title", {}),
-    "validate_choice": ("detectable_format:constrained_response", {"options": "options"}),
+    "validate_choice": ("detectable_format:constrained_response", {}),
     "validate_highlighted_sections": (
         "detectable_format:number_highlighted_sections",
         {"num_highlights": "N"},
@@ -300,12 +314,26 @@ _RLVR: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def constraints_from_rlvr(ground_truth: str | dict[str, Any]) -> list[tuple[str, dict]]:
+def choice_options(options: Any) -> set[str]:
+    """RLVR-IFeval writes validate_choice's options as one string or a list."""
+    if isinstance(options, str):
+        return set(re.findall(r"['\"]([^'\"]+)['\"]", options)) or {options}
+    return {str(o) for o in options or ()}
+
+
+def constraints_from_rlvr(ground_truth: str | Mapping[str, Any]) -> list[Constraint]:
     """An RLVR-IFeval `ground_truth` (JSON with `func_name` and arguments) as IFEval ids."""
     truth = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
     name = truth.get("func_name")
     if name not in _RLVR:
-        raise ValueError(f"unknown RLVR-IFeval verifier {name!r}")
+        raise UnsupportedInstruction(f"unknown RLVR-IFeval verifier {name!r}")
+    if name == "validate_choice" and choice_options(truth.get("options")) - set(
+        CONSTRAINED_OPTIONS
+    ):
+        raise UnsupportedInstruction(
+            f"validate_choice with options {truth.get('options')!r}: IFEval's "
+            f"constrained_response knows only {list(CONSTRAINED_OPTIONS)}"
+        )
     instruction_id, fields = _RLVR[name]
     kwargs = {}
     for key, source in fields.items():
@@ -313,15 +341,3 @@ def constraints_from_rlvr(ground_truth: str | dict[str, Any]) -> list[tuple[str,
         if value is not None:
             kwargs[key] = value
     return [(instruction_id, kwargs)]
-
-
-def clean_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """IFEval's hub rows give every kwarg for every instruction, unused ones None."""
-    return {k: v for k, v in (kwargs or {}).items() if v is not None}
-
-
-def check(instruction_id: str, response: str, kwargs: dict[str, Any] | None = None) -> bool:
-    """Does `response` (already stripped of reasoning) follow one instruction?"""
-    if instruction_id not in CHECKS:
-        raise KeyError(f"no check for instruction {instruction_id!r}")
-    return bool(CHECKS[instruction_id](response, **clean_kwargs(kwargs)))

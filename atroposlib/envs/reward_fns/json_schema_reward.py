@@ -33,7 +33,7 @@ import jsonschema
 from jsonschema import Draft202012Validator
 from referencing.exceptions import Unresolvable
 
-from ._ifeval_checks import response_text
+from ._final_answer import after_thinking
 from .registry import registry
 from .reward_function import RewardFunction
 
@@ -47,7 +47,7 @@ _NO_JSON = object()
 
 def extract_json_text(completion: str) -> str:
     """The text that should be the JSON answer (see the module docstring)."""
-    response = response_text(completion)
+    response = (after_thinking(completion) or "").strip()
     for pattern in (JSON_OUTPUT, FENCE):
         found = pattern.findall(response)
         if found:

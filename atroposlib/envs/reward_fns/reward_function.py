@@ -1,9 +1,11 @@
 """The base class every reward function derives from.
 
 A reward function scores a batch of completions; `compute` returns raw scores and
-`__call__` multiplies them by the instance's weight. `__call__` never raises: a reward
-that fails scores the whole batch 0.0 (and logs why), so one broken reward cannot stop
-a rollout. Call `compute` directly to see the error instead.
+`__call__` multiplies them by the instance's weight. A reward never raises on any
+input: `score_each` grades completions one by one, so an exception in one completion's
+grading scores that completion 0.0 (logged) and leaves the rest of the batch alone; and
+`__call__` scores the whole batch 0.0 (logged) if `compute` itself fails, so one broken
+reward cannot stop a rollout. Call `compute` directly to see a batch-level error.
 
 Defaults for `weight`, the instance name and the wandb logger also live on the class, so
 subclasses that skip `super().__init__` (upstream's poker environment does) still work.
@@ -13,9 +15,21 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
+_LOGGED: set[str] = set()
+_LOGGED_MAX = 1000
+
+
+def log_once(log: logging.Logger, message: str) -> None:
+    """Warn with `message` the first time it occurs: a bad item in a loop logs one line."""
+    if message in _LOGGED:
+        return
+    if len(_LOGGED) < _LOGGED_MAX:
+        _LOGGED.add(message)
+    log.warning(message)
 
 
 class RewardFunction(ABC):
@@ -52,6 +66,21 @@ class RewardFunction(ABC):
         except Exception:
             logger.exception("reward function %s failed; scoring the batch 0.0", self.name)
             return [0.0] * len(completions)
+
+    def score_each(self, completions: list[Any], grade: Callable[[str], float]) -> list[float]:
+        """`grade` of each completion's text; 0.0 (logged once) where grading raises."""
+        scores = []
+        for completion in completions:
+            try:
+                scores.append(float(grade(self.get_content(completion))))
+            except Exception as error:  # noqa: BLE001 - any grading bug scores 0, not the batch
+                log_once(
+                    logger,
+                    f"reward {self.name}: grading a completion raised "
+                    f"{type(error).__name__}: {error}; it scores 0.0",
+                )
+                scores.append(0.0)
+        return scores
 
     def set_wandb_logger(self, logger: Any) -> None:
         """Log each batch's statistics to this object's `log(dict)` from now on."""

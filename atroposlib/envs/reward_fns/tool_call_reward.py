@@ -35,23 +35,19 @@ import re
 from collections import Counter
 from typing import Any
 
+from ._final_answer import after_thinking
 from .registry import registry
 from .reward_function import RewardFunction
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-THINK_OPEN = re.compile(r"<think>", re.IGNORECASE)
-THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
 
 Call = dict[str, Any]  # {"name": str, "arguments": dict}
 
 
 def response_part(completion: str) -> str:
     """The text after the last `</think>`; "" when a `<think>` is never closed."""
-    closes = list(THINK_CLOSE.finditer(completion))
-    if closes:
-        return completion[closes[-1].end() :]
-    return "" if THINK_OPEN.search(completion) else completion
+    return after_thinking(completion) or ""
 
 
 def _call_from_body(body: Any) -> Call | None:

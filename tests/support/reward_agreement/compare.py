@@ -1,0 +1,55 @@
+"""Each reward's verdicts against its reference's on the generated cases."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tests.support.reward_agreement import Agreement, ifeval
+
+REGEX_KEYWORD = "a keyword that is not a valid regex: lm-eval raises, the reward scores 0"
+STRIPPED_AFTER_THINK = "the response after </think> is graded stripped"
+RANDOMIZED = "an argument lm-eval would replace with a random one: refused, scores 0"
+
+
+def ifeval_agreement(n: int = 500, seed: int = 27) -> Agreement:
+    """The "ifeval" reward (score, strict and loose verdicts) against lm-eval's IFEval."""
+    from atroposlib.envs.reward_fns._ifeval_checks import (
+        UnsupportedInstruction,
+        compile_constraints,
+        loose,
+        response_text,
+        strict,
+    )
+    from atroposlib.envs.reward_fns.ifeval_reward import IFEvalReward, constraints_of
+
+    reward = IFEvalReward()
+    agreement = Agreement("ifeval", "lm-eval's IFEval, strict and loose")
+    for case in ifeval.cases(n, seed):
+        score = reward.compute([case.completion], **case.row())[0]
+        if "randomized" in case.tags:
+            try:
+                compile_constraints(constraints_of(case.instruction_id_list, case.kwargs))
+            except UnsupportedInstruction:
+                agreement.add(False, RANDOMIZED if score == 0.0 else None, repr(case))
+            else:
+                agreement.add(False, None, f"{case!r} was not refused")
+            continue
+        reference = ifeval.lm_eval_verdicts(case)
+        if isinstance(reference, str):
+            agreement.add(False, REGEX_KEYWORD if score == 0.0 else None, reference)
+            continue
+        checks = compile_constraints(constraints_of(case.instruction_id_list, case.kwargs))
+        response = response_text(case.completion)
+        ours = {"strict": strict(response, checks), "loose": loose(response, checks)}
+        expected = sum(reference["strict"]) / len(reference["strict"])
+        if ours == reference and score == expected:
+            agreement.add(True)
+            continue
+        stripped = ifeval.lm_eval_verdicts(replace(case, response=case.response.strip()))
+        why = STRIPPED_AFTER_THINK if case.thinking and stripped == ours else None
+        agreement.add(False, why, f"{case!r}: ours {ours} score {score}, lm-eval {reference}")
+    return agreement
+
+
+def all_agreements() -> list[Agreement]:
+    return [ifeval_agreement()]
