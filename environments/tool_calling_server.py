@@ -62,8 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
 from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
 from atroposlib.envs.reward_fns.tool_call_reward import (  # noqa: E402
-    gold_calls,
     message_calls,
+    read_gold_calls,
     tool_call_score,
 )
 
@@ -139,7 +139,7 @@ def item_from_row(row: dict[str, Any]) -> dict[str, Any] | None:
         return {
             "request": turns["human"],
             "tools": parse_tools(turns["system"]),
-            "gold": gold_calls(turns["gpt"]),
+            "gold": read_gold_calls(turns["gpt"]),
             "answer": turns["gpt"],
         }
     except (KeyError, ValueError, AttributeError) as error:

@@ -10,9 +10,9 @@ from atroposlib.envs.reward_fns import registry
 from atroposlib.envs.reward_fns.tool_call_reward import (
     ToolCallReward,
     calls_match,
-    gold_calls,
     message_calls,
     parse_tool_calls,
+    read_gold_calls,
     tool_call_score,
 )
 
@@ -105,17 +105,19 @@ def test_gold_is_read_leniently_and_in_several_shapes():
     python_literal = (
         "<tool_call>\n{'name': 'get_weather', 'arguments': {'city': 'Oslo'}}\n</tool_call>"
     )
-    assert gold_calls(python_literal) == [{"name": "get_weather", "arguments": {"city": "Oslo"}}]
+    assert read_gold_calls(python_literal) == [
+        {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    ]
     openai = [
         {
             "type": "function",
             "function": {"name": "convert_currency", "arguments": json.dumps(RATE["arguments"])},
         }
     ]
-    assert gold_calls(openai) == [RATE]
-    assert gold_calls(json.dumps(RATE)) == [RATE]
+    assert read_gold_calls(openai) == [RATE]
+    assert read_gold_calls(json.dumps(RATE)) == [RATE]
     with pytest.raises(ValueError):
-        gold_calls("no calls here")
+        read_gold_calls("no calls here")
 
 
 def test_structured_tool_calls_from_a_server_with_a_parser():
@@ -142,23 +144,42 @@ def test_structured_tool_calls_from_a_server_with_a_parser():
         WEATHER,
         {**RATE, "arguments": {**RATE["arguments"], "amount": 12.0}},
     ]
-    assert tool_call_score(message, GOLD) == 1.0
+    assert tool_call_score(message, read_gold_calls(GOLD)) == 1.0
     half = {"role": "assistant", "content": block(RATE), "tool_calls": message["tool_calls"][:1]}
-    assert tool_call_score(half, GOLD) == 1.0  # calls left in the text count as well
+    assert tool_call_score(half, read_gold_calls(GOLD)) == 1.0  # calls left in the text count as well
     assert ToolCallReward(gold_calls=GOLD).compute([{"message": message}, [message]]) == [1.0, 1.0]
 
 
 def test_upstream_rule_ignores_extra_arguments_when_not_strict():
     extra = [with_args(WEATHER, hourly=True), RATE]
-    assert not calls_match(extra, gold_calls(GOLD))
-    assert calls_match(extra, gold_calls(GOLD), strict_arguments=False)
-    assert not calls_match([with_args(WEATHER, city="Rome"), RATE], gold_calls(GOLD), False)
+    assert not calls_match(extra, read_gold_calls(GOLD))
+    assert calls_match(extra, read_gold_calls(GOLD), strict_arguments=False)
+    assert not calls_match([with_args(WEATHER, city="Rome"), RATE], read_gold_calls(GOLD), False)
     lenient = registry.create("tool_call", gold_calls=GOLD, strict_arguments=False)
     assert lenient([block(extra[0]) + block(RATE)]) == [1.0]
 
 
-def test_weight_scales_and_missing_gold_is_an_error():
+def test_weight_scales_and_missing_gold_scores_zero_with_the_reason(caplog):
     assert registry.create("tool_call", gold_calls=GOLD, weight=0.5)([GOLD]) == [0.5]
-    with pytest.raises(ValueError):
-        ToolCallReward().compute([GOLD])
-    assert ToolCallReward()([GOLD]) == [0.0]  # __call__ never raises
+    assert ToolCallReward().compute([GOLD]) == [0.0]
+    assert ToolCallReward(gold_calls="no calls here").compute([GOLD, "x"]) == [0.0, 0.0]
+    messages = [r.message for r in caplog.records]
+    assert any("gold calls cannot be read" in m and "no gold_calls given" in m for m in messages)
+
+
+def test_vllms_hermes_rule_decides_which_calls_were_made(reward):
+    """vLLM 0.32.0 vllm/tool_parsers/hermes_tool_parser.py:38-40, 70-120."""
+    weather_with_tag = with_args(WEATHER, city="Oslo <tool_call> harbour")
+    assert parse_tool_calls(block(weather_with_tag)) == [weather_with_tag]
+    no_arguments = block({"name": "get_weather"})
+    assert parse_tool_calls(no_arguments) is None  # KeyError in vLLM: no calls at all
+    assert parse_tool_calls(no_arguments + block(RATE)) is None
+    left_open = block(WEATHER) + "<tool_call>" + json.dumps(RATE)  # the last block unclosed
+    assert reward([left_open]) == [1.0]
+    closer_in_string = block(with_args(WEATHER, city="a </tool_call> b"))
+    assert parse_tool_calls(closer_in_string) is None  # the block ends inside the string
+    as_string = block({**WEATHER, "arguments": json.dumps(WEATHER["arguments"])})
+    assert parse_tool_calls(as_string)[0]["arguments"] == json.dumps(WEATHER["arguments"])
+    assert reward([as_string + block(RATE)]) == [0.0]  # a string is not the gold object
+    assert parse_tool_calls(block({"name": 7, "arguments": {}})) is None
+    assert parse_tool_calls("prose <tool_call> with no JSON") is None

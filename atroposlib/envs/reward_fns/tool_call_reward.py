@@ -14,14 +14,22 @@ A call is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the hermes
   what the call does (a filter, a limit), and the tool's schema says what is allowed.
   `strict_arguments=False` restores upstream's rule (gold arguments must be present and
   equal; extra ones are ignored).
-- **Where calls count.** Only the response after the last `</think>`: a call written
-  while reasoning is not made (an unclosed `<think>` leaves no response at all). Prose
-  around the blocks is allowed (hermes puts any text before the calls in `content`).
-- **Malformed is zero.** A block whose body is not a JSON object with a string `name`
-  and an object `arguments`, or a `<tool_call>` never closed (a reply cut off at its
-  token limit), voids the whole reply: a runtime could not execute it. JSON that merely
-  looks like a call, outside any block, is prose. The gold side is read leniently
-  (Python-literal dicts, arguments given as a JSON string), since datasets store both.
+- **Which calls were made: vLLM's hermes rule** (vLLM 0.32.0,
+  `vllm/tool_parsers/hermes_tool_parser.py`, lines 38-40 and 70-120), so a call scores
+  only if a server running `--tool-call-parser hermes` would have executed it. With no
+  `<tool_call>` the reply makes no call. Otherwise every match of
+  `<tool_call>(.*?)</tool_call>|<tool_call>(.*)` (a final block may be left open) must
+  be a JSON object with a string `name` and an `arguments` key; if any is not, vLLM
+  returns no calls at all and the reply scores 0.0. So a literal `<tool_call>` inside
+  a string argument is fine, a `</tool_call>` inside one breaks the block, a call with
+  no `arguments` is no call, and arguments given as a JSON string stay a string (and do
+  not equal the gold object). Prose before, between and after the blocks is allowed.
+- **Deliberate difference: calls are read after the reasoning.** Only the text after
+  the last `</think>` counts, and an unclosed `<think>` leaves none, as when vLLM runs
+  with a reasoning parser, which hands the tool parser the content only; a call
+  written while reasoning is not made.
+- **The gold side is read leniently** (Python-literal dicts, arguments given as a JSON
+  string), since datasets store both.
 - **Structured calls.** An OpenAI-style message (`tool_calls` with `function.name` and
   `function.arguments` as a JSON string), as a server with a tool parser answers, is
   scored by the same rules (`message_calls`).
@@ -31,18 +39,22 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import re
 from collections import Counter
 from typing import Any
 
 from ._final_answer import after_thinking
 from .registry import registry
-from .reward_function import RewardFunction
+from .reward_function import RewardFunction, log_once
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+# vLLM's Hermes2ProToolParser.tool_call_regex: closed blocks, or an open one to the end
+HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 
 Call = dict[str, Any]  # {"name": str, "arguments": dict}
+logger = logging.getLogger(__name__)
 
 
 def response_part(completion: str) -> str:
@@ -50,8 +62,30 @@ def response_part(completion: str) -> str:
     return after_thinking(completion) or ""
 
 
+def hermes_calls(text: str) -> list[Call] | None:
+    """The calls vLLM's hermes parser extracts from `text`; [] for none, None if it fails.
+
+    The parser's own failure (any block not a JSON object with `name` and `arguments`)
+    returns no calls; None here tells that apart from a reply that made none.
+    """
+    if TOOL_CALL_OPEN not in text:
+        return []
+    calls = []
+    for closed, open_ended in HERMES_CALL.findall(text):
+        try:
+            body = json.loads(closed or open_ended)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(body, dict) or "arguments" not in body:
+            return None
+        if not isinstance(body.get("name"), str):  # vLLM's FunctionCall(name: str)
+            return None
+        calls.append({"name": body["name"], "arguments": body["arguments"]})
+    return calls
+
+
 def _call_from_body(body: Any) -> Call | None:
-    """A {"name", "arguments"} call from a parsed block body; None when it is not one."""
+    """A gold or structured call: {"name", "arguments"}, arguments decoded if a string."""
     if not isinstance(body, dict) or not isinstance(body.get("name"), str):
         return None
     arguments = body.get("arguments", {})
@@ -65,34 +99,27 @@ def _call_from_body(body: Any) -> Call | None:
     return {"name": body["name"], "arguments": arguments}
 
 
-def parse_blocks(text: str, lenient: bool = False) -> list[Call] | None:
-    """Every `<tool_call>` block of `text` as a call; None if any is malformed or unclosed.
-
-    `lenient` also reads Python-literal dicts (for gold data, never for the policy).
-    """
+def parse_gold_blocks(text: str) -> list[Call] | None:
+    """Every `<tool_call>` block of gold text as a call, JSON or a Python literal."""
     calls = []
     for body in TOOL_CALL_BLOCK.findall(text):
         try:
             parsed = json.loads(body)
         except (ValueError, RecursionError):
-            if not lenient:
-                return None
             try:
                 parsed = ast.literal_eval(body.strip())
-            except (ValueError, SyntaxError, RecursionError):
+            except (ValueError, SyntaxError, RecursionError, MemoryError):
                 return None
         call = _call_from_body(parsed)
         if call is None:
             return None
         calls.append(call)
-    if text.count(TOOL_CALL_OPEN) != len(calls):  # an unclosed (cut-off) block
-        return None
     return calls
 
 
 def parse_tool_calls(completion: str) -> list[Call] | None:
     """The calls a completion makes (its response part); [] for none, None if malformed."""
-    return parse_blocks(response_part(completion))
+    return hermes_calls(response_part(completion))
 
 
 def canonical(value: Any) -> Any:
@@ -118,9 +145,9 @@ def _key(call: Call) -> str:
 
 def _argument_subset(predicted: Call, gold: Call) -> bool:
     """Upstream's rule: same name, every gold argument present and equal."""
-    if predicted["name"] != gold["name"]:
-        return False
     args = canonical(predicted["arguments"])
+    if predicted["name"] != gold["name"] or not isinstance(args, dict):
+        return False
     return all(
         name in args and json.dumps(args[name], sort_keys=True) == json.dumps(value, sort_keys=True)
         for name, value in canonical(gold["arguments"]).items()
@@ -142,7 +169,7 @@ def calls_match(predicted: list[Call], gold: list[Call], strict_arguments: bool 
     return True
 
 
-def gold_calls(gold: Any) -> list[Call]:
+def read_gold_calls(gold: Any) -> list[Call]:
     """Gold calls from `<tool_call>` text, a JSON string, a call, or a list of calls.
 
     Calls may be plain ({"name", "arguments"}) or OpenAI-shaped ({"function": {...}}).
@@ -150,7 +177,7 @@ def gold_calls(gold: Any) -> list[Call]:
     """
     if isinstance(gold, str):
         if TOOL_CALL_OPEN in gold:
-            calls = parse_blocks(gold, lenient=True)
+            calls = parse_gold_blocks(gold)
             if not calls:
                 raise ValueError(f"gold tool calls do not parse: {gold[:200]!r}")
             return calls
@@ -186,12 +213,22 @@ def message_calls(message: Any) -> list[Call] | None:
     return None if in_text is None else calls + in_text
 
 
-def tool_call_score(completion: Any, gold: Any, strict_arguments: bool = True) -> float:
-    """1.0 when `completion` (text or assistant message) makes exactly the gold calls."""
+def tool_call_score(completion: Any, gold: list[Call], strict_arguments: bool = True) -> float:
+    """1.0 when `completion` (text or assistant message) makes exactly the `gold` calls."""
     predicted = message_calls(completion)
     if not predicted:
         return 0.0
-    return 1.0 if calls_match(predicted, gold_calls(gold), strict_arguments) else 0.0
+    return 1.0 if calls_match(predicted, gold, strict_arguments) else 0.0
+
+
+def last_assistant_message(completion: Any) -> Any:
+    """The message to score: a completion's `message`, or a conversation's last assistant turn."""
+    if isinstance(completion, dict) and isinstance(completion.get("message"), dict):
+        return completion["message"]
+    if isinstance(completion, list):
+        turns = [m for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
+        return turns[-1] if turns else ""
+    return completion
 
 
 @registry.register(name="tool_call")
@@ -212,16 +249,19 @@ class ToolCallReward(RewardFunction):
     def compute(self, completions: list[Any], gold_calls: Any = None, **kwargs: Any) -> list[float]:
         """Score each completion (text, or an assistant message with `tool_calls`)."""
         gold = gold_calls if gold_calls is not None else self.gold_calls
-        if gold is None:
-            raise ValueError("tool_call reward needs gold_calls")
+        try:
+            if gold is None:
+                raise ValueError("no gold_calls given")
+            expected = read_gold_calls(gold)
+        except (ValueError, TypeError, RecursionError) as error:
+            log_once(logger, f"tool_call: the gold calls cannot be read, scoring 0.0: {error}")
+            return [0.0] * len(completions)
         scores = []
         for completion in completions:
-            if isinstance(completion, dict) and isinstance(completion.get("message"), dict):
-                completion = completion["message"]
-            elif isinstance(completion, list):  # a conversation: its last assistant turn
-                turns = [
-                    m for m in completion if isinstance(m, dict) and m.get("role") == "assistant"
-                ]
-                completion = turns[-1] if turns else ""
-            scores.append(tool_call_score(completion, gold, self.strict_arguments))
+            try:
+                message = last_assistant_message(completion)
+                scores.append(tool_call_score(message, expected, self.strict_arguments))
+            except Exception as error:  # noqa: BLE001 - one bad completion scores 0
+                log_once(logger, f"tool_call: scoring a completion raised {error!r}; 0.0")
+                scores.append(0.0)
         return scores

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
-from tests.support.reward_agreement import Agreement, ifeval
+from tests.support.reward_agreement import Agreement, ifeval, tool_call
 
 REGEX_KEYWORD = "a keyword that is not a valid regex: lm-eval raises, the reward scores 0"
 STRIPPED_AFTER_THINK = "the response after </think> is graded stripped"
@@ -51,5 +52,24 @@ def ifeval_agreement(n: int = 500, seed: int = 27) -> Agreement:
     return agreement
 
 
+def tool_call_agreement(python: str, n: int = 400, seed: int = 27) -> Agreement:
+    """The calls the "tool_call" reward reads from a reply against vLLM's hermes parser."""
+    from atroposlib.envs.reward_fns.tool_call_reward import parse_tool_calls
+
+    texts = tool_call.replies(n, seed)
+    agreement = Agreement("tool_call", "vLLM's hermes tool parser (vllm 0.32.0)")
+    for text, reference in zip(texts, tool_call.vllm_calls(python, texts), strict=True):
+        ours = [[c["name"], c["arguments"]] for c in parse_tool_calls(text) or []]
+        same = json.dumps(ours, sort_keys=True) == json.dumps(reference, sort_keys=True)
+        agreement.add(same, None, f"{text!r}: ours {ours}, vLLM {reference}")
+    return agreement
+
+
 def all_agreements() -> list[Agreement]:
-    return [ifeval_agreement()]
+    from tests.support.vllm import vllm_python
+
+    agreements = [ifeval_agreement()]
+    python = vllm_python()
+    if python:
+        agreements.append(tool_call_agreement(python))
+    return agreements
