@@ -18,6 +18,7 @@ from atroposlib.envs.reward_fns.json_schema_reward import (
     parse_answer,
     schema_errors,
 )
+from tests.support.reward_agreement.compare import json_schema_agreement
 
 
 class Item(BaseModel):
@@ -139,11 +140,18 @@ def test_over_long_output(reward):
     assert parse_answer("[" * 5000) is NO_JSON
 
 
-def test_schema_as_a_string_and_a_missing_schema():
+def test_schema_as_a_string_and_a_missing_or_broken_schema_scores_zero():
     reward = JsonSchemaReward()
     assert reward([json.dumps(GOOD)], schema=json.dumps(SCHEMA)) == [1.0]
-    with pytest.raises(ValueError):
-        reward.compute(["{}"])
+    assert reward.compute(["{}"]) == [0.0]
+    assert reward.compute(["{}", "[]"], schema="{not json") == [0.0, 0.0]
+    assert reward.compute(["{}"], schema="[1, 2]") == [0.0]
+
+
+def test_verdicts_agree_with_the_jsonschema_package_on_hundreds_of_adversarial_cases():
+    agreement = json_schema_agreement(n=400, seed=27)
+    assert agreement.cases == 400
+    assert agreement.disagreements == [], agreement.disagreements[:3]
 
 
 def test_deep_nesting_is_invalid_not_a_crash(reward):

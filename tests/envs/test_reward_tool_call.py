@@ -146,7 +146,8 @@ def test_structured_tool_calls_from_a_server_with_a_parser():
     ]
     assert tool_call_score(message, read_gold_calls(GOLD)) == 1.0
     half = {"role": "assistant", "content": block(RATE), "tool_calls": message["tool_calls"][:1]}
-    assert tool_call_score(half, read_gold_calls(GOLD)) == 1.0  # calls left in the text count as well
+    # calls left in the text count as well
+    assert tool_call_score(half, read_gold_calls(GOLD)) == 1.0
     assert ToolCallReward(gold_calls=GOLD).compute([{"message": message}, [message]]) == [1.0, 1.0]
 
 

@@ -35,7 +35,7 @@ from referencing.exceptions import Unresolvable
 
 from ._final_answer import after_thinking
 from .registry import registry
-from .reward_function import RewardFunction
+from .reward_function import RewardFunction, log_once
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +131,15 @@ class JsonSchemaReward(RewardFunction):
         **kwargs: Any,
     ) -> list[float]:
         """Score each completion against `schema` (or the one given at construction)."""
-        schema = json.loads(schema) if isinstance(schema, str) else schema
-        schema = schema if schema is not None else self.schema
-        if schema is None:
-            raise ValueError("json_schema reward needs a schema")
-        return [
-            json_schema_score(self.get_content(c), schema, model, self.invalid_schema_score)
-            for c in completions
-        ]
+        try:
+            schema = json.loads(schema) if isinstance(schema, str) else schema
+            schema = schema if schema is not None else self.schema
+            if not isinstance(schema, dict | bool):
+                raise ValueError(f"the schema must be a JSON object or boolean, got {schema!r}")
+        except (ValueError, RecursionError) as error:
+            log_once(logger, f"json_schema: no usable schema, scoring 0.0: {error}")
+            return [0.0] * len(completions)
+        return self.score_each(
+            completions,
+            lambda text: json_schema_score(text, schema, model, self.invalid_schema_score),
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from tests.support.reward_agreement import Agreement, ifeval, tool_call
+from tests.support.reward_agreement import Agreement, ifeval, json_schema, tool_call
 
 REGEX_KEYWORD = "a keyword that is not a valid regex: lm-eval raises, the reward scores 0"
 STRIPPED_AFTER_THINK = "the response after </think> is graded stripped"
@@ -52,6 +52,27 @@ def ifeval_agreement(n: int = 500, seed: int = 27) -> Agreement:
     return agreement
 
 
+CANNOT_COMPARE = "jsonschema raises on the value (e.g. OverflowError): the reward scores invalid"
+SCORES = {"valid": 1.0, "invalid": 0.25, "no json": 0.0}
+
+
+def json_schema_agreement(n: int = 400, seed: int = 27) -> Agreement:
+    """The "json_schema" reward against the jsonschema package on the extracted answer."""
+    from atroposlib.envs.reward_fns.json_schema_reward import JsonSchemaReward, extract_json_text
+
+    reward = JsonSchemaReward()
+    agreement = Agreement("json_schema", "the jsonschema package, Draft 2020-12 with formats")
+    for schema, completion in json_schema.cases(n, seed):
+        score = reward.compute([completion], schema=schema)[0]
+        verdict = json_schema.reference_verdict(schema, extract_json_text(completion))
+        detail = f"{completion!r} against {schema}: ours {score}, jsonschema {verdict}"
+        if verdict.startswith("raises"):
+            agreement.add(False, CANNOT_COMPARE if score == 0.25 else None, detail)
+        else:
+            agreement.add(score == SCORES[verdict], None, detail)
+    return agreement
+
+
 def tool_call_agreement(python: str, n: int = 400, seed: int = 27) -> Agreement:
     """The calls the "tool_call" reward reads from a reply against vLLM's hermes parser."""
     from atroposlib.envs.reward_fns.tool_call_reward import parse_tool_calls
@@ -68,7 +89,7 @@ def tool_call_agreement(python: str, n: int = 400, seed: int = 27) -> Agreement:
 def all_agreements() -> list[Agreement]:
     from tests.support.vllm import vllm_python
 
-    agreements = [ifeval_agreement()]
+    agreements = [ifeval_agreement(), json_schema_agreement()]
     python = vllm_python()
     if python:
         agreements.append(tool_call_agreement(python))
