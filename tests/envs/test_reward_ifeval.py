@@ -91,12 +91,13 @@ def test_sentence_counts_need_punkt_data_or_say_how_to_get_it():
 
 def test_an_item_that_cannot_be_graded_scores_zero_and_is_logged_once(caplog):
     reward = IFEvalReward()
-    row = {"instruction_id_list": ["no:such"], "kwargs": [{}]}
+    row = {"instruction_id_list": ["no:such_in_this_test"], "kwargs": [{}]}  # logged nowhere else
     with caplog.at_level(logging.WARNING):
         assert reward.compute(["x", "y"], **row) == [0.0, 0.0]
         assert reward(["x"], **row) == [0.0]
     assert [r.message for r in caplog.records].count(
-        "ifeval: this item cannot be graded, scoring 0.0: no IFEval instruction 'no:such'"
+        "ifeval: this item cannot be graded, scoring 0.0: "
+        "no IFEval instruction 'no:such_in_this_test'"
     ) == 1
 
 

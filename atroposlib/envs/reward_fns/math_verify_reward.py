@@ -32,7 +32,7 @@ from latex2sympy2_extended import NormalizationConfig
 from math_verify import LatexExtractionConfig, parse, verify
 
 from .registry import registry
-from .reward_function import RewardFunction
+from .reward_function import RewardFunction, log_once
 
 logger = logging.getLogger(__name__)
 
@@ -138,11 +138,20 @@ def grade_answer(
 
 
 def gold_list(count: int, gold: Any, what: str = "gold answer") -> list[Any] | None:
-    """One gold per completion: a list as given, a single value repeated; None when absent."""
+    """One gold per completion: a list of `count` as given, a single value repeated.
+
+    None (logged) when there is none, or a list of another length: zipping it with the
+    completions would silently drop some of them.
+    """
     if gold is None:
-        logger.warning("%s missing; scoring 0.0", what)
+        log_once(logger, f"{what} missing; scoring 0.0")
         return None
-    return list(gold) if isinstance(gold, list) else [gold] * count
+    if not isinstance(gold, list):
+        return [gold] * count
+    if len(gold) != count:
+        log_once(logger, f"{len(gold)} {what}s for {count} completions; scoring 0.0")
+        return None
+    return list(gold)
 
 
 @registry.register(name="math_verify")

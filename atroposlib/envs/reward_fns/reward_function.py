@@ -105,22 +105,32 @@ class RewardFunction(ABC):
         """The assistant text of a completion, or "" when there is none.
 
         Accepts a plain string, an assistant message dict, a dict whose "message" is an
-        assistant message, or a list of messages (the first assistant message wins).
+        assistant message, or a list of messages (the first assistant message wins). A
+        message's content may be text or OpenAI's list of parts (the text parts join).
         """
         if isinstance(completion, str):
             return completion
         if isinstance(completion, dict):
             if _is_assistant_message(completion):
-                return completion["content"]
+                return _text_of(completion["content"])
             inner = completion.get("message")
             if isinstance(inner, dict) and _is_assistant_message(inner):
-                return inner["content"]
+                return _text_of(inner["content"])
         elif isinstance(completion, list):
             for message in completion:
                 if isinstance(message, dict) and _is_assistant_message(message):
-                    return message["content"]
+                    return _text_of(message["content"])
         return ""
 
 
 def _is_assistant_message(message: dict) -> bool:
     return message.get("role") == "assistant" and "content" in message
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        return "".join(p for p in parts if isinstance(p, str))
+    return ""

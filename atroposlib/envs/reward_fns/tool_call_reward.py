@@ -181,7 +181,12 @@ def read_gold_calls(gold: Any) -> list[Call]:
             if not calls:
                 raise ValueError(f"gold tool calls do not parse: {gold[:200]!r}")
             return calls
-        gold = json.loads(gold)
+        try:
+            gold = json.loads(gold)
+        except ValueError as error:
+            raise ValueError(
+                f"gold tool calls are neither blocks nor JSON: {gold[:200]!r}"
+            ) from error
     items = gold if isinstance(gold, list) else [gold]
     calls = []
     for item in items:
