@@ -56,3 +56,12 @@ def test_registered_reward():
     assert registry.create("think_format", require_answer=False).compute(["<think>a</think>"]) == [
         1.0
     ]
+
+
+def test_verdicts_agree_with_trls_think_format_reward_or_differ_as_documented():
+    from tests.support.reward_agreement.compare import think_format_agreement
+
+    agreement = think_format_agreement(n=400, seed=27)
+    assert agreement.cases == 400
+    assert agreement.disagreements == [], agreement.disagreements[:3]
+    assert agreement.agreed >= 300

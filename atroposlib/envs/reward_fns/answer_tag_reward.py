@@ -3,6 +3,9 @@
 For tasks with a short exact answer (a count, a word, a number): comparison is on the
 stripped, case-folded text, and a number matches a number of the same value ("07" is
 7). See `_final_answer` for what counts as the answer.
+
+Reference: none. This project's rule for short tagged answers (`_final_answer`); no
+maintained library grades `<answer>` tags, so its tests state the rule case by case.
 """
 
 from __future__ import annotations

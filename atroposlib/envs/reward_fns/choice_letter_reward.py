@@ -4,6 +4,9 @@ The answer is the one `<answer>` block after the reasoning (see `_final_answer`)
 it, "B", "(B)", "B)", "B." and "B. the option's text" all name option B; lower case
 counts; "B or C" and prose do not name one letter. Those score 0, as
 does a missing or unclosed think block when `require_thinking` is on.
+
+Reference: none maintained. lm-eval grades multiple choice by log-likelihood, not by a
+generated letter; the rule here is this project's, tested case by case.
 """
 
 from __future__ import annotations

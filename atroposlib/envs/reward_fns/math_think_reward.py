@@ -12,6 +12,9 @@ A completion cut off by the token limit (`truncated`, or a completion dict whose
 `finish_reason` is "length") scores as wrong and malformed: its final answer was never
 written, and a `\boxed{}` seen so far is at best a draft. The environments also zero its
 advantage (upstream's `mask_too_long_completions`).
+
+Reference: none for the combination; its parts are `math_verify` (math-verify decides
+equality) and `think_format` (compared with TRL's think_format_reward).
 """
 
 from __future__ import annotations

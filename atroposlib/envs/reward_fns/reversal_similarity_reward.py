@@ -7,6 +7,9 @@ reversal, in [0, 1)); the exact reversal scores 1.0. The answer is the one
 `<reversed_text>` block after thinking (`answer_format="tagged"`), or the whole reply
 after thinking (`"bare"`, for tiny and base models). An answer longer than twice the
 target is not compared: padding cannot buy similarity.
+
+Reference: none. Partial credit for the text-reversal environment is this project's
+rule, tested case by case.
 """
 
 from __future__ import annotations

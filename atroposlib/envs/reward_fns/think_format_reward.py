@@ -6,6 +6,12 @@ never closes its reasoning, opens several blocks, nests them, leaves the block e
 stops right after `</think>` has not produced that shape, so it scores 0.0. The check is
 on the tags only; whether the answer is right is another reward's job, so the two can be
 weighted separately (`math_think` combines them for the math environments).
+
+Reference: TRL's `think_format_reward` (`trl/rewards/format_rewards.py`); the two agree
+on 345 of 400 seeded cases (docs/rewards.md). Deliberate differences, each because the
+lenient verdict pays for a shape no grader can use: an empty reasoning block, nothing
+after `</think>` (unless `require_answer=False`) and a second `</think>` score 0.0 here
+and 1.0 in TRL; whitespace before `<think>` is allowed here (TRL scores it 0.0).
 """
 
 from __future__ import annotations

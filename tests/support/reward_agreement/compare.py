@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from tests.support.reward_agreement import Agreement, ifeval, json_schema, tool_call
+from tests.support.reward_agreement import Agreement, ifeval, json_schema, think_format, tool_call
 
 REGEX_KEYWORD = "a keyword that is not a valid regex: lm-eval raises, the reward scores 0"
 STRIPPED_AFTER_THINK = "the response after </think> is graded stripped"
@@ -73,6 +73,36 @@ def json_schema_agreement(n: int = 400, seed: int = 27) -> Agreement:
     return agreement
 
 
+EMPTY_THINKING = "an empty reasoning block scores 0 (TRL: 1)"
+NO_ANSWER = "nothing after </think> scores 0 (TRL: 1); require_answer=False allows it"
+SECOND_CLOSE = "a second </think> scores 0 (TRL forbids only a second <think>)"
+LEADING_SPACE = "whitespace before <think> is allowed (TRL: 0)"
+
+
+def think_format_agreement(n: int = 400, seed: int = 27) -> Agreement:
+    """The "think_format" reward against TRL's think_format_reward."""
+    from atroposlib.envs.reward_fns.think_format_reward import ThinkFormatReward
+
+    reward = ThinkFormatReward()
+    agreement = Agreement("think_format", "TRL's think_format_reward (trl 1.16.0)")
+    for text in think_format.completions(n, seed):
+        ours, theirs = reward.compute([text])[0], think_format.trl_verdict(text)
+        why = None
+        body = text.strip()
+        thinking, _, answer = body.removeprefix("<think>").partition("</think>")
+        if ours == 0.0 and theirs == 1.0:
+            if body.count("</think>") > 1:
+                why = SECOND_CLOSE
+            elif not thinking.strip():
+                why = EMPTY_THINKING
+            elif not answer.strip():
+                why = NO_ANSWER
+        elif ours == 1.0 and theirs == 0.0 and text[:1].isspace():
+            why = LEADING_SPACE if think_format.trl_verdict(text.lstrip()) == 1.0 else None
+        agreement.add(ours == theirs, why, f"{text!r}: ours {ours}, TRL {theirs}")
+    return agreement
+
+
 def tool_call_agreement(python: str, n: int = 400, seed: int = 27) -> Agreement:
     """The calls the "tool_call" reward reads from a reply against vLLM's hermes parser."""
     from atroposlib.envs.reward_fns.tool_call_reward import parse_tool_calls
@@ -89,7 +119,7 @@ def tool_call_agreement(python: str, n: int = 400, seed: int = 27) -> Agreement:
 def all_agreements() -> list[Agreement]:
     from tests.support.vllm import vllm_python
 
-    agreements = [ifeval_agreement(), json_schema_agreement()]
+    agreements = [ifeval_agreement(), json_schema_agreement(), think_format_agreement()]
     python = vllm_python()
     if python:
         agreements.append(tool_call_agreement(python))
