@@ -26,6 +26,14 @@ PIN=(-c scripts/constraints.txt)
 # torch first and pinned: the CPU build on local disk (an unpinned torch pulls a CUDA build)
 "${PIP[@]}" torch==2.13.0 "${PIN[@]}"
 "${PIP[@]}" -e ".[$EXTRAS]" "${PIN[@]}"
+# The tests grade IFEval with lm-eval's own checkers (the `ifeval` extra). Its harness
+# pulls scikit-learn and scipy, and with scipy installed every transformers model load
+# imports scipy.optimize (1 s of CPU, in each of the suite's hundreds of processes). The
+# IFEval modules need only these, so the dev venv takes them without their dependencies.
+if [[ ",$EXTRAS," == *",dev,"* ]]; then
+    "${PIP[@]}" --no-deps lm-eval langdetect immutabledict sacrebleu portalocker colorama \
+        lxml tabulate "${PIN[@]}"
+fi
 env -u PYTHONDONTWRITEBYTECODE "$PYTHON" -c '
 import importlib
 for name in ("atroposlib.cli.launch", "atroposlib.cli.run_api", "atroposlib.envs.base",
