@@ -120,7 +120,7 @@ class IFEvalReward(RewardFunction):
         try:
             constraints = constraints_of(instruction_id_list, instruction_kwargs, ground_truth)
             checks = compile_constraints(constraints, prompt)
-        except (UnsupportedInstruction, ValueError, TypeError) as error:
+        except (ValueError, TypeError) as error:  # UnsupportedInstruction is a ValueError
             log_once(logger, f"ifeval: this item cannot be graded, scoring 0.0: {error}")
             return [0.0] * len(completions)
         return self.score_each(

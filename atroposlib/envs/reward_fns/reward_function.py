@@ -67,12 +67,19 @@ class RewardFunction(ABC):
             logger.exception("reward function %s failed; scoring the batch 0.0", self.name)
             return [0.0] * len(completions)
 
-    def score_each(self, completions: list[Any], grade: Callable[[str], float]) -> list[float]:
-        """`grade` of each completion's text; 0.0 (logged once) where grading raises."""
+    def score_each(
+        self,
+        completions: list[Any],
+        grade: Callable[[Any], float],
+        read: Callable[[Any], Any] | None = None,
+    ) -> list[float]:
+        """`grade` of what `read` takes from each completion (its text by default); 0.0,
+        logged once, where reading or grading raises."""
+        read = read or self.get_content
         scores = []
         for completion in completions:
             try:
-                scores.append(float(grade(self.get_content(completion))))
+                scores.append(float(grade(read(completion))))
             except Exception as error:  # noqa: BLE001 - any grading bug scores 0, not the batch
                 log_once(
                     logger,

@@ -261,12 +261,8 @@ class ToolCallReward(RewardFunction):
         except (ValueError, TypeError, RecursionError) as error:
             log_once(logger, f"tool_call: the gold calls cannot be read, scoring 0.0: {error}")
             return [0.0] * len(completions)
-        scores = []
-        for completion in completions:
-            try:
-                message = last_assistant_message(completion)
-                scores.append(tool_call_score(message, expected, self.strict_arguments))
-            except Exception as error:  # noqa: BLE001 - one bad completion scores 0
-                log_once(logger, f"tool_call: scoring a completion raised {error!r}; 0.0")
-                scores.append(0.0)
-        return scores
+        return self.score_each(
+            completions,
+            lambda message: tool_call_score(message, expected, self.strict_arguments),
+            read=last_assistant_message,
+        )
