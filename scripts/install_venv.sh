@@ -33,6 +33,10 @@ PIN=(-c scripts/constraints.txt)
 if [[ ",$EXTRAS," == *",dev,"* ]]; then
     "${PIP[@]}" --no-deps lm-eval langdetect immutabledict sacrebleu portalocker colorama \
         lxml tabulate "${PIN[@]}"
+    # upstream Atropos's rewards, the reference for the upstream-named ones (see the file)
+    rm -rf .venv/reference
+    "${PIP[@]}" --no-deps --target .venv/reference -r scripts/constraints-reference.txt \
+        "${PIN[@]}"
 fi
 env -u PYTHONDONTWRITEBYTECODE "$PYTHON" -c '
 import importlib

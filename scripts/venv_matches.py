@@ -22,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "scripts" / "constraints.txt"
+# the dev extra also installs the reference implementations into their own folder
+REFERENCE_PINS = ROOT / "scripts" / "constraints-reference.txt"
 
 
 def canonical(name: str) -> str:
@@ -30,7 +32,7 @@ def canonical(name: str) -> str:
 
 def install_key(extras: str) -> str:
     digest = hashlib.sha256()
-    for path in (CONSTRAINTS, ROOT / "pyproject.toml"):
+    for path in (CONSTRAINTS, REFERENCE_PINS, ROOT / "pyproject.toml"):
         digest.update(path.read_bytes())
     digest.update(f"{extras}|{sys.version}|{ROOT}".encode())
     return digest.hexdigest()
@@ -65,6 +67,9 @@ def main(argv: list[str]) -> int:
         stamp.write_text(key + "\n")
         return 0
     if not stamp.exists() or stamp.read_text().strip() != key:
+        return 1
+    if "dev" in argv[0].split(",") and not (Path(sys.prefix) / "reference").is_dir():
+        print("venv lacks the reference implementations (.venv/reference)", file=sys.stderr)
         return 1
     drift = drifted_pins()
     for line in drift:

@@ -61,7 +61,8 @@ def test_the_installer_pins_every_pip_install():
     installs = [
         line.strip() for line in text.splitlines() if line.strip().startswith('"${PIP[@]}"')
     ]
-    # pip itself, torch, the project with its extras, lm-eval's IFEval modules for dev
-    assert len(installs) == 4
+    # pip itself, torch, the project with its extras, lm-eval's IFEval modules for dev,
+    # upstream's rewards into .venv/reference for dev
+    assert len(installs) == 5
     assert all(line.endswith('"${PIN[@]}"') for line in installs), installs
     assert "PIN=(-c scripts/constraints.txt)" in text

@@ -22,6 +22,7 @@ def venv_matches(tmp_path, monkeypatch):
     constraints.write_text(f"# pins\npytest=={metadata.version('pytest')}\n")
     monkeypatch.setattr(module, "CONSTRAINTS", constraints)
     monkeypatch.setattr(sys, "prefix", str(tmp_path))  # where the stamp lives
+    (tmp_path / "reference").mkdir()  # the dev extra's reference implementations
     return module
 
 
@@ -29,6 +30,14 @@ def test_no_stamp_means_install_then_the_stamp_means_current(venv_matches):
     assert venv_matches.main(["dev,inference"]) == 1
     assert venv_matches.main(["dev,inference", "--write"]) == 0
     assert venv_matches.main(["dev,inference"]) == 0
+
+
+def test_the_dev_extra_needs_its_reference_implementations(venv_matches, tmp_path):
+    for extras in ("dev", "inference"):
+        venv_matches.main([extras, "--write"])
+    (tmp_path / "reference").rmdir()
+    assert venv_matches.main(["dev"]) == 1
+    assert venv_matches.main(["inference"]) == 0
 
 
 def test_a_changed_pin_or_other_extras_need_an_install(venv_matches):

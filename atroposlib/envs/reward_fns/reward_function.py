@@ -114,6 +114,9 @@ class RewardFunction(ABC):
         Accepts a plain string, an assistant message dict, a dict whose "message" is an
         assistant message, or a list of messages (the first assistant message wins). A
         message's content may be text or OpenAI's list of parts (the text parts join).
+        Deliberate difference from upstream: a null content (a tool-call turn) reads as
+        "". Upstream hands the None on, and the reward then raises or scores it through
+        its error path (repetition_penalty: -0.2; formatreasoning: the text "None").
         """
         if isinstance(completion, str):
             return completion

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import math
+import re
 from dataclasses import replace
+from typing import Any
 
-from tests.support.reward_agreement import Agreement, ifeval, json_schema, think_format, tool_call
+from tests.support.reward_agreement import (
+    Agreement,
+    ifeval,
+    json_schema,
+    think_format,
+    tool_call,
+    upstream,
+)
+from tests.support.reward_agreement.upstream_runner import outcome
 
 REGEX_KEYWORD = "a keyword that is not a valid regex: lm-eval raises, the reward scores 0"
 STRIPPED_AFTER_THINK = "the response after </think> is graded stripped"
@@ -116,10 +128,81 @@ def tool_call_agreement(python: str, n: int = 400, seed: int = 27) -> Agreement:
     return agreement
 
 
+NULL_CONTENT = (
+    "a message whose content is null (a tool-call turn) reads as empty text; upstream "
+    "hands the None on and raises, or scores it through its error path"
+)
+LITERAL_TAGS = "tag names are matched literally; upstream reads them as regexes"
+
+
+def _same(ours: dict[str, Any], theirs: dict[str, Any], tolerance: float) -> bool:
+    if "scores" not in ours or "scores" not in theirs:
+        return False
+    pairs = list(zip(ours["scores"], theirs["scores"], strict=False))
+    return len(ours["scores"]) == len(theirs["scores"]) and all(
+        (math.isnan(a) and math.isnan(b)) or abs(a - b) <= tolerance for a, b in pairs
+    )
+
+
+def _null_content_as_text(value: Any) -> Any:
+    """The case with every null message content written as "" (what ours reads)."""
+    if isinstance(value, dict):
+        if value.get("content", "") is None:
+            return {**value, "content": ""}
+        return {key: _null_content_as_text(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_null_content_as_text(item) for item in value]
+    return value
+
+
+def _explaining_variants(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """For each documented difference that may apply: the case rewritten so upstream,
+    given it, should agree with ours if that difference is the whole story."""
+    variants = {}
+    completions = _null_content_as_text(case["completions"])
+    if completions != case["completions"]:
+        variants[NULL_CONTENT] = {**case, "completions": completions}
+    tags = case["init"].get("preferred_tags")
+    if case["target"] == "FormatReward" and tags:
+        escaped = copy.deepcopy(case)
+        escaped["init"]["preferred_tags"] = [re.escape(tag) for tag in tags]
+        escaped["completions"] = completions
+        variants[LITERAL_TAGS] = escaped
+    return variants
+
+
+def upstream_agreements(model_path: str | None, n: int = 200, seed: int = 27) -> list[Agreement]:
+    """The upstream-named rewards against upstream Atropos 0.4.0's own code, one
+    Agreement per module. Each case that differs is rerun upstream as rewritten for
+    each documented difference that may explain it; it counts as explained only if
+    upstream then agrees."""
+    built = upstream.cases(n, seed, model_path)
+    theirs = upstream.upstream_outcomes(built)
+    ours = [outcome("atroposlib", case) for case in built]
+    differing = [
+        i for i, pair in enumerate(zip(ours, theirs, strict=True)) if not _same(*pair, 1e-5)
+    ]
+    variants = [(i, why, v) for i in differing for why, v in _explaining_variants(built[i]).items()]
+    rerun = upstream.upstream_outcomes([v for _, _, v in variants]) if variants else []
+    explained: dict[int, str] = {}
+    for (i, why, _), out in zip(variants, rerun, strict=True):
+        if _same(ours[i], out, 1e-5):
+            explained.setdefault(i, why)  # the first (simplest) rewrite that explains it
+    agreements: dict[str, Agreement] = {}
+    for i, case in enumerate(built):
+        name = case["module"].removesuffix("_reward")
+        agreement = agreements.setdefault(name, Agreement(name, "upstream Atropos 0.4.0"))
+        detail = f"{case}: ours {ours[i]}, upstream {theirs[i]}"
+        agreement.add(i not in differing, explained.get(i), detail)
+    return list(agreements.values())
+
+
 def all_agreements() -> list[Agreement]:
+    from atroposlib.utils.tiny_model import ensure_tiny_model
     from tests.support.vllm import vllm_python
 
     agreements = [ifeval_agreement(), json_schema_agreement(), think_format_agreement()]
+    agreements += upstream_agreements(str(ensure_tiny_model()))
     python = vllm_python()
     if python:
         agreements.append(tool_call_agreement(python))
