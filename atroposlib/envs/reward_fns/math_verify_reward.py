@@ -5,19 +5,33 @@ Design decisions (why, not how):
 - Only the *final answer region* is graded: the text after the last `</think>`, cut at any
   `<think>` reopened after it. A `\boxed{2}` written while reasoning is a draft, not an
   answer, and a `<think>` that is never closed means the model never answered at all.
+  (Upstream Atropos grades everything after the last `</think>`, the whole reply if none.)
 - The answer must be boxed. Without a `\boxed{}` there is nothing to grade (score 0), so
   "the last number in the text" heuristics cannot be gamed by ending on the right number.
-- Several boxed answers are allowed only when they all agree with the gold (a restated
-  answer is fine, hedging `\boxed{16} or \boxed{17}` is wrong). This is upstream's rule
-  too: its math-verify config joins every boxed answer into one set.
+  (Upstream's config also reads an anchored "the answer is $16$".)
+- Several boxed answers are allowed only when each one equals the gold (a restated answer
+  is fine, hedging `\boxed{16} or \boxed{17}` is wrong), so each box must hold the whole
+  answer: `\boxed{-1} and \boxed{4}` for the gold `\{-1, 4\}` is wrong. Upstream's
+  math-verify config joins every boxed answer into one set instead; that rejects hedging
+  too, but also a restatement spelled differently (`\boxed{1,234} = \boxed{1234.0}` is two
+  elements) while it takes a set answered one element to a box. One rule for every gold
+  (a box is one answer) is simpler to state and harder to game than set-joining.
 - math-verify decides equality (LaTeX parsing plus symbolic comparison), with
-  `malformed_operators` normalisation on, so common shorthand such as `\frac12` or
-  `\sqrt3` equals `0.5` and `\sqrt{3}`; intervals, sets, equations (`x=5` vs `5`),
-  thousands separators (`1,234`) and units (`18 \text{ dollars}`) are its rules.
-- Boxed contents are brace-matched (so `\boxed{\frac{1}{2}}` is one answer, not
-  `\frac{1`), and capped in count and length so a spammed or enormous answer is rejected
-  before sympy sees it. math-verify's own timeouts use SIGALRM, which only works on the
-  main thread; off it they are switched off rather than crashing the grader.
+  `malformed_operators` normalisation on (upstream: off), so common shorthand such as
+  `\frac12` or `\sqrt3` equals `0.5` and `\sqrt{3}`; intervals, sets, equations (`x=5` vs
+  `5`), thousands separators (`1,234`) and units (`18 \text{ dollars}`) are its rules. It
+  is called as documented, `verify(gold, answer)`: the comparison is not symmetric, and a
+  relation matches a set only when the *answer* is the set, so `[0, \infty)` is right for
+  the gold `x \geq 0` and `x \geq 0` is wrong for the gold `[0, \infty)`. (Upstream passes
+  the answer first, which reverses both.)
+- Boxed contents are brace-matched as LaTeX groups them (so `\boxed{\frac{1}{2}}` is one
+  answer, not `\frac{1`, and an escaped `\{` or `\}` neither opens nor closes a group, so
+  it cannot hide a box from grading), `\boxed {16}` with a space (which LaTeX ignores) is
+  a box too (upstream's math-verify does not read it), and they are capped in count
+  (`MAX_BOXED`) and length (`MAX_ANSWER_CHARS`, padding included) so a spammed or enormous
+  answer is rejected before sympy sees it; upstream has no caps. math-verify's own
+  timeouts use SIGALRM, which only works on the main thread; off it they are switched off
+  rather than crashing the grader.
 """
 
 from __future__ import annotations
@@ -58,6 +72,9 @@ def boxed_contents(text: str) -> list[str]:
     for match in _BOXED_OPEN.finditer(text):
         depth, index = 1, match.end()
         while index < len(text) and depth:
+            if text[index] == "\\":  # `\{`, `\}`, `\\` are characters, not delimiters
+                index += 2
+                continue
             if text[index] == "{":
                 depth += 1
             elif text[index] == "}":

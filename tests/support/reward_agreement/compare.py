@@ -199,9 +199,11 @@ def upstream_agreements(model_path: str | None, n: int = 200, seed: int = 27) ->
 
 def all_agreements() -> list[Agreement]:
     from atroposlib.utils.tiny_model import ensure_tiny_model
+    from tests.support.reward_agreement.math_verify import math_verify_agreement
     from tests.support.vllm import vllm_python
 
     agreements = [ifeval_agreement(), json_schema_agreement(), think_format_agreement()]
+    agreements.append(math_verify_agreement())
     agreements += upstream_agreements(str(ensure_tiny_model()))
     python = vllm_python()
     if python:
