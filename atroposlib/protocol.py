@@ -171,40 +171,67 @@ def group_problems(
     token, and a mask of -100) may hold any placeholder: the loss never reads them.
     `messages: []` is upstream's "no conversation" and is accepted.
     """
+    problems = _token_problems(group, max_token_len, vocab_size)
+    mask_problems, trained = _mask_problems(group)
+    return [
+        *problems,
+        *mask_problems,
+        *_score_problems(group),
+        *_per_sequence_problems(group, trained),
+        *_message_problems(group),
+    ]
+
+
+def _token_problems(group: ScoredData, max_token_len: int, vocab_size: int | None) -> list[Problem]:
     problems: list[Problem] = []
-    n = len(group.tokens)
-    if n == 0:
+    if not group.tokens:
         problems.append((("tokens",), "a group needs at least one sequence"))
+    limit = f"0 to {vocab_size - 1}, the trainer's vocabulary" if vocab_size else ">= 0"
     for i, toks in enumerate(group.tokens):
         if not toks:
             problems.append((("tokens", i), "a sequence needs at least one token"))
         bad = next((t for t in toks if t < 0 or (vocab_size and t >= vocab_size)), None)
         if bad is not None:
-            limit = f"0 to {vocab_size - 1}, the trainer's vocabulary" if vocab_size else ">= 0"
             problems.append((("tokens", i), f"token id {bad} is outside {limit}"))
         if max_token_len > 0 and exceeds_token_limit(len(toks), max_token_len):
-            problems.append(
-                (
-                    ("tokens", i),
-                    f"sequence has {len(toks)} tokens, over the registered "
-                    f"max_token_len {max_token_len}",
-                )
+            message = (
+                f"sequence has {len(toks)} tokens, over the registered "
+                f"max_token_len {max_token_len}"
             )
+            problems.append((("tokens", i), message))
+    return problems
+
+
+def _mask_problems(group: ScoredData) -> tuple[list[Problem], list[list[bool] | None]]:
+    """The mask problems, and per sequence which positions are trained (None: unknown)."""
+    n = len(group.tokens)
     trained: list[list[bool] | None] = [None] * n
     if len(group.masks) != n:
-        problems.append((("masks",), f"masks has {len(group.masks)} sequences, tokens has {n}"))
-    else:
-        for i, (toks, mask) in enumerate(zip(group.tokens, group.masks, strict=True)):
-            if len(toks) != len(mask):
-                message = f"mask length {len(mask)} differs from token length {len(toks)}"
-                problems.append((("masks", i), message))
-            else:
-                trained[i] = [j > 0 and m != IGNORED for j, m in enumerate(mask)]
+        return [(("masks",), f"masks has {len(group.masks)} sequences, tokens has {n}")], trained
+    problems: list[Problem] = []
+    for i, (toks, mask) in enumerate(zip(group.tokens, group.masks, strict=True)):
+        if len(toks) != len(mask):
+            message = f"mask length {len(mask)} differs from token length {len(toks)}"
+            problems.append((("masks", i), message))
+        else:
+            trained[i] = [j > 0 and m != IGNORED for j, m in enumerate(mask)]
+    return problems, trained
+
+
+def _score_problems(group: ScoredData) -> list[Problem]:
+    n = len(group.tokens)
+    problems: list[Problem] = []
     if len(group.scores) != n:
         problems.append((("scores",), f"scores has {len(group.scores)} entries for {n} sequences"))
     for i, score in enumerate(group.scores):
         if not math.isfinite(score):
             problems.append((("scores", i), f"score must be finite, got {score}"))
+    return problems
+
+
+def _per_sequence_problems(group: ScoredData, trained: list[list[bool] | None]) -> list[Problem]:
+    n = len(group.tokens)
+    problems: list[Problem] = []
     for field in PER_SEQUENCE_FIELDS:
         value = getattr(group, field)
         if value is None or (field == "messages" and value == []):
@@ -212,25 +239,40 @@ def group_problems(
         if len(value) != n:
             problems.append(((field,), f"{field} has {len(value)} entries for {n} sequences"))
         elif field in PER_TOKEN_FIELDS:
-            # the trainer reads these position by position beside the tokens: another
-            # length would be broadcast or fail deep inside its loss
-            for i, (toks, row) in enumerate(zip(group.tokens, value, strict=True)):
-                if len(row) != len(toks):
-                    message = f"{field}[{i}] has {len(row)} values for {len(toks)} tokens"
-                    problems.append(((field, i), message))
-                    continue
-                positions = trained[i] or []
-                j = next(
-                    (j for j, t in enumerate(positions) if t and not math.isfinite(row[j])), None
-                )
-                if j is not None:
-                    message = f"{field}[{i}][{j}] is {row[j]} at a trained position"
-                    problems.append(((field, i, j), message))
-    for i, conversation in enumerate(group.messages or []):
-        for j, message in enumerate(conversation):
-            if "role" not in message or "content" not in message:
-                problems.append((("messages", i, j), "every message needs 'role' and 'content'"))
+            problems += _per_token_problems(field, group.tokens, value, trained)
     return problems
+
+
+def _per_token_problems(
+    field: str,
+    tokens: list[list[int]],
+    rows: list[list[float]],
+    trained: list[list[bool] | None],
+) -> list[Problem]:
+    """The trainer reads these position by position beside the tokens: another length
+    would be broadcast or fail deep inside its loss, and a non-finite value where a
+    token is trained poisons the step."""
+    problems: list[Problem] = []
+    for i, (toks, row) in enumerate(zip(tokens, rows, strict=True)):
+        if len(row) != len(toks):
+            problems.append(
+                ((field, i), f"{field}[{i}] has {len(row)} values for {len(toks)} tokens")
+            )
+            continue
+        positions = trained[i] or []
+        j = next((j for j, t in enumerate(positions) if t and not math.isfinite(row[j])), None)
+        if j is not None:
+            problems.append(((field, i, j), f"{field}[{i}][{j}] is {row[j]} at a trained position"))
+    return problems
+
+
+def _message_problems(group: ScoredData) -> list[Problem]:
+    return [
+        (("messages", i, j), "every message needs 'role' and 'content'")
+        for i, conversation in enumerate(group.messages or [])
+        for j, message in enumerate(conversation)
+        if "role" not in message or "content" not in message
+    ]
 
 
 class Batch(BaseModel):

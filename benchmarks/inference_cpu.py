@@ -34,7 +34,6 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from pathlib import Path
 import httpx
 
 from atroposlib.inference.launcher import EngineConfig, EngineError, EngineProcess
+from atroposlib.utils.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -56,12 +56,6 @@ class Bench:
     name: str
     engine: EngineProcess
     results: dict[int, dict] = field(default_factory=dict)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_prompts(count: int, seed: int) -> list[list[dict[str, str]]]:

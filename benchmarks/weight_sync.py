@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -139,12 +138,6 @@ def run_mode(mode: str, steps: int, seed: int, workdir: Path) -> dict:
     return result
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def perturbed_copy(source: str, target: Path) -> Path:
     """The model at `source` with every weight nudged: a reload that changes something."""
     import torch
@@ -167,6 +160,7 @@ def vllm_sync_times(python: str, workdir: Path, rounds: int = 3) -> dict:
         vllm_launch_extras,
         weight_route_headers,
     )
+    from atroposlib.utils.ports import free_port
     from atroposlib.utils.tiny_model import ensure_tiny_model
 
     base = str(ensure_tiny_model())

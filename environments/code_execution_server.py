@@ -47,11 +47,11 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
-from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
-from atroposlib.envs.sandbox import SandboxLimits, require_isolation  # noqa: E402
-from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
-from environments.code_execution_harness import CodeRun, count_cases, run_tests  # noqa: E402
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.envs.data_source import DataSourceConfig, load_rows
+from atroposlib.envs.sandbox import SandboxLimits, require_isolation
+from atroposlib.envs.scored_data import group_from_chat
+from environments.code_execution_harness import CodeRun, count_cases, run_tests
 
 SAMPLE_DIR = Path(__file__).resolve().parent / "data" / "code_execution"
 SYSTEM_PROMPT = (

@@ -46,12 +46,12 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
-from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
-from atroposlib.envs.reward_fns.math_think_reward import math_think_score  # noqa: E402
-from atroposlib.envs.reward_fns.math_verify_reward import grade_answer  # noqa: E402
-from atroposlib.envs.reward_fns.think_format_reward import think_format_ok  # noqa: E402
-from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.envs.data_source import DataSourceConfig, load_rows
+from atroposlib.envs.reward_fns.math_think_reward import math_think_score
+from atroposlib.envs.reward_fns.math_verify_reward import grade_answer
+from atroposlib.envs.reward_fns.think_format_reward import think_format_ok
+from atroposlib.envs.scored_data import group_from_chat
 
 SAMPLE_DIR = Path(__file__).resolve().parent / "data" / "gsm8k"
 SYSTEM_PROMPT = (

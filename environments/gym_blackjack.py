@@ -31,8 +31,8 @@ from typing import Any
 # `python environments/gym_blackjack.py` puts environments/ on sys.path, not the repo root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig  # noqa: E402
-from environments.gym_tool_game import GymToolGameConfig, GymToolGameEnv, ToolGame  # noqa: E402
+from atroposlib.envs.base import APIServerConfig
+from environments.gym_tool_game import GymToolGameConfig, GymToolGameEnv, ToolGame
 
 GAME_ID = "Blackjack-v1"
 ACTIONS = ("stick", "hit")  # gymnasium's action ids: 0 stick, 1 hit

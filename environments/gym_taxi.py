@@ -52,8 +52,8 @@ from typing import Any
 # `python environments/gym_taxi.py` puts environments/ on sys.path, not the repo root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig  # noqa: E402
-from environments.gym_tool_game import GymToolGameConfig, GymToolGameEnv, ToolGame  # noqa: E402
+from atroposlib.envs.base import APIServerConfig
+from environments.gym_tool_game import GymToolGameConfig, GymToolGameEnv, ToolGame
 
 # gymnasium's action ids: 0 south, 1 north, 2 east, 3 west, 4 pickup, 5 dropoff
 ACTIONS = ("south", "north", "east", "west", "pickup", "dropoff")

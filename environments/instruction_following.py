@@ -48,9 +48,9 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
-from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
-from atroposlib.envs.reward_fns._ifeval_checks import (  # noqa: E402
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.envs.data_source import DataSourceConfig, load_rows
+from atroposlib.envs.reward_fns._ifeval_checks import (
     Check,
     UnsupportedInstruction,
     compile_constraints,
@@ -58,7 +58,7 @@ from atroposlib.envs.reward_fns._ifeval_checks import (  # noqa: E402
     response_text,
     strict,
 )
-from atroposlib.envs.reward_fns.ifeval_reward import constraints_of, ifeval_score  # noqa: E402
+from atroposlib.envs.reward_fns.ifeval_reward import constraints_of, ifeval_score
 
 logger = logging.getLogger(__name__)
 

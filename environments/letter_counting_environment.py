@@ -29,10 +29,10 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig  # noqa: E402
-from atroposlib.envs.reward_fns._final_answer import final_integer, tagged_answer  # noqa: E402
-from atroposlib.envs.reward_fns.answer_tag_reward import same_answer  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv  # noqa: E402
+from atroposlib.envs.base import APIServerConfig
+from atroposlib.envs.reward_fns._final_answer import final_integer, tagged_answer
+from atroposlib.envs.reward_fns.answer_tag_reward import same_answer
+from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
 
 WORDS = Path(__file__).resolve().parent / "data" / "letter_counting_environment" / "words.txt"
 TAGGED_PROMPT = (

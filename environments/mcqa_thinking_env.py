@@ -28,10 +28,10 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig  # noqa: E402
-from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
-from atroposlib.envs.reward_fns.choice_letter_reward import ChoiceLetterReward  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv  # noqa: E402
+from atroposlib.envs.base import APIServerConfig
+from atroposlib.envs.data_source import DataSourceConfig, load_rows
+from atroposlib.envs.reward_fns.choice_letter_reward import ChoiceLetterReward
+from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "mcqa_thinking_env"
 SYSTEM_PROMPT = (

@@ -42,13 +42,13 @@ from pydantic import Field
 # `python environments/mod_arithmetic.py` puts environments/ on sys.path, not the repo root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
-from atroposlib.utils.tiny_model import ensure_tiny_model  # noqa: E402
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.utils.tiny_model import ensure_tiny_model
 
 # The system line and the question wording the tiny model was trained on, from the one
 # place that defines them.
-from atroposlib.utils.tiny_model_training import SYSTEM_PROMPT  # noqa: E402
-from atroposlib.utils.tiny_model_training import question_text as question_for  # noqa: E402
+from atroposlib.utils.tiny_model_training import SYSTEM_PROMPT
+from atroposlib.utils.tiny_model_training import question_text as question_for
 
 
 def answer_for(a: int, b: int) -> str:

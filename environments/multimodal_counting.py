@@ -35,11 +35,11 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig  # noqa: E402
-from atroposlib.envs.reward_fns._final_answer import tagged_answer  # noqa: E402
-from atroposlib.envs.reward_fns.answer_tag_reward import same_answer  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv  # noqa: E402
-from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer  # noqa: E402
+from atroposlib.envs.base import APIServerConfig
+from atroposlib.envs.reward_fns._final_answer import tagged_answer
+from atroposlib.envs.reward_fns.answer_tag_reward import same_answer
+from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
+from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 70, 220)}
 SHAPES = ("circle", "square", "triangle")

@@ -29,12 +29,12 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig  # noqa: E402
-from atroposlib.envs.cli import ServerNamespace  # noqa: E402
-from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
-from atroposlib.envs.judging import GroupJudge, JudgeUnavailable  # noqa: E402
-from atroposlib.envs.server_handling.server_manager import ServerManager  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv  # noqa: E402
+from atroposlib.envs.base import APIServerConfig
+from atroposlib.envs.cli import ServerNamespace
+from atroposlib.envs.data_source import DataSourceConfig, load_rows
+from atroposlib.envs.judging import GroupJudge, JudgeUnavailable
+from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
 
 logger = logging.getLogger(__name__)
 SAMPLE = Path(__file__).resolve().parent / "data" / "rlaif_server"

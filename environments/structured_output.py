@@ -49,9 +49,9 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
-from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
-from atroposlib.envs.reward_fns.json_schema_reward import (  # noqa: E402
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.envs.data_source import DataSourceConfig, load_rows
+from atroposlib.envs.reward_fns.json_schema_reward import (
     NO_JSON,
     json_schema_score,
     parse_answer,
@@ -74,7 +74,7 @@ def build_model(pydantic_config: str, model_name: str) -> Any:
     key = f"{model_name}\0{pydantic_config}"
     if key not in _MODELS:
         namespace: dict[str, Any] = {"__name__": f"schema_{model_name}"}
-        exec(compile(pydantic_config, f"<pydantic_config {model_name}>", "exec"), namespace)  # noqa: S102
+        exec(compile(pydantic_config, f"<pydantic_config {model_name}>", "exec"), namespace)
         model = namespace[model_name]
         model.model_rebuild(_types_namespace=namespace)
         _MODELS[key] = model

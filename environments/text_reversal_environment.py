@@ -26,10 +26,10 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig  # noqa: E402
-from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
-from atroposlib.envs.reward_fns.reversal_similarity_reward import reversal_score  # noqa: E402
-from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv  # noqa: E402
+from atroposlib.envs.base import APIServerConfig
+from atroposlib.envs.data_source import DataSourceConfig, load_rows
+from atroposlib.envs.reward_fns.reversal_similarity_reward import reversal_score
+from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "text_reversal_environment"
 TAGGED_PROMPT = (

@@ -59,9 +59,9 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
-from atroposlib.envs.data_source import DataSourceConfig, load_rows  # noqa: E402
-from atroposlib.envs.reward_fns.tool_call_reward import (  # noqa: E402
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.envs.data_source import DataSourceConfig, load_rows
+from atroposlib.envs.reward_fns.tool_call_reward import (
     message_calls,
     read_gold_calls,
     tool_call_score,

@@ -56,16 +56,16 @@ from pydantic import Field, field_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig  # noqa: E402
-from atroposlib.envs.reward_fns.tool_call_reward import (  # noqa: E402
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.envs.reward_fns.tool_call_reward import (
     parse_tool_calls,
     response_part,
 )
-from atroposlib.envs.server_handling.chat_prompt import (  # noqa: E402
+from atroposlib.envs.server_handling.chat_prompt import (
     render_prompt,
     template_renders_tools,
 )
-from environments.tool_use_multiturn_tools import KINDS, TOOLS, execute, task_for  # noqa: E402
+from environments.tool_use_multiturn_tools import KINDS, TOOLS, execute, task_for
 
 logger = logging.getLogger(__name__)
 

@@ -87,6 +87,12 @@ def fill_missing(values: torch.Tensor | None, logp: torch.Tensor) -> torch.Tenso
 
 
 class Trainer:
+    """The GRPO trainer: pulls batches from the API, trains one step each, syncs weights.
+
+    It owns the policy, the optimizer and the engine for one rank; `run` decides when to
+    checkpoint and hand weights over, and under torchrun rank 0 alone talks to the API.
+    """
+
     def __init__(self, config: TrainingConfig) -> None:
         self.config = config
         if config.num_threads:

@@ -311,7 +311,7 @@ class SharedVLLMBridge:
                     allow_patterns=["*.safetensors", "*.json"],
                 )
             )
-        except Exception as exc:  # noqa: BLE001 - any failure means: cannot read it here
+        except Exception as exc:
             raise SharedVLLMSetupError(
                 f"cannot read the engine's checkpoint {model!r} on this machine ({exc}); "
                 "trainer and engine share a GPU, so they must share a filesystem too"
@@ -370,7 +370,7 @@ class SharedVLLMBridge:
             self._call("POST", "/start_weight_update", what="start of the weight update")
             try:
                 payload, keep = self.ipc.export(self._weights, self._gpu_uuid)
-            except Exception as exc:  # noqa: BLE001 - a CUDA failure, reported like the rest
+            except Exception as exc:
                 raise WeightSyncError(f"exporting CUDA IPC handles failed: {exc!r}") from exc
             try:
                 self._call(

@@ -77,6 +77,7 @@ await() {  # wait for a background install: its last line, or its whole log if i
 }
 
 ruff check .
+ruff format --check --quiet .
 
 export ATROPOS_CHROMIUM="${ATROPOS_CHROMIUM:-$(command -v chromium || true)}"
 run_pytest() {  # NAME PYTEST_ARGS...: one pytest session, its JUnit in .test-logs/NAME.xml

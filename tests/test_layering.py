@@ -111,3 +111,44 @@ def test_the_test_import_scan_passes_support_modules(tmp_path):
         "import pytest\n"
     )
     assert imported_test_modules(path, tmp_path) == []
+
+
+STORE_INTERNALS = {
+    f"atroposlib.api.store.{name}"
+    for name in ("open_store", "SQLiteStore", "MemoryStore", "GroupStore")
+}
+
+
+def store_and_ledger_offenders(paths: list[Path], root: Path = REPO) -> list[str]:
+    """Files that open the API's store outside the API, or spell the delivery ledger's
+    file name outside its contract module."""
+    api = root / "atroposlib" / "api"
+    contract = root / "atroposlib" / "delivery_ledger.py"
+    offenders = []
+    for path in paths:
+        if api not in path.parents:
+            bad = sorted(imported_modules(path) & STORE_INTERNALS)
+            offenders += [f"{path.relative_to(root)} imports {m}" for m in bad]
+        if path != contract and "delivered.jsonl" in path.read_text():
+            offenders.append(f"{path.relative_to(root)} names delivered.jsonl")
+    return offenders
+
+
+def test_another_processs_records_are_read_through_their_owner():
+    """The launcher reads the API's store through `queued_group_ids` and the env clients'
+    ledger through `atroposlib.delivery_ledger`, never by opening their files itself."""
+    paths = [p for folder in LIBRARY_AND_USERS for p in (REPO / folder).rglob("*.py")]
+    assert store_and_ledger_offenders(paths) == []
+
+
+def test_the_owner_check_can_fail(tmp_path):
+    reader = tmp_path / "atroposlib" / "launch" / "reader.py"
+    reader.parent.mkdir(parents=True)
+    reader.write_text("from atroposlib.api.store import open_store\nLEDGER = 'delivered.jsonl'\n")
+    own = tmp_path / "atroposlib" / "api" / "store.py"
+    own.parent.mkdir(parents=True)
+    own.write_text("from atroposlib.api.store import SQLiteStore\n")
+    assert store_and_ledger_offenders([reader, own], root=tmp_path) == [
+        "atroposlib/launch/reader.py imports atroposlib.api.store.open_store",
+        "atroposlib/launch/reader.py names delivered.jsonl",
+    ]

@@ -74,6 +74,13 @@ class StoreWriteError(OSError):
 
 
 class RunState:
+    """The trajectory API's whole run: registration, envs, queue, batches, counters.
+
+    Every route is one method here. A mutation is planned, written to the `GroupStore`,
+    then applied to memory, so a failed write changes nothing and a restart reads back
+    exactly what was accepted.
+    """
+
     def __init__(
         self,
         store: GroupStore,

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.api.segments import Location, SegmentLog
+from atroposlib.protocol import group_id_of
 
 logger = logging.getLogger("atroposlib.api")
 
@@ -255,7 +256,7 @@ class SQLiteStore(GroupStore):
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.dir / "run-api.lock", "w")  # noqa: SIM115 - held for life
+        self._lock_file = open(self.dir / "run-api.lock", "w")
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -433,6 +434,30 @@ class _Transaction:
 
 def open_store(state_dir: str | os.PathLike[str] | None, ephemeral: bool) -> GroupStore:
     return MemoryStore() if ephemeral or state_dir is None else SQLiteStore(state_dir)
+
+
+def queued_group_ids(
+    state_dir: str | os.PathLike[str], kept_through: int | None = None
+) -> set[str]:
+    """Ids of the groups a stopped API's store still holds for training: queued, or leased
+    to a step after `kept_through` (the newest checkpoint's step; None: every lease was
+    trained). The store's one query for other processes (the launcher's group account);
+    it reads and changes nothing."""
+
+    def waiting(served_step: int | None) -> bool:
+        return served_step is None or (kept_through is not None and served_step > kept_through)
+
+    store = SQLiteStore(state_dir)
+    try:
+        rows = [
+            row
+            for row in store.load(idempotency_ttl_s=float("inf")).rows
+            if waiting(row.served_step)
+        ]
+        bodies = store.bodies([row.id for row in rows])
+    finally:
+        store.close()
+    return {i for i in (group_id_of(json.loads(body)) for body in bodies) if i is not None}
 
 
 def check_state_dir(state_dir: str | os.PathLike[str]) -> None:

@@ -75,7 +75,7 @@ def load_tokenizer(name: str) -> Decoder:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(name)
-    except Exception as error:  # noqa: BLE001 - any failure means the same to the user
+    except Exception as error:
         raise TokenizerError(
             f"cannot load the tokenizer {name!r} given by --tokenizer ({type(error).__name__}: "
             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); give a "

@@ -43,7 +43,7 @@ class JsonlWriter:
         self.path = path
         self.count = 0
         self.busy = False
-        self._file = open(path, "ab" if append else "xb")  # noqa: SIM115 - closed in close()
+        self._file = open(path, "ab" if append else "xb")
         if append and self._file.tell() > 0 and not _ends_with_newline(path):
             self._file.write(b"\n")  # finish a line someone else left open
             self._file.flush()

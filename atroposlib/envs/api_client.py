@@ -16,7 +16,7 @@ inspected and re-posted by hand instead of vanishing.
 
 Each group is stamped with a `group_id` (`atroposlib.protocol.GROUP_ID_FIELD`)
 when it is spooled, and every post the API acknowledged is appended to a ledger
-beside the spool (`delivered.jsonl`: the key and its group ids) before the spool
+beside the spool (`atroposlib.delivery_ledger`: the key and its group ids) before the spool
 file goes, so a run can count what was acknowledged against what was trained.
 
 The plain calls speak both dialects: `/status-env` carries `env_id` in a JSON body
@@ -41,13 +41,13 @@ from typing import Any
 
 import httpx
 
+from atroposlib.delivery_ledger import ledger_path, record_delivered
 from atroposlib.protocol import GROUP_ID_FIELD
 from atroposlib.utils.durable import fsync_dir
 
 logger = logging.getLogger("atroposlib.envs")
 
 GZIP_MIN_BYTES = 1024
-DELIVERED_LEDGER = "delivered.jsonl"
 RETRYABLE_4XX = {408, 429}  # timeouts and rate limits (a proxy's, say) pass with time
 QUERY_REFUSALS = {400, 422}  # how a server that reads no query parameters may refuse one
 
@@ -96,7 +96,7 @@ class TrajectoryClient:
         self.spool = Path(spool_dir)
         self.spool.mkdir(parents=True, exist_ok=True)
         self.dead_letter = Path(dead_letter_path or self.spool.parent / "dead-letter.jsonl")
-        self.ledger = self.spool.parent / DELIVERED_LEDGER
+        self.ledger = ledger_path(self.spool)
         self.max_backoff_s = max_backoff_s
         self.counters: Counter[str] = Counter()
         self.records_delivered = 0  # posts answered, accepted or refused
@@ -284,9 +284,7 @@ class TrajectoryClient:
         payload = record["payload"]
         groups = payload if isinstance(payload, list) else [payload]
         ids = [g.get(GROUP_ID_FIELD) for g in groups if isinstance(g, dict)]
-        line = {"time": time.time(), "key": record["key"], "group_ids": ids}
-        with open(self.ledger, "a") as out:
-            out.write(json.dumps(line) + "\n")
+        record_delivered(self.ledger, record["key"], ids)
 
     def _dead_letter(self, record: dict[str, Any], response: httpx.Response) -> None:
         """Append the refused record durably: the spool file is deleted right after."""

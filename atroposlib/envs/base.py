@@ -74,6 +74,14 @@ async def _resolved(value: Any) -> Any:
 
 
 class BaseEnv(ServeHooks, ReportingHooks, ABC):
+    """An environment: items in, scored groups of rollouts out, served to the trajectory API.
+
+    A subclass overrides `setup`, `get_next_item`, `collect_trajectories` (or
+    `collect_trajectory`) and `evaluate`; `serve`, `process` and `evaluate` on the command
+    line drive it (`cli.py`). The inference servers are reached through `self.server`, a
+    `ServerManager`; the API through the runtime's client, never directly.
+    """
+
     name: str | None = None
     env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
     server_cls: type[APIServer] | None = None
@@ -144,7 +152,7 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
         """Default configuration; subclasses return their own config and servers."""
         return cls.env_config_cls(), ServerBaseline()
 
-    async def setup(self) -> None:  # noqa: B027 - optional hook
+    async def setup(self) -> None:
         """Load data; called once before anything else."""
 
     @abstractmethod
@@ -236,7 +244,7 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
             "restored env checkpoint %s (step %d): %s", path, self.curr_step, sorted(data)
         )
 
-    async def cleanup(self) -> None:  # noqa: B027 - optional hook
+    async def cleanup(self) -> None:
         """Called after each rollout worker finishes."""
 
     # ----------------------------------------------------------------- helpers

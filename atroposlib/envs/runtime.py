@@ -45,6 +45,12 @@ def state_dir_for(env: Any) -> Path:
 
 
 class EnvRuntime:
+    """One environment's `serve` loop: workers, backlog, pacing, evals and checkpoints.
+
+    It owns the loop's state and shares two lists with the env (`backlog`, `workers`),
+    which upstream environments read and extend; everything else stays here.
+    """
+
     def __init__(self, env: Any, state_dir: Path | None = None) -> None:
         self.env = env
         self.state_dir = state_dir or state_dir_for(env)

@@ -71,6 +71,12 @@ class GenerationJob:
 
 
 class GenerationEngine:
+    """Samples completions for concurrent requests in batched rounds on one HF model.
+
+    Thread-safe: requests queue, and a round takes every request waiting when it starts.
+    `load_weights` swaps the weights between rounds, labelled with `weight_version`.
+    """
+
     def __init__(
         self, model, tokenizer, max_model_len: int, weight_version: str | None = None
     ) -> None:

@@ -21,8 +21,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from atroposlib.utils.exposure import engine_args_problem
+from atroposlib.utils.ports import port_in_use
 from atroposlib.utils.processes import log_tail, spawn, stop_group
-from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until, port_in_use
+from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until
 
 PORT_FREE_TIMEOUT_S = 30.0
 

@@ -3,11 +3,12 @@
 Three records, all written by the processes as they work, so a crash of any one
 of them leaves the others' intact:
 
-- what environments were told 200 for: each env client's `delivered.jsonl`
-  (`atroposlib.envs.api_client`), under the run's `env-state/`;
+- what environments were told 200 for: each env client's delivery ledger
+  (`atroposlib.delivery_ledger`), under the run's `env-state/`;
 - what the trainer trained on: `trained_groups.jsonl` (the trainer contract), the
   last record of each step counting, since a resumed trainer trains a step again;
-- what is still queued in the API's durable store when the run ends.
+- what is still queued in the API's durable store when the run ends, read through the
+  store's own query (`atroposlib.api.store.queued_group_ids`).
 
 A group is lost when it was acknowledged and is neither trained, skipped by the
 trainer as untrainable (counted apart), nor queued, and
@@ -19,14 +20,13 @@ their groups stay leased in the API's store for a resume, so they count as queue
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atroposlib.envs.api_client import DELIVERED_LEDGER
-from atroposlib.protocol import group_id_of
+from atroposlib.api.store import queued_group_ids
+from atroposlib.delivery_ledger import delivered_ids
 from atroposlib.trainer_contract import read_trained_groups
 
 
@@ -75,38 +75,6 @@ class GroupAccount:
         )
 
 
-def delivered_ids(env_state_root: Path) -> set[str]:
-    ids: set[str] = set()
-    for ledger in sorted(env_state_root.rglob(DELIVERED_LEDGER)):
-        for line in ledger.read_text().splitlines():
-            try:
-                ids.update(i for i in json.loads(line)["group_ids"] if isinstance(i, str))
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by a kill
-    return ids
-
-
-def queued_ids(state_dir: Path, kept_through: int | None = None) -> set[str]:
-    """Ids of the groups the API's store still holds for training: queued, or leased to a
-    step after `kept_through` (the newest checkpoint's step; None: every lease is trained)."""
-    from atroposlib.api.store import open_store
-
-    def waiting(served_step: int | None) -> bool:
-        return served_step is None or (kept_through is not None and served_step > kept_through)
-
-    store = open_store(state_dir, ephemeral=False)
-    try:
-        rows = [
-            row
-            for row in store.load(idempotency_ttl_s=float("inf")).rows
-            if waiting(row.served_step)
-        ]
-        bodies = store.bodies([row.id for row in rows])
-    finally:
-        store.close()
-    return {i for i in (group_id_of(json.loads(body)) for body in bodies) if i is not None}
-
-
 def account(
     env_state_root: Path,
     trained_groups: Path,
@@ -123,7 +91,7 @@ def account(
         result.trained_without_id += sum(i is None for i in record.group_ids)
     if api_state_dir is not None and api_state_dir.exists():
         try:
-            result.queued = queued_ids(api_state_dir, kept_through)
-        except Exception:  # noqa: BLE001 - a store still locked or damaged: say unknown
+            result.queued = queued_group_ids(api_state_dir, kept_through)
+        except Exception:
             result.queued = None
     return result

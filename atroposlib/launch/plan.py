@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import secrets
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ from atroposlib.trainer_contract import (
     metrics_path,
 )
 from atroposlib.utils.exposure import API_KEY_ENVIRONMENT, ENGINE_KEY_ENVIRONMENT
-from atroposlib.utils.waiting import port_in_use
+from atroposlib.utils.ports import free_port, port_in_use
 
 TINY_MODEL = "tiny"
 KEY_FILE = "api-key"
@@ -354,7 +353,7 @@ def _declared_config(module: str) -> type[BaseModel] | None:
         raise ConfigError(f"trainer module not found: {module}")
     try:
         loaded = importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - any import failure is a config problem to name
+    except Exception as exc:
         raise ConfigError(f"trainer module {module} fails to import: {exc!r}") from exc
     declared = getattr(loaded, LAUNCH_CONFIG_ATTRIBUTE, None)
     if declared is not None and not (
@@ -396,12 +395,6 @@ def _env_entry(section: EnvironmentSection, base: Path) -> list[str]:
         if candidate.is_file():
             return [str(candidate.resolve())]
     raise ConfigError(f"environment script not found: {section.script}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _port(value: int | str, what: str, taken: set[int]) -> int:

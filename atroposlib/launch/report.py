@@ -17,6 +17,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from atroposlib.frontend.jsonl2html import CSS as ROLLOUT_CSS
+from atroposlib.frontend.jsonl2html import create_html_for_group
 from atroposlib.launch.ledger import account
 from atroposlib.launch.plan import Plan
 from atroposlib.trainer_contract import (
@@ -78,29 +80,18 @@ def sample_groups(rollouts_dir: Path) -> tuple[list[dict], list[dict]]:
     return first, last
 
 
-def _text(message: Any) -> str:
-    if isinstance(message, str):
-        return message
-    if isinstance(message, list):
-        return "\n".join(f"[{m.get('role')}] {m.get('content')}" for m in message)
-    return json.dumps(message)
-
-
 def _groups_html(groups: list[dict]) -> str:
+    """Each group as the rollout viewer draws it (atroposlib/frontend/jsonl2html.py),
+    under its environment's name; a group sent without messages shows its scores."""
     if not groups:
         return "<p>(no rollouts recorded)</p>"
     parts = []
-    for group in groups:
-        messages = group.get("messages") or [None] * len(group.get("scores", []))
-        rows = "".join(
-            f"<tr><td>{score:g}</td><td><pre>{html.escape(_text(m) if m else '(no text)')}</pre>"
-            "</td></tr>"
-            for score, m in zip(group.get("scores", []), messages, strict=False)
-        )
-        parts.append(
-            f"<h4>{html.escape(group['_env'])}</h4><table><tr><th>score</th><th>rollout</th>"
-            f"</tr>{rows}</table>"
-        )
+    for index, group in enumerate(groups):
+        drawn = create_html_for_group(group, index)
+        if not drawn:
+            scores = ", ".join(f"{score:g}" for score in group.get("scores", []))
+            drawn = f"<p>scores {html.escape(scores)} (no text recorded)</p>"
+        parts.append(f"<h4>{html.escape(group['_env'])}</h4>{drawn}")
     return "\n".join(parts)
 
 
@@ -232,6 +223,7 @@ def write_report(plan: Plan, config_text: str, numbers: dict[str, Any] | None = 
     first, last = sample_groups(plan.rollouts_dir)
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>atropos run {html.escape(run_dir.name)}</title>
+<style>{ROLLOUT_CSS}</style>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}
 pre{{white-space:pre-wrap;margin:0}} td,th{{border:1px solid #ccc;padding:4px;
 vertical-align:top}} table{{border-collapse:collapse;width:100%}}

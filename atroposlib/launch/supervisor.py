@@ -70,6 +70,9 @@ def _raise_interrupt(signum, frame) -> None:
 
 
 class Launcher:
+    """Runs one `Plan`: starts the processes in order, restarts the ones that die, stops
+    them all, and writes the report. The console shows one line per event that matters."""
+
     def __init__(self, plan: Plan, config_text: str, console: Console | None = None) -> None:
         self.plan = plan
         self.config_text = redacted_text(config_text)  # what the run dir and report show
@@ -299,7 +302,7 @@ class Launcher:
         report = None
         try:
             report = write_report(self.plan, self.config_text, numbers)
-        except Exception as exc:  # noqa: BLE001 - a report problem must not hide the outcome
+        except Exception as exc:
             self.say(f"could not write the report: {exc}", "bold red")
         lines = [f"{outcome.message} after {elapsed:.0f}s"]
         for child in self.children:

@@ -20,12 +20,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from atroposlib.protocol import ScoredDataGroup
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 __all__ = ["ensure_trajectory_token_limit", "strip_thinking", "truncate_thinking"]
 
 logger = logging.getLogger(__name__)
+
+ScoredDataGroup = dict[str, Any]
+"""A step's group in `ScoredDataGroup`'s shape (atroposlib.protocol), read as a dict: utils
+sits below the protocol and does not import it."""
 
 THINK_START = "<think>"
 THINK_END = "</think>"

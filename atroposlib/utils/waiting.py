@@ -7,7 +7,6 @@ A check may raise to stop the wait early (a process that died while starting).
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -43,13 +42,3 @@ def answers_200(url: str, timeout_s: float = 2.0) -> bool:
         return shared_http_client().get(url, timeout=timeout_s).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False

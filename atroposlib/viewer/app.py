@@ -43,7 +43,7 @@ def load_tokenizer(name: str) -> Decoder:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(name)
-    except Exception as error:  # noqa: BLE001 - hub, disk and format errors all end here
+    except Exception as error:
         raise ViewerError(
             f"cannot load tokenizer {name!r}: {error}. Pass --tokenizer with a local path or "
             "a name already in the Hugging Face cache."

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from atroposlib.api.settings import APISettings, is_loopback
+from atroposlib.utils.ports import free_port
 from tests.support.groups import REGISTRATION, make_group
-from tests.support.ports import free_port
 from tests.support.processes import ApiProcess
 
 KEY = "s3cret-key"

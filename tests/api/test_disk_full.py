@@ -20,8 +20,8 @@ import pytest
 
 from atroposlib.api.store import SQLiteStore
 from atroposlib.cli.run_api import state_dir_problem
+from atroposlib.utils.ports import free_port
 from tests.support.groups import make_group, register, tags_of
-from tests.support.ports import free_port
 from tests.support.processes import ApiProcess
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ import aiohttp
 import httpx
 import pytest
 
+from atroposlib.utils.ports import free_port
 from tests.support.groups import make_group, register_env, start_trainer, tags_of
-from tests.support.ports import free_port
 from tests.support.processes import answers_health
 from tests.support.waiting import wait_until
 

@@ -198,12 +198,12 @@ def test_oversize_bodies_get_413(client):
 def test_a_body_is_refused_on_its_value_count_before_it_is_parsed(tmp_path, monkeypatch):
     """API-7: a small gzip post expanded to 100 MB of token ids and peaked at 1.8 GB of
     Python objects before the 422; the count of values is now checked on the raw bytes."""
-    import atroposlib.api.server as server
+    import atroposlib.api.routes as routes  # where the route reads the posted bytes
 
     parsed = []
-    real = server.read_groups_json
+    real = routes.read_groups_json
     monkeypatch.setattr(
-        server, "read_groups_json", lambda *a, **k: parsed.append(1) or real(*a, **k)
+        routes, "read_groups_json", lambda *a, **k: parsed.append(1) or real(*a, **k)
     )
     with inprocess_api(tmp_path / "state", max_body_values=1000) as c:
         start_trainer(c, batch_size=4, max_token_len=16)

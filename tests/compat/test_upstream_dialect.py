@@ -19,11 +19,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline  # noqa: E402
-from example_trainer.api import TrajectoryAPI  # noqa: E402
-from example_trainer.config import TrainingConfig  # noqa: E402
-from tests.support.upstream_api import UpstreamAPI  # noqa: E402
-from tests.support.waiting import wait_until_async  # noqa: E402
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline
+from example_trainer.api import TrajectoryAPI
+from example_trainer.config import TrainingConfig
+from tests.support.upstream_api import UpstreamAPI
+from tests.support.waiting import wait_until_async
 
 GROUP_SIZE = 2
 BATCH_SIZE = 4

@@ -7,9 +7,9 @@ import time
 import pytest
 
 from atroposlib.datagen.pull import BatchPuller, PullError
+from atroposlib.utils.ports import free_port
 from tests.support.datagen import CannedApi, post_groups
 from tests.support.groups import make_group, register
-from tests.support.ports import free_port
 
 
 def test_registers_then_serves_batches_of_its_size(api, wire_client):

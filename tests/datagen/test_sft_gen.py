@@ -9,9 +9,9 @@ import pytest
 
 from atroposlib.datagen.groups import GroupProblem, Scored, sequences, text_sequences
 from atroposlib.datagen.sft import keep_best, sft_record
+from atroposlib.utils.ports import free_port
 from atroposlib.utils.tiny_model_training import SYSTEM_PROMPT
 from tests.support.datagen import DataTool, post_groups, read_jsonl, trl_sft_dataset
-from tests.support.ports import free_port
 from tests.support.processes import EnvProcess, serve_args
 from tests.support.text_groups import text_group
 from tests.support.waiting import wait_until

@@ -16,7 +16,7 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from environments.mod_arithmetic import ModArithmeticConfig, ModArithmeticEnv  # noqa: E402
+from environments.mod_arithmetic import ModArithmeticConfig, ModArithmeticEnv
 
 
 class ArithConfig(ModArithmeticConfig):

@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from atroposlib.envs.api_client import DELIVERED_LEDGER, APIRefusedError, TrajectoryClient
+from atroposlib.delivery_ledger import DELIVERED_LEDGER
+from atroposlib.envs.api_client import APIRefusedError, TrajectoryClient
 from atroposlib.protocol import GROUP_ID_FIELD
 from tests.support.groups import make_group, register_env, start_trainer
 

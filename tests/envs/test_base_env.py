@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from atroposlib.envs.api_client import TrajectoryClient  # noqa: E402
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline  # noqa: E402
-from tests.envs.arith_env import ArithEnv  # noqa: E402
-from tests.support.groups import RecordingClient, register_env, start_trainer  # noqa: E402
+from atroposlib.envs.api_client import TrajectoryClient
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline
+from tests.envs.arith_env import ArithEnv
+from tests.support.groups import RecordingClient, register_env, start_trainer
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from atroposlib.envs.api_client import TrajectoryClient  # noqa: E402
-from atroposlib.envs.base import BaseEnvConfig, ServerBaseline  # noqa: E402
-from atroposlib.envs.runtime import EnvRuntime  # noqa: E402
-from tests.envs.arith_env import ArithEnv  # noqa: E402
-from tests.support.groups import start_trainer  # noqa: E402
+from atroposlib.envs.api_client import TrajectoryClient
+from atroposlib.envs.base import BaseEnvConfig, ServerBaseline
+from atroposlib.envs.runtime import EnvRuntime
+from tests.envs.arith_env import ArithEnv
+from tests.support.groups import start_trainer
 
 
 class StatefulEnv(ArithEnv):

@@ -17,10 +17,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from atroposlib.envs.base import APIServerConfig, BaseEnvConfig  # noqa: E402
-from atroposlib.envs.server_handling.openai_server import OpenAIServer  # noqa: E402
-from atroposlib.envs.server_handling.server_baseline import ReasoningConfig  # noqa: E402
-from tests.envs.arith_env import ArithEnv  # noqa: E402
+from atroposlib.envs.base import APIServerConfig, BaseEnvConfig
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.server_baseline import ReasoningConfig
+from tests.envs.arith_env import ArithEnv
 
 CHAT_ANSWER = {
     "id": "chat-1",
@@ -34,12 +34,12 @@ CHAT_ANSWER = {
 
 
 class RecordingHandler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - the http.server name
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         self.server.bodies.append(json.loads(self.rfile.read(length)))
         self._answer(CHAT_ANSWER)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._answer({})
 
     def _answer(self, body: dict[str, Any]) -> None:

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from atroposlib.envs.base import BaseEnvConfig, ServerBaseline  # noqa: E402
-from tests.envs.arith_env import ArithEnv  # noqa: E402
-from tests.support.groups import RecordingClient  # noqa: E402
-from tests.support.wandb_offline import offline_runs  # noqa: E402
+from atroposlib.envs.base import BaseEnvConfig, ServerBaseline
+from tests.envs.arith_env import ArithEnv
+from tests.support.groups import RecordingClient
+from tests.support.wandb_offline import offline_runs
 
 
 class HookedEnv(ArithEnv):

@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from atroposlib.envs.base import APIServerConfig  # noqa: E402
-from environments.mod_arithmetic import ModArithmeticEnv, answer_for, question_for  # noqa: E402
+from atroposlib.envs.base import APIServerConfig
+from environments.mod_arithmetic import ModArithmeticEnv, answer_for, question_for
 
 
 def test_a_group_carries_the_engines_tokens_and_each_samples_score(inference_server):

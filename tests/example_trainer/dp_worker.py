@@ -13,8 +13,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from example_trainer.config import TrainingConfig  # noqa: E402
-from example_trainer.grpo import Trainer  # noqa: E402
+from example_trainer.config import TrainingConfig
+from example_trainer.grpo import Trainer
 
 
 def fixed_batch(vocab: int) -> list[dict]:

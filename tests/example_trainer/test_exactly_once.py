@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from atroposlib.trainer_contract import read_metrics
+from atroposlib.utils.ports import free_port
 from tests.support.http_proxy import LossyProxy
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 pytest.importorskip("torch")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from atroposlib.trainer_contract import read_events, read_metrics
-from tests.support.ports import free_port
+from atroposlib.utils.ports import free_port
 from tests.support.processes import EnvProcess, serve_args
 from tests.support.vllm import NOT_INSTALLED, vllm_python
 from tests.support.waiting import wait_until

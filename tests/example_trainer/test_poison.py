@@ -22,7 +22,7 @@ from atroposlib.trainer_contract import (  # noqa: E402
 from example_trainer.data import split_trainable  # noqa: E402
 from tests.support.trainer_batches import (  # noqa: E402
     PROMPT,
-    make_trainer,  # noqa: E402
+    make_trainer,
     rollout_group,
 )
 

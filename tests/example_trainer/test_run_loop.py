@@ -18,9 +18,9 @@ torch = pytest.importorskip("torch")
 
 from atroposlib.inference.launcher import EngineError  # noqa: E402
 from atroposlib.trainer_contract import read_events  # noqa: E402
+from atroposlib.utils.ports import free_port  # noqa: E402
 from example_trainer.checkpoint import prune_checkpoints  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
 from tests.support.trainer_batches import make_trainer, post_groups, rollout_group  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
 

@@ -260,7 +260,7 @@ def test_engine_setup_errors_say_what_to_fix(engines, tiny, tiny_model_path, set
 
 
 def test_unreachable_engine_is_a_clear_error(tiny, tmp_path):
-    from tests.support.ports import free_port
+    from atroposlib.utils.ports import free_port
 
     bridge = sv.SharedVLLMBridge(f"http://127.0.0.1:{free_port()}", tiny, timeout_s=5)
     bridge.ipc = FakeCudaIpc()

@@ -6,10 +6,10 @@ import logging
 
 import pytest
 
+from atroposlib.utils.ports import free_port
 from example_trainer.api import APIRefused, TrajectoryAPI
 from example_trainer.config import TrainingConfig
 from tests.support.groups import make_group
-from tests.support.ports import free_port
 
 
 def config(tmp_path) -> TrainingConfig:

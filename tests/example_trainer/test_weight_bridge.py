@@ -32,12 +32,12 @@ from atroposlib.envs.server_handling.weight_versions import (  # noqa: E402
 )
 from atroposlib.protocol import ScoredData  # noqa: E402
 from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
+from atroposlib.utils.ports import free_port  # noqa: E402
 from example_trainer import weight_bridge  # noqa: E402
 from example_trainer.config import HOT_MODE_CHECKPOINT_INTERVAL, TrainingConfig  # noqa: E402
 from example_trainer.data import staleness  # noqa: E402
 from example_trainer.engine import Engine  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
 from tests.support.trainer_batches import rollout_group  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
 
@@ -156,7 +156,7 @@ def test_a_refused_push_and_a_killed_engine_restart_on_the_newest_export(
     def run() -> None:
         try:
             trainer.run()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+        except BaseException as exc:
             failures.append(exc)
 
     runner = threading.Thread(target=run, name="trainer")

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from atroposlib.inference.launcher import EngineConfig, EngineError, EngineProcess, engine_command
-from tests.support.ports import free_port
+from atroposlib.utils.ports import free_port
 from tests.support.process_tree import alive
 from tests.support.waiting import wait_until
 

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("torch")  # engine.py (SamplingParams, Sample) imports it
 
-from atroposlib.inference.engine import Sample, SamplingParams  # noqa: E402
-from atroposlib.inference.openai_requests import (  # noqa: E402
+from atroposlib.inference.engine import Sample, SamplingParams
+from atroposlib.inference.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
     OpenAIError,
@@ -29,8 +29,8 @@ from atroposlib.inference.openai_requests import (  # noqa: E402
     tokenize_ids,
     validation_error_body,
 )
-from atroposlib.inference.server import chat_choices, text_choices  # noqa: E402
-from atroposlib.utils.openai_shapes import (  # noqa: E402
+from atroposlib.inference.server import chat_choices, text_choices
+from atroposlib.utils.openai_shapes import (
     chat_logprobs,
     completion_logprobs,
     token_text,

@@ -33,7 +33,7 @@ from atroposlib.inference.vllm_weights import (
     weight_route_headers,
 )
 from atroposlib.inference.weight_sync_errors import WeightSyncError
-from tests.support.ports import free_port
+from atroposlib.utils.ports import free_port
 from tests.support.vllm import NOT_INSTALLED, cpu_vllm_config, vllm_python
 from tests.support.waiting import wait_until
 from tests.tolerances import OTHER_ENGINE_LOGPROB_REL, SAME_LIBRARY_LOGPROB_REL, logprob_tolerance

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from atroposlib.api.store import GroupRow, SQLiteStore, WriteSet
-from atroposlib.envs.api_client import DELIVERED_LEDGER
+from atroposlib.delivery_ledger import DELIVERED_LEDGER
 from atroposlib.launch.ledger import account
 from atroposlib.trainer_contract import RunRecords, groups_path
 

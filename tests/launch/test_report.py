@@ -51,3 +51,25 @@ def test_summary_carries_the_verdict():
     numbers = summary(rows)
     assert numbers["learned"] is True and numbers["first_10_mean_score"] == 0.2
     assert summary([]) == {"steps": 0}
+
+
+def test_sample_rollouts_are_drawn_by_the_rollout_viewer(tmp_path):
+    import json
+
+    from atroposlib.launch.report import _groups_html, sample_groups
+
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    chat = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "<4>"}]
+    lines = [
+        {"scores": [1.0, 0.0], "messages": [chat, chat]},
+        {"scores": [0.5], "tokens": [[1, 2]]},  # sent without messages
+    ]
+    (rollouts / "arith.jsonl").write_text("\n".join(json.dumps(g) for g in lines) + "\n")
+    first, _ = sample_groups(rollouts)
+    page = _groups_html(first)
+    assert page.count("<h4>arith</h4>") == 2
+    assert 'class="group"' in page and "score 1" in page  # jsonl2html's group and scores
+    assert "&lt;4&gt;" in page  # the text is escaped
+    assert "scores 0.5 (no text recorded)" in page
+    assert _groups_html([]) == "<p>(no rollouts recorded)</p>"

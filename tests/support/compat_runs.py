@@ -75,7 +75,7 @@ class ServingEnv:
         self.log_path = workdir / f"{Path(script).stem}-serve.log"
         self.proc = subprocess.Popen(
             [sys.executable, str(ENVS / script), "serve", *args],
-            stdout=open(self.log_path, "wb"),  # noqa: SIM115 - owned by the child
+            stdout=open(self.log_path, "wb"),
             stderr=subprocess.STDOUT,
             cwd=workdir,
             env=env_vars(workdir, **extra),

@@ -25,7 +25,7 @@ class DataTool:
         self.log_path = log_dir / f"{kind}-{time.monotonic_ns()}.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", MODULES[kind], *args],
-            stdout=open(self.log_path, "wb"),  # noqa: SIM115 - owned by the child
+            stdout=open(self.log_path, "wb"),
             stderr=subprocess.STDOUT,
             env=env,
         )
@@ -114,7 +114,7 @@ def trl_dpo_dataset(path: Path, model_path: Any, out_dir: Path) -> Any:
 
 
 class _CannedHandler(JsonHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server API
+    def do_GET(self) -> None:
         answer = self.owner.answers.get(self.path)
         if isinstance(answer, bytes):
             self.send_response(200)

@@ -27,7 +27,7 @@ import httpx
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from tests.support.ports import free_port
+from atroposlib.utils.ports import free_port
 from tests.support.processes import answers_health
 from tests.support.source import REPO
 from tests.support.waiting import wait_until
@@ -205,7 +205,7 @@ class FakeVLLM:
     def start(self, timeout_s: float = 30.0) -> FakeVLLM:
         command = [sys.executable, "-m", "tests.support.fake_vllm_rl"]
         command += ["--port", str(self.port), "--settings", str(self.settings_path)]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         wait_until(
             lambda: answers_health(self.url, self.proc, self.log, "fake vLLM"),

@@ -31,7 +31,7 @@ CHAT = {
 
 
 class _StatusScriptHandler(JsonHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server API
+    def do_POST(self) -> None:
         server: ScriptedServer = self.owner
         self.rfile.read(int(self.headers.get("content-length", 0)))
         with server.lock:
@@ -44,7 +44,7 @@ class _StatusScriptHandler(JsonHandler):
         with server.lock:
             server.in_flight -= 1
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server API
+    def do_GET(self) -> None:
         # like a hosted API: a model list, but no /health route
         found = self.path.rstrip("/").endswith("/models")
         self._answer(200 if found else 404, {"object": "list", "data": []} if found else {})

@@ -15,7 +15,7 @@ Route = Callable[[dict[str, Any]], Any]
 
 
 class _RouteHandler(JsonHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server API
+    def do_POST(self) -> None:
         server: JsonStandIn = self.owner
         body = self.read_json()
         server.requests.append((self.path, body))
@@ -25,7 +25,7 @@ class _RouteHandler(JsonHandler):
         else:
             self._answer(200, route(body))
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server API
+    def do_GET(self) -> None:
         self._answer(200 if self.path == "/health" else 404, {})
 
 

@@ -40,7 +40,7 @@ def chat_body(model: str, texts: list[str]) -> dict[str, Any]:
 
 
 class _PolicyHandler(JsonHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server API
+    def do_POST(self) -> None:
         server: PolicyChatServer = self.owner
         body = self.read_json()
         with server.lock:
@@ -53,7 +53,7 @@ class _PolicyHandler(JsonHandler):
             return self._answer(500, {"error": {"message": repr(exc)}})
         self._answer(200, chat_body(body.get("model", "policy"), texts))
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server API
+    def do_GET(self) -> None:
         path = self.path.rstrip("/")
         if path.endswith("/models"):
             return self._answer(200, {"object": "list", "data": [{"id": "policy"}]})

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from atroposlib.utils.ports import free_port
 from atroposlib.utils.waiting import answers_200
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 ARITH_ENV = Path(__file__).resolve().parents[1] / "envs" / "arith_env.py"
@@ -45,7 +45,7 @@ class ApiProcess:
             str(self.state_dir),
             *self.extra,
         ]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_until(

@@ -39,7 +39,7 @@ def last_turn(prompt: str, roles: tuple[str, ...] = ("user", "tool")) -> str:
 
 
 class _Handler(JsonHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server API
+    def do_POST(self) -> None:
         server: ScriptedModel = self.owner
         body = self.read_json()
         with server.lock:
@@ -63,7 +63,7 @@ class _Handler(JsonHandler):
                 encoded.append((ids[:limit], "length"))
         self._answer(200, completion_body(encoded))
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server API
+    def do_GET(self) -> None:
         path = self.path.rstrip("/")
         if path.endswith("/models"):
             return self._answer(200, {"object": "list", "data": [{"id": "tiny"}]})

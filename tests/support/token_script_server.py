@@ -43,7 +43,7 @@ def completion_body(replies: list[tuple[list[int], str]]) -> dict[str, Any]:
 
 
 class _ScriptHandler(JsonHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server API
+    def do_POST(self) -> None:
         server: TokenScriptServer = self.owner
         body = self.read_json()
         with server.lock:
@@ -55,7 +55,7 @@ class _ScriptHandler(JsonHandler):
             taken, server.replies[:n] = server.replies[:n], []
         self._answer(200, completion_body(taken))
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server API
+    def do_GET(self) -> None:
         self._answer(200 if self.path == "/health" else 404, {})
 
 

@@ -32,7 +32,7 @@ from atroposlib.api.utils import (
     grab_batch_with_minimum_allocations,
     grab_exact_from_heterogeneous_queue,
 )
-from tests.support.ports import free_port
+from atroposlib.utils.ports import free_port
 from tests.support.waiting import wait_until
 
 MIN_ENV_WEIGHT = 0.01

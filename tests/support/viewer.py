@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from atroposlib.utils.ports import free_port
 from atroposlib.utils.waiting import answers_200
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 
@@ -22,7 +22,7 @@ class ViewerProcess:
         cmd = [sys.executable, "-m", f"atroposlib.cli.{module}", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(
             cmd,
-            stdout=open(self.log_path, "wb"),  # noqa: SIM115 - owned by the child
+            stdout=open(self.log_path, "wb"),
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
         )

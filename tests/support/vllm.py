@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from atroposlib.inference.launcher import EngineConfig
-from tests.support.ports import free_port
+from atroposlib.utils.ports import free_port
 from tests.support.source import REPO
 
 HAS_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"

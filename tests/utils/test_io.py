@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from atroposlib.utils.io import HTTPResponseError, parse_http_response
-from tests.support.ports import free_port
+from atroposlib.utils.ports import free_port
 
 PAYLOAD = {"batch": [{"tokens": [1, 2, 3]}], "status": "ok"}
 REFUSAL = {"detail": "group too long: 900 tokens > max_token_len 512"}

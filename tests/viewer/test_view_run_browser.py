@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from atroposlib.utils.ports import free_port
 from tests.support.browser import require_chromium
 from tests.support.groups import register_env
-from tests.support.ports import free_port
 from tests.support.text_groups import png_base64, text_group
 from tests.support.viewer import ViewerProcess
 

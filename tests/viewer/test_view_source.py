@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from atroposlib.utils.ports import free_port
 from atroposlib.viewer.source import GroupSource
 from tests.support.groups import make_group, register, register_env
-from tests.support.ports import free_port
 
 
 def _post_as_env(client: httpx.Client, groups: list[dict]) -> None:

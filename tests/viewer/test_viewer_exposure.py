@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from atroposlib.utils.ports import free_port
 from atroposlib.viewer.settings import PAGE_KEY_ENV, ViewRunSettings
 from tests.support.browser import require_chromium
-from tests.support.ports import free_port
 from tests.support.viewer import ViewerProcess
 from tests.support.waiting import wait_until
 

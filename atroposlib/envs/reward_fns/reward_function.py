@@ -80,7 +80,7 @@ class RewardFunction(ABC):
         for completion in completions:
             try:
                 scores.append(float(grade(read(completion))))
-            except Exception as error:  # noqa: BLE001 - any grading bug scores 0, not the batch
+            except Exception as error:
                 log_once(
                     logger,
                     f"reward {self.name}: grading a completion raised "

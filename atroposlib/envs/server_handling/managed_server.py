@@ -58,6 +58,12 @@ NOT_FORWARDED = ("messages", "prompt", "input_ids", "logprobs")
 
 
 class ManagedServer:
+    """A server wrapper for one rollout that records exact tokens, masks and logprobs.
+
+    Used as a context manager (`server.managed_server()`); its `SequenceNode`s become the
+    group's tokens, masks and inference logprobs without re-tokenising any text.
+    """
+
     warned_about_tools = False  # once per process: a managed server lives for one rollout
 
     def __init__(

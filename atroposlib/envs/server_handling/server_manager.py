@@ -79,6 +79,13 @@ def _slots(server: Any, split: str) -> float:
 
 
 class ServerManager:
+    """The env's one front for its inference servers: routing, splitting, outages.
+
+    Requests go to the healthy server with the most free slots; an `n` over
+    `max_n_completions` is split and merged; an unreachable server leaves rotation until
+    it answers again (see the module docstring).
+    """
+
     # defaults for a manager made without __init__ (upstream's tests build one that way)
     max_n_completions = 8
     health_interval_s = 1.0

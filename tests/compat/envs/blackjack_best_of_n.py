@@ -12,7 +12,7 @@ pass through `ensure_trajectory_token_limit` before they are returned.
 """
 
 # upstream's typing style (typing.List/Dict/Optional) is kept on purpose
-# ruff: noqa: UP006, UP007, UP035, UP045
+# ruff: noqa: UP006, UP035, UP045
 
 import json
 import logging

@@ -8,7 +8,7 @@ the tool list) and compared with the expected call: 1.0 for the right call,
 """
 
 # upstream's typing style (typing.List/Dict/Optional) is kept on purpose
-# ruff: noqa: UP006, UP007, UP035, UP045
+# ruff: noqa: UP006, UP035, UP045
 
 import json
 import random

@@ -9,7 +9,7 @@ differing scores.
 """
 
 # upstream's typing style (typing.List/Dict/Optional) is kept on purpose
-# ruff: noqa: UP006, UP007, UP035, UP045
+# ruff: noqa: UP006, UP035, UP045
 
 import difflib
 import random

@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.utils.ports import free_port
 from tests.support.inference_servers import QUESTION, ScriptedServer, server_config
-from tests.support.ports import free_port
 from tests.support.processes import InferenceProcess
 from tests.support.waiting import wait_until_async
 

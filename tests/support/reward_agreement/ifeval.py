@@ -233,6 +233,6 @@ def lm_eval_verdicts(case: Case) -> dict[str, list[bool]] | str:
     try:
         strict = test_instruction_following_strict(example, case.response)
         loose = test_instruction_following_loose(example, case.response)
-    except Exception as error:  # noqa: BLE001 - lm-eval raises on a regex keyword
+    except Exception as error:
         return f"{type(error).__name__}: {error}"
     return {"strict": strict.follow_instruction_list, "loose": loose.follow_instruction_list}
