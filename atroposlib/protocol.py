@@ -1,4 +1,4 @@
-"""The wire format of the trajectory API, defined once (PROTOCOL.md).
+"""The wire format of the trajectory API, defined once (docs/protocol.md).
 
 Every side of the wire imports this module: the API validates posts with these
 models, environments build their groups from the TypedDicts and registration

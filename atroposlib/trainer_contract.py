@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -154,7 +155,7 @@ class RunRecords:
         return record
 
     def trained_groups(
-        self, step: int, group_ids: list[str | None], skipped_ids: list[str | None] = ()
+        self, step: int, group_ids: list[str | None], skipped_ids: Sequence[str | None] = ()
     ) -> TrainedGroups:
         record = TrainedGroups(step=step, group_ids=group_ids, skipped_ids=list(skipped_ids))
         _append(self.groups_path, record)

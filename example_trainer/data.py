@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -45,7 +45,10 @@ class Sequence:
 
 
 def flatten(
-    batch: BatchGroups, scale: str, seq_len: int, require_inference_logprobs: bool = False
+    batch: BatchGroups,
+    scale: Literal["group", "none"],
+    seq_len: int,
+    require_inference_logprobs: bool = False,
 ) -> list[Sequence]:
     """One `Sequence` per rollout; groups may come as `ScoredData` or as plain dicts.
 
@@ -152,9 +155,9 @@ def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:
         attention[r, :n] = 1
         loss_mask[r, : n - 1] = torch.tensor([m != -100 for m in seq.masks[1:]], dtype=torch.bool)
         advantages[r, : n - 1] = torch.tensor(seq.advantages[1:])
-        if seq.inference_logprobs is not None:
+        if old is not None and seq.inference_logprobs is not None:  # has_old when it has some
             old[r, : n - 1] = torch.tensor(seq.inference_logprobs[1:])
-        if seq.ref_logprobs is not None:
+        if ref is not None and seq.ref_logprobs is not None:
             ref[r, : n - 1] = torch.tensor(seq.ref_logprobs[1:])
     return MicroBatch(ids, attention, loss_mask, advantages, old, ref)
 

@@ -184,6 +184,7 @@ class Trainer:
     def restart_engine(self, model: str, step: int, reason: str) -> float:
         """Restart on `model`; a hot mode then pushes the current weights if those are older
         (or always, when the engine serves a base under the pushed adapter)."""
+        assert self.engine is not None  # its callers restart an engine that was started
         if self.bridge is None:
             return self.engine.restart(model, step, reason)
         model = self.bridge.engine_model(model, self.config.model_name)
@@ -204,16 +205,19 @@ class Trainer:
         written (a full disk) restarts nothing: the engine keeps its weights, and the next
         step tries again.
         """
+        bridge, engine = self.bridge, self.engine
+        # called only with a bridge, and start_engine starts an engine beside every bridge
+        assert bridge is not None and engine is not None
         try:
-            spent = self.bridge.sync(self.model, self.tokenizer, self.step)
-            self.engine.forget(self.bridge.pruned)  # deleted: nothing to fall back to
+            spent = bridge.sync(self.model, self.tokenizer, self.step)
+            engine.forget(bridge.pruned)  # deleted: nothing to fall back to
             return spent
         except ExportFailed as exc:  # a restart would fail to export the same way
             logger.error("weight push at step %d skipped: %s", self.step, exc)
             self.records.event(EventKind.WEIGHT_SYNC_FAILED, self.step, error=str(exc)[:300])
             return 0.0
         except WeightSyncError as exc:
-            if not self.engine.alive():  # it died, and the push found out first
+            if not engine.alive():  # it died, and the push found out first
                 return self.ensure_engine()
             logger.error(
                 "weight push at step %d failed (%s); restarting the engine", self.step, exc
@@ -250,7 +254,7 @@ class Trainer:
             logger.warning(
                 "step %d: skipping a group it cannot train on: %s", self.step + 1, reason
             )
-        lr = self.scheduler.get_last_lr()[0]
+        lr = float(self.scheduler.get_last_lr()[0])  # a float: the optimizer is given one
         if not groups:  # nothing to learn from; the step still counts, as the API's does
             self.scheduler.step()
             return {**NOTHING_TRAINED, "lr": lr, "skipped_groups": float(len(skipped))}
@@ -430,7 +434,7 @@ class Trainer:
             if main_rank
             else None
         )
-        if main_rank:
+        if api is not None:  # the main rank
             self.start_engine()
             api.register(config, self.step, self.vocab_size)
         interrupts = StepInterrupts()

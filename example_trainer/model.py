@@ -93,17 +93,20 @@ def load_policy(config: TrainingConfig, device: torch.device):
     source = config.resume or config.model_name
     tokenizer = AutoTokenizer.from_pretrained(source)
     if config.weight_bridge_mode not in LORA_MODES:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
-        return model, tokenizer, True
+        full = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        full = full.to(device)  # type: ignore[arg-type]  # HF's @wraps(Module.to) reads unbound
+        return full, tokenizer, True
     from peft import LoraConfig, PeftModel, get_peft_model
 
     adapter = Path(config.resume) / ADAPTER_DIR if config.resume else None
     if adapter is not None and adapter.is_dir():
         # the checkpoint's weights already include the adapter: it goes on the base
-        base = AutoModelForCausalLM.from_pretrained(config.model_name, dtype=dtype).to(device)
+        base = AutoModelForCausalLM.from_pretrained(config.model_name, dtype=dtype)
+        base = base.to(device)  # type: ignore[arg-type]  # HF's @wraps(Module.to) reads unbound
         model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
         return model.to(device), tokenizer, True
-    base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+    base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    base = base.to(device)  # type: ignore[arg-type]  # HF's @wraps(Module.to) reads unbound
     model = get_peft_model(
         base,
         LoraConfig(

@@ -67,6 +67,7 @@ import json
 import logging
 import pickle
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,7 @@ class CudaIpc:
         return str(torch.cuda.get_device_properties(next(iter(devices)).index).uuid)
 
     def export(
-        self, weights: list[tuple[str, torch.Tensor]], gpu_uuid: str
+        self, weights: Sequence[tuple[str, torch.Tensor]], gpu_uuid: str
     ) -> tuple[dict[str, Any], list[torch.Tensor]]:
         """(update_info for /update_weights, tensors to keep alive until the update finished)."""
         from torch.multiprocessing.reductions import reduce_tensor
@@ -168,7 +169,7 @@ class CudaIpc:
         torch.cuda.ipc_collect()
 
 
-def update_info(weights: list[tuple[str, torch.Tensor]], handles: list[Any]) -> dict[str, Any]:
+def update_info(weights: Sequence[tuple[str, torch.Tensor]], handles: list[Any]) -> dict[str, Any]:
     """The HTTP form of vLLM's `IPCWeightTransferUpdateInfo` (unpacked)."""
     return {
         "names": [name for name, _ in weights],

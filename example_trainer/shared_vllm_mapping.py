@@ -10,6 +10,7 @@ torch.compile's `_orig_mod.`, peft's `base_model.model.` and `base_layer`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
 
 
 def mapping_mismatches(
-    weights: list[tuple[str, torch.Tensor]],
+    weights: Sequence[tuple[str, torch.Tensor]],
     checkpoint: dict[str, tuple[int, ...]],
     engine_dtype: torch.dtype | None,
 ) -> list[str]:

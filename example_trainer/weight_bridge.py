@@ -29,6 +29,7 @@ import secrets
 import shutil
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 import httpx
 import torch
@@ -50,8 +51,12 @@ LIVE_DIR = "live"
 KEEP_LIVE = 2
 
 
-def export_weights(model: torch.nn.Module, tokenizer, target: Path, adapter_only: bool) -> Path:
-    """Write what the engine loads to `target` (atomically: staged, then renamed)."""
+def export_weights(model: Any, tokenizer, target: Path, adapter_only: bool) -> Path:
+    """Write what the engine loads to `target` (atomically: staged, then renamed).
+
+    `model` is a transformers `PreTrainedModel` or a peft `PeftModel` (a plain
+    `torch.nn.Module` has no `save_pretrained`).
+    """
     staging = target.with_name(f".{target.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     if adapter_only:
@@ -95,7 +100,9 @@ class EnginePush:
             return [], {WEIGHT_SYNC_KEY_ENVIRONMENT: self.sync_key}
         from atroposlib.inference.vllm_weights import vllm_launch_extras
 
-        mode = "lora_only" if self.adapter_only else "hot_reload"
+        mode: Literal["hot_reload", "lora_only"] = (
+            "lora_only" if self.adapter_only else "hot_reload"
+        )
         return vllm_launch_extras(mode, self.sync_key, self.config.lora_r)
 
     def push(self, path: Path, version: str) -> float:
@@ -138,8 +145,12 @@ class WeightBridge:
 
     push_at_start = False
     """Push right after the engine starts (an adapter to load, a handshake to make)."""
-    restart_from: tuple[str, int] | None = None
-    """(path, step) of full weights a restarted engine can start on, if any."""
+
+    @property
+    def restart_from(self) -> tuple[str, int] | None:
+        """(path, step) of full weights a restarted engine can start on, if any."""
+        return None
+
     pruned: list[Path] = []
     """Exports the last sync deleted (the engine must not fall back to them)."""
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command, and CI's: install what is missing, lint, run the tiers.
+# The README's test command, and CI's: install what is missing, lint, type-check, run
+# the tiers.
 #
 #   bash scripts/test.sh                    every tier: unit, integration, e2e
 #   bash scripts/test.sh unit               the development loop (installs nothing when
@@ -78,6 +79,10 @@ await() {  # wait for a background install: its last line, or its whole log if i
 
 ruff check .
 ruff format --check --quiet .
+# The type checker (basic mode, pyproject's [tool.mypy]) runs beside the unit tier, which
+# keeps one core busy; its verdict is awaited before the run ends.
+mypy > .test-logs/mypy.log 2>&1 &
+JOB[mypy]=$!
 
 export ATROPOS_CHROMIUM="${ATROPOS_CHROMIUM:-$(command -v chromium || true)}"
 run_pytest() {  # NAME PYTEST_ARGS...: one pytest session, its JUnit in .test-logs/NAME.xml
@@ -111,5 +116,12 @@ if [ "${#SLOW[@]}" -gt 0 ]; then
     MARKS=$(IFS=,; echo "${SLOW[*]}" | sed 's/,/ or /g')
     run_pytest "$(IFS=+; echo "${SLOW[*]}")" -m "$MARKS" \
         -n "${ATROPOS_TEST_WORKERS:-3}" --dist loadfile
+fi
+if ! wait "${JOB[mypy]}"; then
+    cat .test-logs/mypy.log
+    echo "FAILED: mypy (.test-logs/mypy.log)" >&2
+    STATUS=1
+else
+    echo "mypy: $(tail -n 1 .test-logs/mypy.log)"
 fi
 exit "$STATUS"

@@ -127,7 +127,8 @@ class EnvTable:
             sequences = sum(s * c for s, c in sizes.items())
             if sequences:
                 packed = math.ceil(sequences / max_group_size) * max_group_size
-                from_others += max(0, packed - min_sequences.get(other, 0))
+                reserved = min_sequences.get(other, 0) if other is not None else 0
+                from_others += max(0, packed - reserved)
         return {
             "queue_size": (own_sequences + from_others) // group_size,
             "unallocated_fraction": 1.0 - min(1.0, sum(self.min_allocations().values())),

@@ -19,7 +19,7 @@ from atroposlib.protocol import ScoredData
 def plan_intake(
     groups: list[ScoredData],
     raw: bytes | None,
-    current_buffers: dict[int, list[GroupRow]],
+    current_buffers: dict[int | None, list[GroupRow]],
     next_id: int,
     group_size_of: Callable[[int], int],
 ) -> tuple[WriteSet, list[GroupRow], list[dict[str, Any]]]:

@@ -89,8 +89,8 @@ class _StateCollector:
         env_queue = GaugeMetricFamily(
             "atropos_env_queue_sequences", "Sequences waiting per env.", labels=["env_id"]
         )
-        for env, sizes in s.env_sizes.items():
-            env_queue.add_metric([str(env)], sum(size * n for size, n in sizes.items()))
+        for env_id, sizes in s.env_sizes.items():
+            env_queue.add_metric([str(env_id)], sum(size * n for size, n in sizes.items()))
         yield env_queue
 
 

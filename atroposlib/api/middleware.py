@@ -19,6 +19,7 @@ import hmac
 import ipaddress
 import json
 import time
+import types
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from atroposlib.api.models import ErrorDetail
 
+_inflate: types.ModuleType  # isal_zlib or zlib: the same functions and `error`
 try:  # ISA-L inflates gzip about twice as fast as zlib; same API
     from isal import isal_zlib as _inflate
 except ImportError:  # pragma: no cover - optional speed-up

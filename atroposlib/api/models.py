@@ -106,14 +106,19 @@ def refusal(description: str, **extra: Any) -> dict[str, Any]:
     return {"description": description, "content": content, **extra}
 
 
-INVALID = {422: {"model": ValidationFailure, "description": "The request breaks a rule."}}
-INVALID_ON_PLAIN_TEXT = {
+Responses = dict[int | str, dict[str, Any]]
+"""A route's `responses=` documentation, as FastAPI types it."""
+
+INVALID: Responses = {
+    422: {"model": ValidationFailure, "description": "The request breaks a rule."}
+}
+INVALID_ON_PLAIN_TEXT: Responses = {
     422: {
         "description": INVALID[422]["description"],
         "content": {"application/json": {"schema": ValidationFailure.model_json_schema()}},
     }
 }
 """`INVALID` for a route whose own answer is plain text (FastAPI would document it so)."""
-STORE_FAILED = {
+STORE_FAILED: Responses = {
     503: refusal("The durable store failed to read or write; retry later.", headers=RETRY_AFTER)
 }

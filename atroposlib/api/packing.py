@@ -1,6 +1,6 @@
 """Batch assembly: pick whole groups whose sequence counts sum exactly to batch_size.
 
-The rules are Atropos's (PROTOCOL.md, "Queue and batch semantics"):
+The rules are Atropos's (docs/api.md, "Batch assembly"):
 groups of a common size are gathered into *packs* as large as the largest group
 queued, and a batch is made of whole packs, oldest first. Packs keep mixed sizes
 from fragmenting a batch.
@@ -137,8 +137,9 @@ def plan_with_minimum_allocations(
     present = {env for env in env_ids if env is not None}
     packable: dict[int, list[int]] = {}
     for pack in iter_packs(sizes, max(sizes), keys=env_ids):
-        if env_ids[pack[0]] is not None:
-            packable.setdefault(env_ids[pack[0]], []).extend(pack)
+        pack_env = env_ids[pack[0]]
+        if pack_env is not None:
+            packable.setdefault(pack_env, []).extend(pack)
     minimums: dict[int, int] = {}
     for env, share in allocations.items():
         needed = int(batch_size * share)

@@ -22,6 +22,7 @@ from atroposlib.api.models import (
     INVALID,
     INVALID_ON_PLAIN_TEXT,
     STORE_FAILED,
+    Responses,
     group_schema,
     json_body,
     refusal,
@@ -104,7 +105,7 @@ def intake_routes(service: ApiService) -> APIRouter:
         service.arrivals.notify()
         return Response(answer, media_type=JSON)
 
-    posted = {
+    posted: Responses = {
         200: {"description": "Queued, or held in its env's buffer until a full group."},
         **INVALID,
         503: refusal(

@@ -109,7 +109,7 @@ class RunState:
         self.by_step = False
         """The registered trainer asks /batch by step (leases): a plain /batch from anyone
         else would take a batch from under it, and its next request would fail."""
-        self.buffers: dict[int, list[GroupRow]] = {}
+        self.buffers: dict[int | None, list[GroupRow]] = {}  # keyed like GroupRow.env_id
         self.queued_sequences = 0
         self.buffered_sequences = 0
         self.size_counts: Counter[int] = Counter()
@@ -228,6 +228,7 @@ class RunState:
         a word.
         """
         stored = self.registration
+        assert stored is not None  # register() calls this only when a run is stored
         refusal = run_refusal(stored, registration, self.step, self.leases.keys())
         if refusal is not None:
             raise RunConflict(refusal)
@@ -423,6 +424,7 @@ class RunState:
         return {env: int(batch_size * share) for env, share in self.min_allocations().items()}
 
     def _plan(self) -> list[int] | None:
+        assert self.registration is not None  # both callers return early without one
         batch_size = self.registration.batch_size
         if self.queued_sequences < batch_size:
             self.blocked_reason = None

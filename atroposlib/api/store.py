@@ -252,6 +252,8 @@ def write_failure(exc: BaseException, directory: Path | None = None) -> str:
 
 class SQLiteStore(GroupStore):
     kind = "sqlite"
+    dir: Path  # always set: the state directory
+    _db: sqlite3.Connection  # set by _open, which closes it itself when it fails
 
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.dir = Path(state_dir)
@@ -265,28 +267,29 @@ class SQLiteStore(GroupStore):
                 f"another run-api process is using the state directory {self.dir}; "
                 "stop it or pass a different --state-dir"
             ) from exc
-        self._db: sqlite3.Connection | None = None
         try:
             self._open()
         except BaseException:
-            if self._db is not None:
-                self._db.close()
             self._lock_file.close()
             raise
 
     def _open(self) -> None:
         self.path = self.dir / "trajectories.sqlite3"
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA page_size=16384")
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(groups)")}
-        if "served_step" not in columns:  # a state dir written before leases existed
-            self._db.execute("ALTER TABLE groups ADD COLUMN served_step INTEGER")
-        self.segments = SegmentLog(self.dir / "segments")
-        self._where: dict[int, Location] = {}
+        try:
+            self._db.execute("PRAGMA page_size=16384")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(groups)")}
+            if "served_step" not in columns:  # a state dir written before leases existed
+                self._db.execute("ALTER TABLE groups ADD COLUMN served_step INTEGER")
+            self.segments = SegmentLog(self.dir / "segments")
+            self._where: dict[int, Location] = {}
+        except BaseException:
+            self._db.close()
+            raise
 
     def _transaction(self):
         return _Transaction(self._db)

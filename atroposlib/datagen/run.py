@@ -74,7 +74,8 @@ def load_tokenizer(name: str) -> Decoder:
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(name)
+        # transformers types decode() as str | list[str] for every input; list[int] gives str
+        return AutoTokenizer.from_pretrained(name)  # type: ignore[return-value]
     except Exception as error:
         raise TokenizerError(
             f"cannot load the tokenizer {name!r} given by --tokenizer ({type(error).__name__}: "

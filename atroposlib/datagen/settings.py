@@ -8,7 +8,7 @@ optional true/false value: `switches_first` rewrites such a switch to `--flag=tr
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -103,9 +103,12 @@ def switches_first(argv: list[str], switches: set[str]) -> list[str]:
     return out
 
 
+SettingsT = TypeVar("SettingsT", bound="GenSettings")
+
+
 def tool_main(
-    prog: str, description: str, settings_cls: type[GenSettings], argv: list[str] | None
-) -> tuple[GenSettings, str]:
+    prog: str, description: str, settings_cls: type[SettingsT], argv: list[str] | None
+) -> tuple[SettingsT, str]:
     """The two generators' command line: FILEPATH plus the settings' flags (one parser)."""
     import argparse
     import sys

@@ -35,7 +35,7 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +206,7 @@ class TrajectoryClient:
         return await self.get_json("/status-env", json=body)
 
     # -- scored groups: spooled, delivered in order -------------------------
-    def send(self, groups: list[dict[str, Any]]) -> None:
+    def send(self, groups: Sequence[Mapping[str, Any]]) -> None:
         """Queue groups for delivery (one post, as the protocol prescribes); never blocks."""
         path = "/scored_data" if len(groups) == 1 else "/scored_data_list"
         groups = [

@@ -198,10 +198,12 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
                 messages=messages, n=self.config.group_size, **sampling
             )
             nodes = managed.get_state()["nodes"]
-        scored = [score(choice.message.content or "") for choice in chat.choices]
-        if any(inspect.isawaitable(value) for value in scored):  # an async scorer (a sandbox)
-            scored = await asyncio.gather(*(_resolved(value) for value in scored))
-        scores = [float(value) for value in scored]
+        outcomes = [score(choice.message.content or "") for choice in chat.choices]
+        if any(inspect.isawaitable(value) for value in outcomes):  # an async scorer (a sandbox)
+            resolved: list[Any] = await asyncio.gather(*(_resolved(value) for value in outcomes))
+        else:
+            resolved = outcomes
+        scores = [float(value) for value in resolved]
         return group_from_chat(messages, chat.choices, nodes, scores)
 
     @abstractmethod

@@ -23,7 +23,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -34,6 +34,9 @@ from atroposlib.envs.process import NothingProcessed
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.utils.flags import add_model_flags, given_flags, parse_bool
 from atroposlib.utils.logging import configure_logging
+
+if TYPE_CHECKING:
+    from atroposlib.envs.base import BaseEnv
 
 logger = logging.getLogger("atroposlib.envs")
 
@@ -70,7 +73,7 @@ class ResolvedConfig:
     extra_servers: dict[str, Any] = field(default_factory=dict)
 
 
-def server_namespaces(env_cls: type) -> dict[str, ServerNamespace]:
+def server_namespaces(env_cls: type[BaseEnv]) -> dict[str, ServerNamespace]:
     """The extra server namespaces `env_cls` declares (`cli_server_namespaces()`), if any."""
     declare = getattr(env_cls, "cli_server_namespaces", None)
     namespaces = dict(declare()) if declare is not None else {}
@@ -86,7 +89,7 @@ def _first_server(defaults: Any) -> APIServerConfig | None:
 
 
 def build_parser(
-    env_cls: type, env_defaults: BaseModel, server_defaults: Any
+    env_cls: type[BaseEnv], env_defaults: BaseModel, server_defaults: Any
 ) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"{Path(sys.argv[0]).name}", description=env_cls.__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,process,evaluate}")
@@ -140,10 +143,9 @@ def build_parser(
 
 
 def _unknown_flag_error(parser: argparse.ArgumentParser, unknown: list[str]) -> ConfigError:
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     known = [
-        opt
-        for action in parser._subparsers._group_actions[0].choices["serve"]._actions
-        for opt in action.option_strings
+        opt for action in subcommands.choices["serve"]._actions for opt in action.option_strings
     ]
     flag = next((u for u in unknown if u.startswith("-")), unknown[0]).split("=")[0]
     close = difflib.get_close_matches(flag, known, n=1)
@@ -187,7 +189,9 @@ def _problems(section: str, exc: ValidationError) -> str:
     )
 
 
-def resolve_config(env_cls: type, command: str, args: argparse.Namespace) -> ResolvedConfig:
+def resolve_config(
+    env_cls: type[BaseEnv], command: str, args: argparse.Namespace
+) -> ResolvedConfig:
     env_defaults, server_defaults = env_cls.config_init()
     namespaces = server_namespaces(env_cls)
     document: dict[str, Any] = {}
@@ -245,7 +249,7 @@ def resolve_config(env_cls: type, command: str, args: argparse.Namespace) -> Res
     )
 
 
-def run_cli(env_cls: type, argv: list[str] | None = None) -> None:
+def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     env_defaults, server_defaults = env_cls.config_init()
     parser = build_parser(env_cls, env_defaults, server_defaults)
     args, unknown = parser.parse_known_args(argv)

@@ -70,7 +70,7 @@ def evaluate_log(
     if verbose:
         from atroposlib.utils.display import display_metrics_table
 
-        display_metrics_table(task_name, metrics, start_time, end_time)
+        display_metrics_table(str(task_name), metrics, start_time, end_time)
     document = {
         "config_general": {
             "model_name": model_name,

@@ -62,7 +62,7 @@ def parse_verdict(text: str) -> Literal["A", "B", "tie"] | None:
     if len(found) != 1:
         return None
     verdict = found.pop()
-    return "tie" if verdict == "C" else verdict  # type: ignore[return-value]
+    return "tie" if verdict == "C" else verdict
 
 
 def parse_rating(text: str) -> float | None:

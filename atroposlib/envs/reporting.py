@@ -22,12 +22,18 @@ import os
 import random
 import string
 import time
+from collections import Counter
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from atroposlib.utils.metrics import get_std_min_max_avg
+
+if TYPE_CHECKING:
+    from atroposlib.envs.api_client import TrajectoryClient
+    from atroposlib.envs.config import BaseEnvConfig
+    from atroposlib.envs.server_handling.server_manager import ServerManager
 
 logger = logging.getLogger("atroposlib.envs")
 
@@ -52,6 +58,24 @@ def run_name(base: str | None) -> str | None:
 
 class ReportingHooks:
     """Mixed into BaseEnv; relies on its config, tokenizer, server and counters."""
+
+    # BaseEnv's attributes that these hooks read or set, declared for the type checker
+    # only (annotations without values create no class attribute); BaseEnv.__init__
+    # sets them all.
+    config: BaseEnvConfig
+    name: str | None
+    client: TrajectoryClient | None
+    server: ServerManager
+    tokenizer: Any
+    wandb_prepend: str | None
+    wandb_project: str | None
+    wandb_group: str | None
+    curr_step: int
+    max_token_len: int
+    stats: Counter[str]
+    start_time: float
+    completion_lengths: list[int]
+    rollouts_for_wandb: list[list[tuple]]
 
     async def setup_wandb(self) -> None:
         """Start the env's wandb run, grouped with the trainer's via the API's /wandb_info."""

@@ -29,17 +29,20 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import EvalHandlingEnum
+
+if TYPE_CHECKING:
+    from atroposlib.envs.served_env import ServedEnv
 
 logger = logging.getLogger("atroposlib.envs")
 
 POLL_S = 0.5
 
 
-def state_dir_for(env: Any) -> Path:
+def state_dir_for(env: ServedEnv) -> Path:
     root = os.environ.get("ATROPOS_ENV_STATE_DIR", ".atropos-env")
     return Path(root) / (env.config.wandb_name or env.name or type(env).__name__)
 
@@ -48,10 +51,11 @@ class EnvRuntime:
     """One environment's `serve` loop: workers, backlog, pacing, evals and checkpoints.
 
     It owns the loop's state and shares two lists with the env (`backlog`, `workers`),
-    which upstream environments read and extend; everything else stays here.
+    which upstream environments read and extend; everything else stays here. What it
+    reads, calls and sets on the env is `ServedEnv` (served_env.py), which BaseEnv meets.
     """
 
-    def __init__(self, env: Any, state_dir: Path | None = None) -> None:
+    def __init__(self, env: ServedEnv, state_dir: Path | None = None) -> None:
         self.env = env
         self.state_dir = state_dir or state_dir_for(env)
         self.backlog_file = self.state_dir / "backlog.json"

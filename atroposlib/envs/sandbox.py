@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -147,7 +147,7 @@ class Isolation:
 def _mode_works(mode: str) -> str | None:
     """None when `mode` runs here, else why not (probed once per process)."""
     try:
-        result = _run("pass", SandboxLimits(isolation=mode), "", ())  # type: ignore[arg-type]
+        result = _run("pass", SandboxLimits(isolation=mode), "", ())
     except (SandboxUnavailable, OSError) as error:
         return str(error)
     if not result.ok:
@@ -265,7 +265,9 @@ def _started(
         if limits.isolation == "bubblewrap":
             prefix = layers.bubblewrap_command(scratch)
             drop = uid != os.geteuid()
-            identity = {"user": uid, "group": uid, "extra_groups": []} if drop else {}
+            identity: dict[str, Any] = (
+                {"user": uid, "group": uid, "extra_groups": []} if drop else {}
+            )
         else:
             hide = layers.hidden_paths(limits.hidden_paths)
             prefix, identity = layers.namespace_command(scratch, uid, hide), {}

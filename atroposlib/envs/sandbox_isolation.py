@@ -67,7 +67,9 @@ def _world_executable(path: str) -> bool:
 @functools.lru_cache(maxsize=1)
 def interpreter() -> str:
     """The Python that runs sandboxed code: this one, unless the run users cannot reach it."""
-    candidates = [sys._base_executable, sys.executable, "/usr/bin/python3"]
+    # CPython's sys._base_executable (the python a venv's points at) is private: not in typeshed
+    base_executable = sys._base_executable  # type: ignore[attr-defined]
+    candidates = [base_executable, sys.executable, "/usr/bin/python3"]
     if not drops_identity():
         return candidates[0]
     for candidate in filter(None, candidates):

@@ -15,16 +15,46 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from atroposlib.envs.api_client import EnvUnknownError
+from atroposlib.envs.api_client import EnvUnknownError, TrajectoryClient
 from atroposlib.protocol import RegisterEnv
+
+if TYPE_CHECKING:
+    from atroposlib.envs.config import BaseEnvConfig
+    from atroposlib.envs.runtime import EnvRuntime
 
 logger = logging.getLogger("atroposlib.envs")
 
 
 class ServeHooks:
     """Mixed into BaseEnv; relies on its config, client and runtime attributes."""
+
+    # BaseEnv's attributes that these hooks read or set, declared for the type checker
+    # only (annotations without values create no class attribute): BaseEnv.__init__
+    # sets them, except `_runtime`, which the serve runtime sets when it starts.
+    config: BaseEnvConfig
+    name: str | None
+    client: TrajectoryClient | None
+    env_id: int | None
+    wandb_prepend: str | None
+    curr_step: int
+    max_token_len: int
+    checkpoint_dir: str
+    checkpoint_interval: int
+    status_dict: dict[str, Any]
+    _runtime: EnvRuntime | None
+    load_checkpoint: Callable[[], None]
+
+    def _trajectory_client(self) -> TrajectoryClient:
+        """The trajectory API's client, which the serve runtime sets before these hooks run."""
+        if self.client is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no trajectory API client: register_env, "
+                "get_server_info and get_status run under `serve`, whose runtime sets it"
+            )
+        return self.client
 
     def _registration(self) -> dict[str, Any]:
         config = self.config
@@ -39,7 +69,7 @@ class ServeHooks:
     async def register_env(self) -> None:
         """Register with the trajectory API (waiting until a trainer has) and take its answer."""
         config = self.config
-        answer = await self.client.register_env(self._registration())
+        answer = await self._trajectory_client().register_env(self._registration())
         self.env_id = answer["env_id"]
         self.wandb_prepend = answer["wandb_name"]
         self.curr_step = answer["starting_step"]
@@ -55,7 +85,7 @@ class ServeHooks:
 
     async def get_server_info(self) -> None:
         """The trainer's batch size and token limit, from /info (the trainer's value wins)."""
-        info = await self.client.get_json("/info")
+        info = await self._trajectory_client().get_json("/info")
         if info.get("batch_size", -1) != -1:
             self.config.batch_size = info["batch_size"]
         if info.get("max_token_len", -1) != -1:
@@ -74,13 +104,16 @@ class ServeHooks:
         An API that no longer knows this env (restarted without its state) gets a new
         registration, and the env goes on under the id it answers.
         """
+        client = self._trajectory_client()
+        if self.env_id is None:
+            raise RuntimeError("get_status before register_env: this env has no env_id yet")
         try:
-            self.status_dict = await self.client.status_env(self.env_id)
+            self.status_dict = await client.status_env(self.env_id)
         except EnvUnknownError as exc:
             logger.warning("%s; registering again", exc)
-            self.env_id = (await self.client.register_env(self._registration()))["env_id"]
+            self.env_id = (await client.register_env(self._registration()))["env_id"]
             logger.warning("registered again as env_id %d", self.env_id)
-            self.status_dict = await self.client.status_env(self.env_id)
+            self.status_dict = await client.status_env(self.env_id)
         return self.status_dict
 
     async def env_step_checks(self) -> None:

@@ -37,6 +37,7 @@ class SingleTurnEnv(BaseEnv):
     """Items in, scored groups out; subclasses set `train_items` and `eval_items` in setup."""
 
     env_config_cls = SingleTurnConfig
+    config: SingleTurnConfig  # a type only: BaseEnv.__init__ sets it (config_init builds one)
     train_items: list[Item]
     eval_items: list[Item]
 

@@ -58,6 +58,7 @@ class TeacherDistillationEnv(BaseEnv, ABC):
     """
 
     env_config_cls = TeacherDistillationConfig
+    config: TeacherDistillationConfig  # a type only: BaseEnv.__init__ sets it
     teacher_namespace = "teacher"
 
     @classmethod

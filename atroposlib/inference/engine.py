@@ -112,7 +112,8 @@ class GenerationEngine:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
         model.eval()
-        limit = max_model_len or getattr(model.config, "max_position_embeddings", 2048)
+        # a config without the field, or with it None, gets the same 2048 default
+        limit = max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
         return cls(model, tokenizer, limit, weight_version)
 
     def load_weights(self, path: str, weight_version: str | None = None) -> None:

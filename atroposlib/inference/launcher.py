@@ -181,9 +181,12 @@ class EngineProcess:
 
     def restart(self, model_path: str | os.PathLike[str] | None = None) -> None:
         """Stop and start again, from `model_path` (a new checkpoint) or the same weights."""
+        path = model_path or self.model_path
+        if path is None:
+            raise EngineError("restart() needs a model path: the engine was never started")
         self.stop()
         self.restarts += 1
-        self.start(model_path or self.model_path)
+        self.start(path)
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -51,7 +51,8 @@ class BatchScheduler:
         with self._wake:
             while not self._pending and not self._stopping:
                 self._wake.wait()
-            taken, rows = [], 0
+            taken: list[tuple[GenerationJob, asyncio.Future, asyncio.AbstractEventLoop]] = []
+            rows = 0
             while self._pending and (
                 not taken or rows + self._pending[0][0].params.n <= self.max_rows
             ):

@@ -163,6 +163,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(validation_error_body(exc.errors()), status_code=400)
 
 
+def _started(scheduler: BatchScheduler | None) -> BatchScheduler:
+    """The scheduler, which the app's lifespan starts before any request is served."""
+    if scheduler is None:
+        raise RuntimeError("the inference app's lifespan has not started its scheduler")
+    return scheduler
+
+
 OPEN_PATHS = frozenset({"/health"})
 """What a launcher or load balancer may poll without the key."""
 
@@ -209,14 +216,16 @@ def create_inference_app(
     async def health_generate() -> JSONResponse:
         """Healthy only if the engine can still produce a token (upstream's node watcher)."""
         try:
-            await scheduler.submit(GenerationJob([0], SamplingParams(max_tokens=1, temperature=0)))
+            await _started(scheduler).submit(
+                GenerationJob([0], SamplingParams(max_tokens=1, temperature=0))
+            )
         except Exception as exc:  # the engine's failure is the answer, not a crash
             return JSONResponse({"status": "error", "message": str(exc)}, status_code=500)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(_metrics_text(scheduler))
+        return PlainTextResponse(_metrics_text(_started(scheduler)))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -229,7 +238,7 @@ def create_inference_app(
         job = GenerationJob(
             prompt_ids, chat_sampling(request, len(prompt_ids), engine.max_model_len)
         )
-        await scheduler.submit(job)
+        await _started(scheduler).submit(job)
         spell = spelling(request.return_tokens_as_token_ids)
         choices = chat_choices(job.samples, request.logprobs, spell)
         usage = usage_body(len(prompt_ids), _completion_tokens([job]))
@@ -245,7 +254,8 @@ def create_inference_app(
             GenerationJob(ids, completion_sampling(request, len(ids), engine.max_model_len))
             for ids in prompts
         ]
-        await asyncio.gather(*(scheduler.submit(job) for job in jobs))
+        batch_scheduler = _started(scheduler)
+        await asyncio.gather(*(batch_scheduler.submit(job) for job in jobs))
         spell = spelling(request.return_tokens_as_token_ids)
         samples = [sample for job in jobs for sample in job.samples]
         choices = text_choices(samples, request.logprobs, spell)
@@ -256,7 +266,7 @@ def create_inference_app(
     async def generate(request: GenerateRequest) -> JSONResponse:
         prompt_ids = generate_prompt_ids(tokenizer, request.prompt)
         params = generate_sampling(request, len(prompt_ids), engine.max_model_len, len(tokenizer))
-        job = await scheduler.submit(GenerationJob(prompt_ids, params))
+        job = await _started(scheduler).submit(GenerationJob(prompt_ids, params))
         return JSONResponse(generate_body(request, job, tokenizer.decode))
 
     @app.post("/tokenize")

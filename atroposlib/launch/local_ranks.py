@@ -105,8 +105,8 @@ def run(nproc: int, command: list[str], port: int) -> int:
                 return 0
             time.sleep(POLL_S)
     finally:
-        for rank in ranks:
-            stop_group(rank, STOP_GRACE_S)
+        for process in ranks:
+            stop_group(process, STOP_GRACE_S)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

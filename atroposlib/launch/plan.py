@@ -389,6 +389,7 @@ def _env_entry(section: EnvironmentSection, base: Path) -> list[str]:
         if importlib.util.find_spec(section.module.split(".")[0]) is None:
             raise ConfigError(f"environment module not found: {section.module}")
         return ["-m", section.module]
+    assert section.script  # exactly one of script and module is set (checked above)
     script = Path(section.script)
     candidates = [script] if script.is_absolute() else [base / script, Path.cwd() / script]
     for candidate in candidates:

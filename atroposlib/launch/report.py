@@ -200,7 +200,8 @@ def _list_html(values: dict[str, Any]) -> str:
 
 
 def _verdict_html(numbers: dict[str, Any]) -> str:
-    style = {True: "ok", False: "bad"}.get(numbers.get("learned"), "unsure")
+    styles: dict[bool | None, str] = {True: "ok", False: "bad"}
+    style = styles.get(numbers.get("learned"), "unsure")
     verdict = numbers.get("verdict", "no steps were trained")
     listed = {k: v for k, v in numbers.items() if k not in ("verdict", "learned")}
     return f'<p class="verdict {style}">{html.escape(verdict)}</p>{_list_html(listed)}'

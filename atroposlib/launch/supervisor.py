@@ -142,9 +142,12 @@ class Launcher:
         return outcome.code
 
     def _start_all(self) -> None:
+        # the api's and an engine's plans always name a health URL (plan._api_plan, _engine_plan)
+        assert self.api.plan.health_url is not None
         self._start(self.api)
         self._wait_healthy("api", self.api.plan.health_url, self.api)
         if self.engine is not None:
+            assert self.engine.plan.health_url is not None
             self._start(self.engine)
             self._wait_healthy("engine", self.engine.plan.health_url, self.engine)
         self._start(self.trainer)
@@ -306,9 +309,9 @@ class Launcher:
             self.say(f"could not write the report: {exc}", "bold red")
         lines = [f"{outcome.message} after {elapsed:.0f}s"]
         for child in self.children:
-            restarts = f", {child.restarts} restarts" if child.restarts else ""
+            restarted = f", {child.restarts} restarts" if child.restarts else ""
             how = " (stopped by the launcher)" if child.stopped else ""
-            lines.append(f"  {child.name}: exit code {child.returncode}{how}{restarts}")
+            lines.append(f"  {child.name}: exit code {child.returncode}{how}{restarted}")
         restarts = {name: n for name, n in numbers.get("restarts", {}).items() if n}
         lines.append(
             "  restarts after crashes: "

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 
 def allclose_to_first(
@@ -66,6 +67,7 @@ def compute_discounted_returns(rewards: Sequence[float] | np.ndarray, gamma: flo
     The result is float32 for a list (as upstream), keeps the dtype of a floating numpy
     array, and is float64 for an integer array (upstream would truncate to integers).
     """
+    dtype: npt.DTypeLike
     if isinstance(rewards, np.ndarray):
         dtype = rewards.dtype if np.issubdtype(rewards.dtype, np.floating) else np.float64
     else:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import types
 import typing
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def parse_bool(text: str) -> bool:
@@ -81,8 +83,8 @@ class FlagError(ValueError):
 
 
 def model_from_args(
-    model: type[BaseModel], args: argparse.Namespace, dash_names: bool = True
-) -> BaseModel:
+    model: type[ModelT], args: argparse.Namespace, dash_names: bool = True
+) -> ModelT:
     given = {name: value for name, value in vars(args).items() if name in model.model_fields}
     try:
         return model.model_validate(given)
@@ -96,8 +98,8 @@ def model_from_args(
 
 
 def parse_settings(
-    parser: argparse.ArgumentParser, model: type[BaseModel], argv: list[str] | None = None
-) -> tuple[BaseModel, argparse.Namespace]:
+    parser: argparse.ArgumentParser, model: type[ModelT], argv: list[str] | None = None
+) -> tuple[ModelT, argparse.Namespace]:
     """Parse argv into `model`; a bad value exits with status 2 and names the flag."""
     args = parser.parse_args(argv)
     try:

@@ -18,7 +18,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def chat_choice(index: int, text: str, finish_reason: str, logprobs: Any = None) -> dict[str, Any]:
+def chat_choice(
+    index: int, text: str | None, finish_reason: str, logprobs: Any = None
+) -> dict[str, Any]:
+    """`text` None: a message that holds only tool calls (OpenAI's `content: null`)."""
     return {
         "index": index,
         "message": {"role": "assistant", "content": text},
@@ -36,7 +39,7 @@ def completion_body(
 ) -> dict[str, Any]:
     """`kind` is "chat" (chat.completion) or "text" (text_completion)."""
     chat = kind == "chat"
-    body = {
+    body: dict[str, Any] = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),

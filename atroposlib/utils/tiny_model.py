@@ -198,7 +198,7 @@ def build_tiny_model(
             bos_token_id=None,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
-            torch_dtype="float32",
+            dtype="float32",  # transformers 5 name; `torch_dtype` is its deprecated alias
         )
         model = LlamaForCausalLM(config)
         training, reading = train_to_read(model, tokenizer, spec)

@@ -93,7 +93,9 @@ class TokenGuard:
         except Exception:
             return False
         morsel = jar.get(self.cookie_name)
-        expires = self.sessions.get(morsel.value) if morsel is not None else None
+        if morsel is None:
+            return False
+        expires = self.sessions.get(morsel.value)
         if expires is None:
             return False
         if time.monotonic() >= expires:

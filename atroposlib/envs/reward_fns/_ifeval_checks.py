@@ -172,7 +172,8 @@ def lm_eval_check(instruction_id: str, kwargs: dict[str, Any], prompt: str = "")
     with _BUILDING:
         saved = [module.random for module in modules]
         for module in modules:
-            module.random = _NoRandom()
+            # typeshed's ModuleType has __getattr__ but no __setattr__
+            module.random = _NoRandom()  # type: ignore[attr-defined]
         try:
             checker.build_description(**kwargs)
             if "prompt" in (checker.get_instruction_args() or {}):  # as lm-eval's utils.py
@@ -187,8 +188,13 @@ def lm_eval_check(instruction_id: str, kwargs: dict[str, Any], prompt: str = "")
             raise UnsupportedInstruction(f"{instruction_id}: {error}") from error
         finally:
             for module, real in zip(modules, saved, strict=True):
-                module.random = real
+                module.random = real  # type: ignore[attr-defined]  # as above
     return checker.check_following
+
+
+def _constant(verdict: bool) -> Check:
+    """A check with the same verdict for every response."""
+    return lambda response: verdict
 
 
 def compile_constraint(
@@ -211,8 +217,7 @@ def compile_constraint(
     checks: list[Check] = []
     for relation, target in bounds(given[relation_key], given[count_key]):
         if target <= 0:  # lm-eval would pick a random target; the answer needs no count
-            always = relation == "at least"
-            checks.append(lambda response, always=always: always)
+            checks.append(_constant(relation == "at least"))
             continue
         bound = {**given, count_key: target, relation_key: relation}
         checks.append(lm_eval_check(instruction_id, bound, prompt))

@@ -51,7 +51,7 @@ def _packaged_data_file() -> str | None:
 
 def _load_classifier() -> Any:
     try:
-        from chandas import Classifier  # type: ignore[attr-defined]
+        from chandas import Classifier
     except ImportError as exc:
         logger.warning("%s (%s)", MISSING_PACKAGE_MESSAGE, exc)
         return None

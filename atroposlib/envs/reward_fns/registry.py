@@ -88,9 +88,9 @@ class RewardRegistry:
                 f"not {type(name_or_config).__name__}"
             )
         target = self.get(reward_type)
-        if not inspect.isclass(target):
-            return LegacyFunctionWrapper(target, **params)
-        return target(**params)
+        if isinstance(target, type):  # inspect.isclass, which mypy narrows less usefully
+            return target(**params)
+        return LegacyFunctionWrapper(target, **params)
 
     def get(self, name: str) -> type[RewardFunction] | Callable:
         """The class (or legacy function) registered under `name`, loading it if needed."""

@@ -82,7 +82,9 @@ class ManagedServer:
         earlier assistant turns itself (by default they are kept verbatim).
         """
         self.server = server
-        self.tokenizer = tokenizer if tokenizer is not None else getattr(server, "tokenizer", None)
+        self.tokenizer: Any = (
+            tokenizer if tokenizer is not None else getattr(server, "tokenizer", None)
+        )
         if self.tokenizer is None:
             raise ValueError("ManagedServer needs a tokenizer: pass tokenizer=")
         self.track_tree = track_tree
@@ -134,7 +136,8 @@ class ManagedServer:
         tools = kwargs.pop("tools", None)
         tool_choice = kwargs.pop("tool_choice", None)
         kwargs.pop("parallel_tool_calls", None)
-        use_tools = bool(tools) and self._translator is not None
+        translator = self._translator if tools else None  # None: tools are not rendered
+        use_tools = translator is not None
         if tools and not use_tools and not ManagedServer.warned_about_tools:
             ManagedServer.warned_about_tools = True
             logger.warning(
@@ -146,10 +149,10 @@ class ManagedServer:
         choices, all_calls = [], []
         for index, (output, finish) in enumerate(samples):
             calls = None
-            if use_tools:
-                text = self._translator.decode_with_tool_awareness(output, has_tools=True)
+            if translator is not None:
+                raw = translator.decode_with_tool_awareness(output, has_tools=True)
                 choice_name = tool_choice if isinstance(tool_choice, str) else "auto"
-                text, calls, _ = self._translator.parse_model_output(text, choice_name, tools)
+                text, calls, _ = translator.parse_model_output(raw, choice_name, tools)
                 finish = "tool_calls" if calls else finish
             else:
                 text = self.tokenizer.decode(output, skip_special_tokens=True)
@@ -159,7 +162,8 @@ class ManagedServer:
         answer = ChatCompletion.model_validate(body)
         for choice, calls in zip(answer.choices, all_calls, strict=True):
             if calls:  # plain dicts, as upstream attaches them (see tool_call_translator)
-                choice.message.tool_calls = calls
+                # ToolCall dicts read like openai's tool-call models, which the SDK names
+                choice.message.tool_calls = calls  # type: ignore[assignment]
         return answer
 
     async def completion(self, prompt: str = "", **kwargs: Any) -> Completion:

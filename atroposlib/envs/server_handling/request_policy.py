@@ -53,8 +53,10 @@ def is_unreachable(exc: BaseException) -> bool:
 def is_retryable(exc: BaseException) -> bool:
     """Connection problems, timeouts and 5xx/429 are worth another try; 4xx are not."""
     status = getattr(exc, "status_code", None)
-    if status is None and getattr(exc, "response", None) is not None:
-        status = getattr(exc.response, "status_code", None)
+    if status is None:
+        response = getattr(exc, "response", None)
+        if response is not None:
+            status = getattr(response, "status_code", None)
     if status is not None:
         return status in RETRYABLE_STATUS
     return isinstance(

@@ -49,7 +49,7 @@ VALID_REASONING_EFFORTS = {"none", "minimal", "low", "medium", "high", "xhigh"}
 
 def is_openai_official(base_url: str | None) -> bool:
     """True for the official OpenAI endpoint, which takes reasoning settings its own way."""
-    return bool(base_url) and "api.openai.com" in base_url
+    return bool(base_url and "api.openai.com" in base_url)
 
 
 @dataclass
@@ -166,13 +166,14 @@ class AsyncSemWithAdaptiveWeight(asyncio.Semaphore):
         if self._value > self.min_val():
             self._wake_up_next()
 
-    async def acquire(self) -> bool:
+    async def acquire(self) -> Literal[True]:
         if not self.locked():
             self._value -= 1
             return True
         if self._waiters is None:
             self._waiters = collections.deque()
-        waiter = self._get_loop().create_future()
+        # asyncio.mixins._LoopBoundMixin._get_loop, private, so not in typeshed
+        waiter = self._get_loop().create_future()  # type: ignore[attr-defined]
         self._waiters.append(waiter)
         try:
             try:

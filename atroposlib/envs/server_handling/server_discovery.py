@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import (
@@ -44,7 +44,7 @@ def _hostnames(nodelist: str) -> list[str]:
 
 def slurm_server_configs(
     template: ServerBaseline,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
     hostnames: Callable[[str], list[str]] = _hostnames,
 ) -> list[APIServerConfig] | None:
     """Inference servers of a SLURM job, or None to fall back to the other cases.
@@ -52,15 +52,15 @@ def slurm_server_configs(
     The first NUM_TRAINING_NODES nodes train; every other node serves on ports
     9000 .. 9000 + 8 // INFER_TP - 1.
     """
-    environ = os.environ if environ is None else environ
-    nodelist = environ.get("SLURM_JOB_NODELIST")
+    values = os.environ if environ is None else environ
+    nodelist = values.get("SLURM_JOB_NODELIST")
     if not nodelist:
         return None
     nodes = hostnames(nodelist)
     if len(nodes) < 2:
         return None
-    training = int(environ.get("NUM_TRAINING_NODES", "1"))
-    per_node = 8 // int(environ.get("INFER_TP", "1"))
+    training = int(values.get("NUM_TRAINING_NODES", "1"))
+    per_node = 8 // int(values.get("INFER_TP", "1"))
     base = template.model_dump()
     return [
         APIServerConfig(**{**base, "base_url": f"http://{node}:{port}/v1"})

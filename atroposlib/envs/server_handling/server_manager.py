@@ -182,7 +182,8 @@ class ServerManager:
         loop = asyncio.get_running_loop()
         started = loop.time()
         checked = [s for s in self.servers if s.config.health_check]
-        urls = ", ".join(s.config.base_url for s in checked)
+        # base_url None (or ""): the OpenAI SDK's default, where its requests go
+        urls = ", ".join(s.config.base_url or s.endpoint_url for s in checked)
         limit = (
             "no limit"
             if self.unavailable_timeout_s is None
@@ -306,7 +307,10 @@ class ServerManager:
     def _managed_server(self, target: Any, tokenizer: Any, preserve_think_blocks: bool) -> Any:
         tokenizer = tokenizer if tokenizer is not None else target.tokenizer
         accepted = inspect.signature(ManagedServer).parameters
-        options = {"tool_parser": self.tool_parser, "preserve_think_blocks": preserve_think_blocks}
+        options: dict[str, Any] = {
+            "tool_parser": self.tool_parser,
+            "preserve_think_blocks": preserve_think_blocks,
+        }
         return ManagedServer(
             target, tokenizer, **{k: v for k, v in options.items() if k in accepted}
         )

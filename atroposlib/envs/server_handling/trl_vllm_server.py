@@ -37,7 +37,7 @@ class TrlVllmServer(APIServer):
         return self.endpoint_url + "/generate/"  # TRL's server has no /v1
 
     async def _generate(self, prompt: str, kwargs: dict[str, Any]) -> list[list[int]]:
-        body = {"prompts": [prompt]}
+        body: dict[str, Any] = {"prompts": [prompt]}
         for name, default in SAMPLING_DEFAULTS.items():
             value = kwargs.get(name)
             body[name] = default if value is None else value

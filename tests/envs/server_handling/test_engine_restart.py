@@ -103,3 +103,16 @@ def test_a_server_without_a_health_route_is_probed_through_its_model_list():
         assert asyncio.run(manager.servers[0].probe()) is True
     finally:
         hosted.close()
+
+
+@pytest.mark.integration
+def test_waiting_on_a_server_at_the_sdks_default_url_names_that_url(caplog, monkeypatch):
+    """base_url None means the OpenAI SDK's default; the outage log once joined the None
+    and raised TypeError instead of waiting."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    monkeypatch.setenv("OPENAI_BASE_URL", dead)
+    sdk_default = server_config("unused", base_url=None)
+    manager = ServerManager([sdk_default], health_interval_s=0.1, unavailable_timeout_s=0.3)
+    assert asyncio.run(asyncio.wait_for(manager._wait_out_outage(), 30)) is False
+    assert any(dead in m for m in messages(caplog, logging.WARNING, "waiting"))
