@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, TypedDict
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
 from atroposlib.token_limit import exceeds_token_limit
 
@@ -27,13 +27,13 @@ a number (a JSON integer still fills a float field), so `{"num_steps": false}` i
 as the OpenAPI document says, instead of a run of 0 steps."""
 
 
-def _is_whole_float(value: Any) -> bool:
+def is_whole_float(value: Any) -> bool:
     return type(value) is float and value.is_integer()
 
 
 def _whole_number(value: Any) -> Any:
     """JSON has one number type: `3.0` is the integer 3, as JSON Schema's "integer" says."""
-    return int(value) if _is_whole_float(value) else value
+    return int(value) if is_whole_float(value) else value
 
 
 WholeInt = Annotated[int, BeforeValidator(_whole_number)]
@@ -94,7 +94,7 @@ class ScoredData(BaseModel):
     """One group: the rollouts of one prompt.
 
     Strict types: a token must be a JSON integer and a score a JSON number, because
-    the posted JSON itself is what the trainer receives (see `stored_json`), so a
+    the posted JSON itself is what the trainer receives (`atroposlib.api.intake`), so a
     coerced "5" would reach it as a string. Unknown keys are kept and handed on.
     `ser_json_inf_nan="constants"` writes NaN/Infinity like Python's json module.
     """
@@ -116,23 +116,8 @@ class ScoredData(BaseModel):
     distill_token_ids: list[list[list[int]]] | None = None
     distill_logprobs: list[list[list[float]]] | None = None
 
-    def stored_json(self, raw: bytes | None = None) -> bytes:
-        """The JSON handed to the trainer: the posted object with absent fields as null.
-
-        Re-serialising a 100 KB group costs more than validating it, so when the raw
-        posted object is at hand it is reused verbatim and only the missing keys are
-        prepended. Without it (list posts) the model is serialised.
-        """
-        if raw is None:
-            return self.model_dump_json().encode()
-        missing = b"".join(
-            _NULL_FIELDS[name] for name in GROUP_FIELDS if name not in self.model_fields_set
-        )
-        return b"{" + missing + raw.strip()[1:]
-
 
 GROUP_FIELDS = tuple(ScoredData.model_fields)
-_NULL_FIELDS = {name: f'"{name}":null,'.encode() for name in GROUP_FIELDS}
 
 PER_SEQUENCE_FIELDS = (
     "advantages",
@@ -283,30 +268,6 @@ class Batch(BaseModel):
 
 GROUPS = TypeAdapter(list[ScoredData])
 """Validates a list of groups, given as dicts or as `ScoredData`."""
-
-
-def read_groups_json(body: bytes, as_list: bool) -> tuple[list[ScoredData], bool]:
-    """The posted group(s), and whether the posted JSON may be handed on verbatim.
-
-    Groups are read strictly, in Rust. A token written `2.0` is the integer 2 in JSON
-    (and in JSON Schema), so a post whose only faults are such whole numbers is read
-    again leniently and must be re-serialised: the trainer then reads `2`, not `2.0`.
-    """
-
-    def read(strict: bool) -> list[ScoredData]:
-        if as_list:
-            return GROUPS.validate_json(body, strict=strict)
-        return [ScoredData.model_validate_json(body, strict=strict)]
-
-    try:
-        return read(strict=True), True
-    except ValidationError as exc:
-        if not all(_is_whole_float(error.get("input")) for error in exc.errors()):
-            raise
-        try:
-            return read(strict=False), False
-        except ValidationError:
-            raise exc from None
 
 
 EMPTY_EXAMPLE: dict[str, list] = {

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from atroposlib.envs.reward_fns._final_answer import after_thinking
+from atroposlib.envs.reward_fns import after_thinking
 from atroposlib.envs.sandbox import SandboxLimits, SandboxResult, sandboxed_python
 from environments.code_execution_programs import case_flags, check_function
 

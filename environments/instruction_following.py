@@ -50,15 +50,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
 from atroposlib.envs.data_source import DataSourceConfig, load_rows
-from atroposlib.envs.reward_fns._ifeval_checks import (
+from atroposlib.envs.reward_fns.ifeval_reward import (
     Check,
     UnsupportedInstruction,
     compile_constraints,
+    constraints_of,
+    ifeval_score,
     loose,
     response_text,
     strict,
 )
-from atroposlib.envs.reward_fns.ifeval_reward import constraints_of, ifeval_score
 
 logger = logging.getLogger(__name__)
 

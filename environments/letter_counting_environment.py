@@ -30,7 +30,7 @@ from pydantic import Field
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atroposlib.envs.base import APIServerConfig
-from atroposlib.envs.reward_fns._final_answer import final_integer, tagged_answer
+from atroposlib.envs.reward_fns import final_integer, tagged_answer
 from atroposlib.envs.reward_fns.answer_tag_reward import same_answer
 from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
 

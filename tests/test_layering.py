@@ -152,3 +152,19 @@ def test_the_owner_check_can_fail(tmp_path):
         "atroposlib/launch/reader.py imports atroposlib.api.store.open_store",
         "atroposlib/launch/reader.py names delivered.jsonl",
     ]
+
+
+def test_nothing_outside_the_rewards_imports_their_private_modules():
+    """Environments and the library read answers through `atroposlib.envs.reward_fns`
+    and the public reward modules; the underscore modules can change freely."""
+    rewards = REPO / "atroposlib" / "envs" / "reward_fns"
+    offenders = []
+    for folder in LIBRARY_AND_USERS:
+        for path in (REPO / folder).rglob("*.py"):
+            if rewards in path.parents:
+                continue
+            private = {
+                m for m in imported_modules(path) if m.startswith("atroposlib.envs.reward_fns._")
+            }
+            offenders += [f"{path.relative_to(REPO)} imports {m}" for m in sorted(private)]
+    assert offenders == []

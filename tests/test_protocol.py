@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import get_type_hints
 
+from atroposlib.api.intake import stored_json
 from atroposlib.protocol import (
     GROUP_FIELDS,
     ITEM_FIELDS,
@@ -68,7 +69,7 @@ def test_the_api_depends_only_on_the_protocol_and_the_shared_rules():
 
 def test_a_batch_answer_reads_as_groups_with_absent_fields_null():
     posted = b'{"tokens": [[1, 2]], "masks": [[-100, 2]], "scores": [1.0], "note": "kept"}'
-    stored = ScoredData.model_validate_json(posted).stored_json(posted)
+    stored = stored_json(ScoredData.model_validate_json(posted), posted)
     batch = Batch.model_validate_json(b'{"batch": [' + stored + b"]}").batch
     assert batch is not None and len(batch) == 1
     group = batch[0]

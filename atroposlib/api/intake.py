@@ -1,4 +1,5 @@
-"""Planning an accepted post: which groups queue at once and which wait in a buffer.
+"""Taking a post in: reading its bytes, the JSON kept for the trainer, and the plan of
+which groups queue at once and which wait in a buffer.
 
 Design: a group whose size differs from its env's `group_size` waits in that env's
 buffer until buffered groups sum exactly to `group_size`; they then queue together,
@@ -11,9 +12,52 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
+
 from atroposlib.api.packing import find_subset_summing_to
 from atroposlib.api.store import GroupRow, WriteSet
-from atroposlib.protocol import ScoredData
+from atroposlib.protocol import GROUP_FIELDS, GROUPS, ScoredData, is_whole_float
+
+_NULL_FIELDS = {name: f'"{name}":null,'.encode() for name in GROUP_FIELDS}
+
+
+def read_groups_json(body: bytes, as_list: bool) -> tuple[list[ScoredData], bool]:
+    """The posted group(s), and whether the posted JSON may be handed on verbatim.
+
+    Groups are read strictly, in Rust. A token written `2.0` is the integer 2 in JSON
+    (and in JSON Schema), so a post whose only faults are such whole numbers is read
+    again leniently and must be re-serialised: the trainer then reads `2`, not `2.0`.
+    """
+
+    def read(strict: bool) -> list[ScoredData]:
+        if as_list:
+            return GROUPS.validate_json(body, strict=strict)
+        return [ScoredData.model_validate_json(body, strict=strict)]
+
+    try:
+        return read(strict=True), True
+    except ValidationError as exc:
+        if not all(is_whole_float(error.get("input")) for error in exc.errors()):
+            raise
+        try:
+            return read(strict=False), False
+        except ValidationError:
+            raise exc from None
+
+
+def stored_json(group: ScoredData, raw: bytes | None = None) -> bytes:
+    """The JSON handed to the trainer: the posted object with absent fields as null.
+
+    Re-serialising a 100 KB group costs more than validating it, so when the raw posted
+    object is at hand it is reused verbatim and only the missing keys are prepended.
+    Without it (list posts) the model is serialised.
+    """
+    if raw is None:
+        return group.model_dump_json().encode()
+    missing = b"".join(
+        _NULL_FIELDS[name] for name in GROUP_FIELDS if name not in group.model_fields_set
+    )
+    return b"{" + missing + raw.strip()[1:]
 
 
 def plan_intake(
@@ -32,7 +76,7 @@ def plan_intake(
     for group in groups:
         gid, next_id = next_id, next_id + 1
         size, env = len(group.tokens), group.env_id
-        body = group.stored_json(raw if len(groups) == 1 else None)
+        body = stored_json(group, raw if len(groups) == 1 else None)
         expected = group_size_of(env) if env is not None else size
         if size == expected:
             row = GroupRow(id=gid, env_id=env, size=size, order=gid, buffered=False)

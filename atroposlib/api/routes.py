@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
 from atroposlib.api.errors import validation_answer
+from atroposlib.api.intake import read_groups_json
 from atroposlib.api.long_poll import NO_BATCH, requested_wait
 from atroposlib.api.models import (
     INVALID,
@@ -28,7 +29,7 @@ from atroposlib.api.models import (
     refusal,
 )
 from atroposlib.api.service import ApiService
-from atroposlib.protocol import EnvIdentifier, RegisterEnv, Registration, read_groups_json
+from atroposlib.protocol import EnvIdentifier, RegisterEnv, Registration
 
 logger = logging.getLogger("atroposlib.api")
 

@@ -13,10 +13,13 @@ skips it and counts it).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from atroposlib.protocol import ScoredData, group_problems
 
 Messages = list[dict[str, Any]]
 
@@ -68,35 +71,25 @@ def _leading_masked(mask: Sequence[int]) -> int:
 
 
 def check_group(group: Any, messages: bool) -> tuple[list[list[int]], list[float]]:
-    """The group's tokens and scores, after checking that its lists agree."""
-    tokens, masks, scores = (_field(group, k) for k in ("tokens", "masks", "scores"))
-    if not isinstance(tokens, list) or not isinstance(scores, list) or not tokens:
-        raise GroupProblem("the group has no tokens or scores")
-    if len(scores) != len(tokens):
-        raise GroupProblem(f"{len(scores)} scores for {len(tokens)} sequences")
-    if masks is not None:
-        if len(masks) != len(tokens):
-            raise GroupProblem(f"{len(masks)} masks for {len(tokens)} sequences")
-        for index, (row, mask) in enumerate(zip(tokens, masks, strict=True)):
-            if len(row) != len(mask):
-                raise GroupProblem(
-                    f"sequence {index} has {len(row)} tokens but {len(mask)} mask values"
-                )
-    if not all(isinstance(s, (int, float)) and math.isfinite(s) for s in scores):
-        raise GroupProblem(f"scores are not all finite numbers: {scores}")
+    """The group's tokens and scores, after the protocol's checks (`group_problems`):
+    the same rules the API applies at intake and a trainer applies to a batch."""
+    try:
+        scored = group if isinstance(group, ScoredData) else ScoredData.model_validate(group)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise GroupProblem(f"the group does not parse: {where}: {first['msg']}") from exc
+    problems = group_problems(scored)
+    if problems:
+        raise GroupProblem("; ".join(message for _, message in problems[:3]))
     if messages:
-        chats = _field(group, "messages")
+        chats = scored.messages
         if not chats:
             raise GroupProblem(
                 "the group carries no messages (--save-messages needs an environment that "
                 "sends them, e.g. --env.include_messages true)"
             )
-        if len(chats) != len(tokens):
-            raise GroupProblem(f"{len(chats)} message lists for {len(tokens)} sequences")
-        for chat in chats:
-            if not isinstance(chat, list) or not all(isinstance(m, dict) for m in chat):
-                raise GroupProblem("messages are not lists of {role, content} objects")
-    return tokens, [float(s) for s in scores]
+    return scored.tokens, [float(s) for s in scored.scores]
 
 
 def text_sequences(group: Any, tokenizer: Decoder) -> list[Scored]:

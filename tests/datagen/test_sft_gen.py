@@ -68,10 +68,12 @@ def test_text_split_stops_at_the_masked_prompt(tiny_model_path):
 @pytest.mark.parametrize(
     ("change", "why"),
     [
-        ({"scores": [1.0]}, "1 scores for 2 sequences"),
-        ({"masks": [[-100, 1]]}, "1 masks for 2 sequences"),
-        ({"masks": [[-100, 1], [-100]]}, "sequence 1 has 2 tokens but 1 mask values"),
-        ({"scores": [1.0, float("nan")]}, "not all finite"),
+        ({"scores": [1.0]}, "scores has 1 entries for 2 sequences"),
+        ({"masks": [[-100, 1]]}, "masks has 1 sequences, tokens has 2"),
+        ({"masks": [[-100, 1], [-100]]}, "mask length 1 differs from token length 2"),
+        ({"scores": [1.0, float("nan")]}, "score must be finite, got nan"),
+        ({"tokens": "not a list"}, "the group does not parse: tokens"),
+        ({"messages": [[{"role": "user"}], []]}, "every message needs 'role' and 'content'"),
     ],
 )
 def test_a_group_with_mismatched_lengths_is_a_group_problem(change, why):

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from atroposlib.envs.reward_fns import registry
-from atroposlib.envs.reward_fns._final_answer import final_integer, tagged_answer
+from atroposlib.envs.reward_fns import final_integer, registry, tagged_answer
 
 PADDING = "<answer>3</answer>" + " filler" * 200
 

@@ -43,11 +43,26 @@ from ._ifeval_checks import (
     compile_constraints,
     constraints_from_rlvr,
     lm_eval_instructions,
+    loose,
     response_text,
     strict,
 )
 from .registry import registry
 from .reward_function import RewardFunction, log_once
+
+# the checker API environments grade with, besides the reward itself
+__all__ = [
+    "Check",
+    "IFEvalReward",
+    "UnsupportedInstruction",
+    "compile_constraints",
+    "constraints_of",
+    "followed",
+    "ifeval_score",
+    "loose",
+    "response_text",
+    "strict",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import random
 import subprocess
 from typing import Any
 
-from atroposlib.envs.reward_fns._final_answer import after_thinking
+from atroposlib.envs.reward_fns import after_thinking
 
 NAMES = ["get_weather", "convert_currency", "search", "a<b"]
 STRINGS = ["Oslo", "a <tool_call> b", "x </tool_call> y", 'quote " inside', "ünï", ""]
