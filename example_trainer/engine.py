@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from atroposlib.inference.weight_routes import WEIGHT_VERSION_ENVIRONMENT
 from atroposlib.trainer_contract import EventKind, RunRecords
+from atroposlib.weight_sync.disk_routes import WEIGHT_VERSION_ENVIRONMENT
 from example_trainer.config import TrainingConfig
 
 logger = logging.getLogger("example_trainer")

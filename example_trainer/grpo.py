@@ -5,7 +5,7 @@ pull a batch, train one step (micro-batches packed by length, loss in
 `loss.py`), and hand the new weights to the engine so environments sample from
 the current policy: a hot mode pushes them into the running engine every
 `--weight-sync-interval` steps, a restart mode checkpoints and restarts it every
-`--vllm-restart-interval` steps (`weight_bridge.py`). Checkpoints follow
+`--vllm-restart-interval` steps (`atroposlib.weight_sync`). Checkpoints follow
 `--save-checkpoint-interval`; the last step always saves. An engine that dies
 is restarted from the newest weights it can load; a restart that fails is
 retried, then falls back to the previous checkpoint (`engine.py`). Ctrl-C writes a final
@@ -25,11 +25,12 @@ from pathlib import Path
 
 import torch
 
-from atroposlib.inference.weight_sync_errors import WeightSyncError
 from atroposlib.protocol import ScoredData, group_id_of
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, RunRecords
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
+from atroposlib.weight_sync.bridge import ExportFailed, WeightBridge, build_bridge
+from atroposlib.weight_sync.errors import WeightSyncError
 from example_trainer.api import APIRefused, TrajectoryAPI
 from example_trainer.checkpoint import load_trainer_state, prune_checkpoints, save_checkpoint
 from example_trainer.config import TrainingConfig
@@ -46,7 +47,6 @@ from example_trainer.engine import Engine
 from example_trainer.interrupts import StepInterrupts
 from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
 from example_trainer.model import MasterWeights, build_optimizer, load_policy
-from example_trainer.weight_bridge import ExportFailed, WeightBridge, build_bridge
 
 NOTHING_TRAINED = dict.fromkeys(
     (
@@ -134,7 +134,7 @@ class Trainer:
         )
         self.records = RunRecords(config.save_path)
         self.engine: Engine | None = None
-        self.bridge: WeightBridge | None = None  # hot modes only (weight_bridge.py)
+        self.bridge: WeightBridge | None = None  # hot modes only (atroposlib.weight_sync.bridge)
         self._wandb_run = None
         self._warned_missing_logprobs = False
 

@@ -17,14 +17,14 @@ from typing import ClassVar
 import uvicorn
 from pydantic import BaseModel, Field
 
-from atroposlib.inference.weight_routes import (
-    WEIGHT_SYNC_KEY_ENVIRONMENT,
-    WEIGHT_VERSION_ENVIRONMENT,
-)
 from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, ExposureRule
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 from atroposlib.utils.model_files import local_model_problem
+from atroposlib.weight_sync.disk_routes import (
+    WEIGHT_SYNC_KEY_ENVIRONMENT,
+    WEIGHT_VERSION_ENVIRONMENT,
+)
 
 KEY_ENVIRONMENT = ENGINE_KEY_ENVIRONMENT
 

@@ -117,11 +117,11 @@ class GenerationEngine:
         return cls(model, tokenizer, limit, weight_version)
 
     def load_weights(self, path: str, weight_version: str | None = None) -> None:
-        """Serve the weights at `path` from the next round on (see `weight_reload`).
+        """Serve the weights at `path` from the next round on (`weight_sync.disk_reload`).
 
         Raises `WeightLoadError` and keeps the old weights when they do not fit.
         """
-        from atroposlib.inference.weight_reload import check_compatible, copy_into, read_checkpoint
+        from atroposlib.weight_sync.disk_reload import check_compatible, copy_into, read_checkpoint
 
         tensors = read_checkpoint(path)  # read outside the lock: rounds go on meanwhile
         check_compatible(self.model, tensors)

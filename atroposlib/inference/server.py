@@ -17,7 +17,7 @@ and build the answer, so every route samples through the same batches.
 With an `api_key`, every route but `/health` needs `Authorization: Bearer <key>`
 (stricter than vLLM, whose key guards only `/v1`): `/generate`, `/tokenize` and
 `/metrics` cost or reveal as much as the OpenAI routes. The weight routes
-(hot reload, `weight_info`) are in `weight_routes`; every choice carries vLLM's
+(hot reload, `weight_info`) are in `atroposlib.weight_sync.disk_routes`; every choice carries vLLM's
 `weight_versions` once the engine has a version.
 """
 
@@ -58,7 +58,6 @@ from atroposlib.inference.openai_requests import (
     validation_error_body,
 )
 from atroposlib.inference.scheduler import BatchScheduler
-from atroposlib.inference.weight_routes import RELOAD_PATH, install_weight_routes
 from atroposlib.utils.openai_shapes import (
     chat_choice,
     chat_logprobs,
@@ -69,6 +68,7 @@ from atroposlib.utils.openai_shapes import (
     usage_body,
 )
 from atroposlib.utils.token_guard import UNAUTHORIZED_MESSAGE, TokenGuard
+from atroposlib.weight_sync.disk_routes import RELOAD_PATH, install_weight_routes
 
 
 def with_weight_versions(choice: dict[str, Any], sample: Sample) -> dict[str, Any]:

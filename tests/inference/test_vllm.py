@@ -24,16 +24,16 @@ import pytest
 
 from atroposlib.envs.server_handling.server_manager import APIServerConfig, ServerManager
 from atroposlib.inference.launcher import EngineProcess
-from atroposlib.inference.vllm_route_guard import MIDDLEWARE
-from atroposlib.inference.vllm_weights import (
+from atroposlib.utils.ports import free_port
+from atroposlib.weight_sync.errors import WeightSyncError
+from atroposlib.weight_sync.vllm import (
     load_vllm_lora,
     lora_base_name,
     reload_vllm_weights,
     vllm_launch_extras,
     weight_route_headers,
 )
-from atroposlib.inference.weight_sync_errors import WeightSyncError
-from atroposlib.utils.ports import free_port
+from atroposlib.weight_sync.vllm_route_guard import MIDDLEWARE
 from tests.support.vllm import NOT_INSTALLED, cpu_vllm_config, vllm_python
 from tests.support.waiting import wait_until
 from tests.tolerances import OTHER_ENGINE_LOGPROB_REL, SAME_LIBRARY_LOGPROB_REL, logprob_tolerance

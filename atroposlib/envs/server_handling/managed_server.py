@@ -46,8 +46,8 @@ from atroposlib.envs.server_handling.sequence_node import SequenceNode
 from atroposlib.envs.server_handling.server_baseline import APIServer
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.envs.server_handling.vllm_server import MAX_TOKEN_ALIASES, drop_doubled_bos
-from atroposlib.envs.server_handling.weight_versions import weight_version_of
 from atroposlib.utils.openai_shapes import chat_choice, completion_body, text_choice
+from atroposlib.weight_sync.versions import weight_version_of
 
 __all__ = ["DummyManagedServer", "ManagedServer", "ManagedServerAdapter", "SequenceNode"]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.envs.server_handling.weight_versions import FinishReason, choice_weight_version
+from atroposlib.weight_sync.versions import FinishReason, choice_weight_version
 
 MAX_TOKEN_ALIASES = ("max_new_tokens", "max_completion_tokens")  # upstream's order: last wins
 NOT_SENT = ("logprobs", "top_logprobs", "skip_reasoning")  # the call sets its own logprobs

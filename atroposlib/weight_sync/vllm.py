@@ -41,9 +41,9 @@ from typing import Literal
 
 import httpx
 
-from atroposlib.inference.vllm_route_guard import guard_launch_extras
-from atroposlib.inference.weight_sync_errors import WeightSyncError
 from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, key_from_environment
+from atroposlib.weight_sync.errors import WeightSyncError
+from atroposlib.weight_sync.vllm_route_guard import guard_launch_extras
 
 # vLLM 0.32's LoRAConfig.max_lora_rank accepts only these (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -14,7 +14,7 @@ Design decisions:
   checkpoints: `--save-checkpoint-interval` decides those.
 - Each engine takes weights its own way (`EnginePush`): our CPU engine through
   its authenticated `/update_weights_from_disk`, vLLM through the routes in
-  `atroposlib.inference.vllm_weights`. A LoRA run on the CPU engine pushes the
+  `atroposlib.weight_sync.vllm`. A LoRA run on the CPU engine pushes the
   merged weights (it has no adapter slots); on vLLM it loads the adapter.
 - A push that fails raises `WeightSyncError`; the trainer then restarts the
   engine on the newest exported weights, so a failed push costs one restart,
@@ -29,15 +29,37 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-import httpx
 import torch
 
-from atroposlib.inference.weight_routes import WEIGHT_SYNC_KEY_ENVIRONMENT
-from atroposlib.inference.weight_sync_errors import WeightSyncError
-from atroposlib.utils.http_client import shared_http_client
-from example_trainer.config import TrainingConfig
+from atroposlib.weight_sync.disk_reload import push_to_cpu_engine
+from atroposlib.weight_sync.disk_routes import WEIGHT_SYNC_KEY_ENVIRONMENT
+from atroposlib.weight_sync.errors import WeightSyncError
+
+
+class BridgeSettings(Protocol):
+    """What a bridge reads of its trainer's settings. The example trainer's
+    `BridgeSettings` has every one under these names, and so may any trainer's."""
+
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def served_model_name(self) -> str | None: ...
+    @property
+    def save_path(self) -> str: ...  # hot exports go to <save_path>/live/step-N
+    @property
+    def vllm_port(self) -> int: ...  # the engine's port on 127.0.0.1
+    @property
+    def weight_bridge_mode(self) -> str: ...
+    @property
+    def restarts_engine(self) -> bool: ...  # a restart mode: no hot bridge
+    @property
+    def weight_sync_interval(self) -> int: ...
+    @property
+    def weight_sync_timeout_s(self) -> float: ...
+    @property
+    def lora_r(self) -> int: ...
 
 
 class ExportFailed(WeightSyncError):
@@ -45,7 +67,7 @@ class ExportFailed(WeightSyncError):
     serving what it had, and needs no restart."""
 
 
-logger = logging.getLogger("example_trainer")
+logger = logging.getLogger("atroposlib.weight_sync")
 
 LIVE_DIR = "live"
 KEEP_LIVE = 2
@@ -75,7 +97,7 @@ def export_weights(model: Any, tokenizer, target: Path, adapter_only: bool) -> P
 class EnginePush:
     """Pushes an exported directory into one running engine."""
 
-    def __init__(self, config: TrainingConfig, engine_kind: str, sync_key: str) -> None:
+    def __init__(self, config: BridgeSettings, engine_kind: str, sync_key: str) -> None:
         self.config = config
         self.url = f"http://127.0.0.1:{config.vllm_port}"
         self.engine_kind = engine_kind
@@ -90,7 +112,7 @@ class EnginePush:
         """What the engine serves its base model as: vLLM's adapter takes `name` itself."""
         if not self.adapter_only:
             return name
-        from atroposlib.inference.vllm_weights import lora_base_name
+        from atroposlib.weight_sync.vllm import lora_base_name
 
         return lora_base_name(name)
 
@@ -98,7 +120,7 @@ class EnginePush:
         """Flags and environment the engine must start with for this push to work."""
         if self.engine_kind != "vllm":
             return [], {WEIGHT_SYNC_KEY_ENVIRONMENT: self.sync_key}
-        from atroposlib.inference.vllm_weights import vllm_launch_extras
+        from atroposlib.weight_sync.vllm import vllm_launch_extras
 
         mode: Literal["hot_reload", "lora_only"] = (
             "lora_only" if self.adapter_only else "hot_reload"
@@ -109,7 +131,7 @@ class EnginePush:
         timeout = self.config.weight_sync_timeout_s
         served = self.config.served_model_name or self.config.model_name
         if self.engine_kind == "vllm":
-            from atroposlib.inference import vllm_weights
+            from atroposlib.weight_sync import vllm as vllm_weights
 
             headers = vllm_weights.weight_route_headers(self.sync_key)
             if self.adapter_only:
@@ -118,25 +140,6 @@ class EnginePush:
                 )
             return vllm_weights.reload_vllm_weights(self.url, str(path), version, headers, timeout)
         return push_to_cpu_engine(self.url, path, version, self.sync_key, timeout)
-
-
-def push_to_cpu_engine(url: str, path: Path, version: str, key: str, timeout_s: float) -> float:
-    """`POST /update_weights_from_disk` on atropos-inference-server; seconds it took."""
-    started = time.perf_counter()
-    try:
-        response = shared_http_client().post(
-            f"{url}/update_weights_from_disk",
-            json={"model_path": str(path), "weight_version": version},
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=timeout_s,
-        )
-    except httpx.HTTPError as exc:
-        raise WeightSyncError(f"cannot push weights to the engine at {url}: {exc!r}") from None
-    if not response.is_success:
-        raise WeightSyncError(
-            f"the engine refused the weights (HTTP {response.status_code}): {response.text[:300]}"
-        )
-    return time.perf_counter() - started
 
 
 class WeightBridge:
@@ -154,7 +157,7 @@ class WeightBridge:
     pruned: list[Path] = []
     """Exports the last sync deleted (the engine must not fall back to them)."""
 
-    def __init__(self, config: TrainingConfig) -> None:
+    def __init__(self, config: BridgeSettings) -> None:
         self.config = config
 
     def launch_extras(self) -> tuple[list[str], dict[str, str]]:
@@ -186,7 +189,7 @@ class WeightBridge:
 class HotBridge(WeightBridge):
     """hot_reload and lora_only: export, push, keep the newest exports."""
 
-    def __init__(self, config: TrainingConfig, engine_kind: str) -> None:
+    def __init__(self, config: BridgeSettings, engine_kind: str) -> None:
         super().__init__(config)
         self.live = Path(config.save_path) / LIVE_DIR
         self.pusher = EnginePush(config, engine_kind, secrets.token_urlsafe(24))
@@ -230,14 +233,14 @@ class HotBridge(WeightBridge):
 
 
 class SharedBridge(WeightBridge):
-    """shared_vllm: `example_trainer.shared_vllm.SharedVLLMBridge` behind the seam. A
+    """shared_vllm: `atroposlib.weight_sync.vllm_ipc.SharedVLLMBridge` behind the seam. A
     restarted vLLM starts on a checkpoint and then gets the weights pushed."""
 
     push_at_start = True  # connect (the handshake) before environments sample
 
-    def __init__(self, config: TrainingConfig, model: torch.nn.Module) -> None:
-        from atroposlib.inference.vllm_weights import weight_route_headers
-        from example_trainer.shared_vllm import SharedVLLMBridge, shared_vllm_launch_extras
+    def __init__(self, config: BridgeSettings, model: torch.nn.Module) -> None:
+        from atroposlib.weight_sync.vllm import weight_route_headers
+        from atroposlib.weight_sync.vllm_ipc import SharedVLLMBridge, shared_vllm_launch_extras
 
         super().__init__(config)
         sync_key = secrets.token_urlsafe(24)
@@ -269,7 +272,7 @@ class SharedBridge(WeightBridge):
 
 
 def build_bridge(
-    config: TrainingConfig, engine_kind: str | None, model: torch.nn.Module
+    config: BridgeSettings, engine_kind: str | None, model: torch.nn.Module
 ) -> WeightBridge | None:
     """The hot bridge for this run, or None for the restart modes (and no engine)."""
     mode = config.weight_bridge_mode

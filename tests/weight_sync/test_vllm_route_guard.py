@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from atroposlib.inference.vllm_route_guard import WeightRouteGuard, guard_launch_extras, guarded
+from atroposlib.weight_sync.vllm_route_guard import WeightRouteGuard, guard_launch_extras, guarded
 
 
 def serving_app() -> Starlette:
@@ -62,5 +62,5 @@ def test_which_paths_are_guarded_and_how_vllm_is_told():
     assert guarded("/update_weights") and guarded("/v1/unload_lora_adapter")
     assert not guarded("/v1/chat/completions") and not guarded("/health")
     args, env = guard_launch_extras("k")
-    assert args == ["--middleware", "atroposlib.inference.vllm_route_guard.WeightRouteGuard"]
+    assert args == ["--middleware", "atroposlib.weight_sync.vllm_route_guard.WeightRouteGuard"]
     assert env["ATROPOS_WEIGHT_SYNC_KEY"] == "k" and env["PYTHONPATH"]

@@ -53,7 +53,7 @@ identical after a step, so that rank's weights are everyone's.
 Engine launch (`shared_vllm_launch_extras`): `--weight-transfer-config
 {"backend":"ipc"}` (engine/arg_utils.py:1875-1877; without it the worker has no
 transfer engine, gpu_worker.py:599-605), `--worker-extension-cls` with
-`example_trainer.shared_vllm_worker` (reports each worker's GPU UUID),
+`atroposlib.weight_sync.vllm_ipc_worker` (reports each worker's GPU UUID),
 `VLLM_SERVER_DEV_MODE=1` (the RL and /server_info routes exist only then,
 entrypoints/launchers/api_server/routers.py:40-47) and
 `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (the IPC handles travel pickled over HTTP,
@@ -74,9 +74,8 @@ from typing import Any
 import httpx
 import torch
 
-from atroposlib.inference.vllm_route_guard import guard_launch_extras
-from atroposlib.inference.weight_sync_errors import WeightSyncError
-from example_trainer.shared_vllm_mapping import (
+from atroposlib.weight_sync.errors import WeightSyncError
+from atroposlib.weight_sync.vllm_ipc_mapping import (
     SharedVLLMSetupError,
     _dtype_name,
     checkpoint_shapes,
@@ -85,9 +84,10 @@ from example_trainer.shared_vllm_mapping import (
     parse_dtype,
     trainable_adapters,
 )
-from example_trainer.shared_vllm_worker import DEVICE_UUID_METHOD, SharedVLLMWorkerExtension
+from atroposlib.weight_sync.vllm_ipc_worker import DEVICE_UUID_METHOD, SharedVLLMWorkerExtension
+from atroposlib.weight_sync.vllm_route_guard import guard_launch_extras
 
-logger = logging.getLogger("example_trainer")
+logger = logging.getLogger("atroposlib.weight_sync")
 
 PAUSE_MODE = "keep"
 NO_CUDA_HINT = (

@@ -25,15 +25,15 @@ torch = pytest.importorskip("torch")
 
 from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
 from atroposlib.envs.server_handling.sequence_node import SequenceNode  # noqa: E402
-from atroposlib.envs.server_handling.weight_versions import (  # noqa: E402
+from atroposlib.protocol import ScoredData  # noqa: E402
+from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
+from atroposlib.utils.ports import free_port  # noqa: E402
+from atroposlib.weight_sync import bridge as weight_bridge  # noqa: E402
+from atroposlib.weight_sync.versions import (  # noqa: E402
     FinishReason,
     choice_weight_version,
     weight_version_of,
 )
-from atroposlib.protocol import ScoredData  # noqa: E402
-from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
-from atroposlib.utils.ports import free_port  # noqa: E402
-from example_trainer import weight_bridge  # noqa: E402
 from example_trainer.config import HOT_MODE_CHECKPOINT_INTERVAL, TrainingConfig  # noqa: E402
 from example_trainer.data import staleness  # noqa: E402
 from example_trainer.engine import Engine  # noqa: E402

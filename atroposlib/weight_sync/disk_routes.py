@@ -20,15 +20,24 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from typing import Literal
+from typing import Literal, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from atroposlib.inference.engine import GenerationEngine
-from atroposlib.inference.weight_reload import WeightLoadError
+from atroposlib.weight_sync.disk_reload import WeightLoadError
+
+
+class ReloadableEngine(Protocol):
+    """What the routes need of an engine: its weights' label, and a reload that waits
+    for the round in flight (the CPU engine's `GenerationEngine`)."""
+
+    weight_version: str | None
+
+    def load_weights(self, path: str, weight_version: str | None = None) -> None: ...
+
 
 RELOAD_PATH = "/update_weights_from_disk"
 WEIGHT_SYNC_KEY_ENVIRONMENT = "ATROPOS_WEIGHT_SYNC_KEY"
@@ -70,7 +79,7 @@ def _refusal(status: int, message: str) -> JSONResponse:
 
 def install_weight_routes(
     app: FastAPI,
-    engine: GenerationEngine,
+    engine: ReloadableEngine,
     sync_key: str | None,
     api_key: str | None,
 ) -> None:

@@ -1,4 +1,5 @@
-"""Loading new weights into a model that is serving: the CPU engine's hot reload.
+"""Loading new weights into a model that is serving: the CPU engine's hot reload, and
+the trainer's side of it (`push_to_cpu_engine`); the route between them is `disk_routes`.
 
 Design decisions:
 - The new weights come from a directory on disk in `save_pretrained`'s layout
@@ -18,9 +19,14 @@ Design decisions:
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import httpx
 import torch
+
+from atroposlib.utils.http_client import shared_http_client
+from atroposlib.weight_sync.errors import WeightSyncError
 
 
 class WeightLoadError(ValueError):
@@ -103,3 +109,22 @@ def copy_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     state = model.state_dict()
     for name, tensor in tensors.items():
         state[name].copy_(tensor)
+
+
+def push_to_cpu_engine(url: str, path: Path, version: str, key: str, timeout_s: float) -> float:
+    """`POST /update_weights_from_disk` on atropos-inference-server; seconds it took."""
+    started = time.perf_counter()
+    try:
+        response = shared_http_client().post(
+            f"{url}/update_weights_from_disk",
+            json={"model_path": str(path), "weight_version": version},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=timeout_s,
+        )
+    except httpx.HTTPError as exc:
+        raise WeightSyncError(f"cannot push weights to the engine at {url}: {exc!r}") from None
+    if not response.is_success:
+        raise WeightSyncError(
+            f"the engine refused the weights (HTTP {response.status_code}): {response.text[:300]}"
+        )
+    return time.perf_counter() - started

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from atroposlib.inference.vllm_route_guard import MIDDLEWARE
+from atroposlib.weight_sync.vllm_route_guard import MIDDLEWARE
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from atroposlib.inference.weight_sync_errors import WeightSyncError  # noqa: E402
-from example_trainer import shared_vllm as sv  # noqa: E402
-from example_trainer import shared_vllm_mapping as mapping  # noqa: E402
-from example_trainer.shared_vllm_worker import (  # noqa: E402
+from atroposlib.weight_sync import vllm_ipc as sv  # noqa: E402
+from atroposlib.weight_sync import vllm_ipc_mapping as mapping  # noqa: E402
+from atroposlib.weight_sync.errors import WeightSyncError  # noqa: E402
+from atroposlib.weight_sync.vllm_ipc_worker import (  # noqa: E402
     DEVICE_UUID_METHOD,
     SharedVLLMWorkerExtension,
 )
@@ -406,5 +406,5 @@ def test_launch_extras_name_ipc_backend_dev_mode_and_the_worker_extension():
     assert callable(getattr(SharedVLLMWorkerExtension, DEVICE_UUID_METHOD))
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
-    repo = Path(sv.__file__).resolve().parents[1]
+    repo = Path(sv.__file__).resolve().parents[2]
     assert str(repo) in env["PYTHONPATH"].split(":")

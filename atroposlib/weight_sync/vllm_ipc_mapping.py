@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from atroposlib.inference.vllm_weights import safetensors_shapes
-from atroposlib.inference.weight_sync_errors import WeightSyncError
+from atroposlib.weight_sync.errors import WeightSyncError
+from atroposlib.weight_sync.vllm import safetensors_shapes
 
 
 class SharedVLLMSetupError(WeightSyncError):
