@@ -26,20 +26,14 @@ Upstream's code_execution_server trains on NousResearch/RLVR_Coding_Problems
 Evaluate: greedy pass@1 (every case passed) and the mean fraction of cases, one sample
 per problem with its case counts.
 
-Offline:
-
-    python environments/code_execution_server.py process --env.total_steps 4 \\
-        --env.use_wandb false --env.tokenizer_name <model dir> \\
-        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny \\
-        --openai.server_type vllm
+Offline, on the shipped sample: `python environments/code_execution_server.py process`
+with the flags in environments/README.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import sys
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,10 +41,9 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
 from atroposlib.envs.data_source import DataSourceConfig, load_rows
 from atroposlib.envs.sandbox import SandboxLimits, require_isolation
-from atroposlib.envs.scored_data import group_from_chat
+from atroposlib.envs.single_turn import Sample, SingleTurnConfig, SingleTurnEnv
 from environments.code_execution_harness import CodeRun, count_cases, run_tests
 
 SAMPLE_DIR = Path(__file__).resolve().parent / "data" / "code_execution"
@@ -71,16 +64,14 @@ def item_from_row(row: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
-class CodeExecutionConfig(BaseEnvConfig, DataSourceConfig):
-    """`BaseEnvConfig`, where the problems come from, sandbox limits and sampling."""
+class CodeExecutionConfig(SingleTurnConfig, DataSourceConfig):
+    """`SingleTurnConfig`, where the problems come from, and the sandbox limits."""
 
     hub_dataset: str = Field("openai/openai_humaneval", description="Hub dataset (HumanEval).")
     hub_train_split: str = Field("test", description="Hub split for training problems.")
     hub_eval_split: str = Field("test", description="Hub split for evaluation problems.")
     max_tokens: int = Field(1024, ge=1, description="Most completion tokens per rollout.")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature for rollouts.")
     eval_size: int = Field(164, ge=1, description="Most problems in the greedy evaluation.")
-    seed: int = Field(0, description="Shuffle seed for the training problems.")
     wall_time_s: float = Field(10.0, gt=0, description="Wall-clock limit of one test run.")
     cpu_time_s: int = Field(5, ge=1, description="CPU-time limit of one test run.")
     memory_mb: int = Field(
@@ -100,37 +91,27 @@ class CodeExecutionConfig(BaseEnvConfig, DataSourceConfig):
     )
 
 
-class CodeExecutionEnv(BaseEnv):
+class CodeExecutionEnv(SingleTurnEnv):
     """Functions judged by hidden tests in the sandbox; reward = share of cases passed."""
 
     name = "code_execution"
     env_config_cls = CodeExecutionConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[CodeExecutionConfig, list[APIServerConfig]]:
-        config = CodeExecutionConfig(
-            tokenizer_name="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-            group_size=8,
-            max_token_length=2048,
-            steps_per_eval=50,
-            use_wandb=True,
-        )
-        server = APIServerConfig(
-            model_name="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-            base_url="http://localhost:9001/v1",
-            server_type="vllm",
-            num_requests_for_eval=64,
-        )
-        return config, [server]
+    config: CodeExecutionConfig
+    config_defaults = {
+        "tokenizer_name": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        "group_size": 8,
+        "max_token_length": 2048,
+        "steps_per_eval": 50,
+        "use_wandb": True,
+    }
 
     async def setup(self) -> None:
         config = self.config
         train = load_rows(config, "train", SAMPLE_DIR, hub_split=config.hub_train_split)
         test = load_rows(config, "test", SAMPLE_DIR, hub_split=config.hub_eval_split)
-        self.train = [item_from_row(row) for row in train]
-        self.test = [item_from_row(row) for row in test][: config.eval_size]
-        random.Random(config.seed).shuffle(self.train)
-        self.position = 0
+        self.train_items = [item_from_row(row) for row in train]
+        self.eval_items = [item_from_row(row) for row in test]
+        self.shuffle_train_items()
         self.limits = SandboxLimits(
             wall_time_s=config.wall_time_s,
             cpu_time_s=config.cpu_time_s,
@@ -140,13 +121,7 @@ class CodeExecutionEnv(BaseEnv):
         require_isolation(config.sandbox)
         self.runs = asyncio.Semaphore(config.max_concurrent_runs)
 
-    async def get_next_item(self) -> dict[str, Any]:
-        item = self.train[self.position % len(self.train)]
-        self.position += 1
-        return item
-
-    @staticmethod
-    def messages_for(item: dict[str, Any]) -> list[dict[str, str]]:
+    def messages_for(self, item: dict[str, Any]) -> list[dict[str, str]]:
         request = f"Complete this function:\n```python\n{item['prompt']}```"
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
@@ -158,58 +133,28 @@ class CodeExecutionEnv(BaseEnv):
         async with self.runs:
             return await run_tests(completion, item, self.limits, self.config.case_timeout_s)
 
-    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[dict[str, Any], list]:
-        """`group_size` samples through ManagedServer, each scored by running its tests."""
-        messages = self.messages_for(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            chat = await managed.chat_completion(
-                messages=messages,
-                n=self.config.group_size,
-                max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        runs = await asyncio.gather(
-            *(self.judge(choice.message.content or "", item) for choice in chat.choices)
-        )
-        return group_from_chat(messages, chat.choices, nodes, [run.score for run in runs]), []
+    async def score(self, completion: str, item: dict[str, Any]) -> float:
+        return (await self.judge(completion, item)).score
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        """Greedy pass@1 and mean case pass rate over the evaluation problems."""
-        started = time.time()
+    async def eval_sample(self, item: dict[str, Any], sample: Sample) -> dict[str, Any]:
+        run = await self.judge(sample.text, item)
+        return {
+            "task_id": item["task_id"],
+            "prompt": item["prompt"],
+            "completion": sample.text,
+            "passed_cases": run.passed,
+            "total_cases": run.total,
+            "timed_out": bool(run.result and run.result.timed_out),
+            "score": run.score,
+        }
 
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            chat = await self.server.chat_completion(
-                messages=self.messages_for(item),
-                max_tokens=self.config.max_tokens,
-                temperature=0.0,
-                split="eval",
-            )
-            completion = chat.choices[0].message.content or ""
-            run = await self.judge(completion, item)
-            return {
-                "task_id": item["task_id"],
-                "prompt": item["prompt"],
-                "completion": completion,
-                "passed_cases": run.passed,
-                "total_cases": run.total,
-                "timed_out": bool(run.result and run.result.timed_out),
-                "score": run.score,
-            }
-
-        samples = await asyncio.gather(*(one(item) for item in self.test))
+    def eval_summary(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """Greedy pass@1 and the mean share of cases passed."""
         count = max(1, len(samples))
-        metrics = {
+        return {
             "eval/pass@1": sum(s["passed_cases"] == s["total_cases"] for s in samples) / count,
             "eval/case_pass_rate": sum(s["score"] for s in samples) / count,
         }
-        await self.evaluate_log(
-            metrics,
-            start_time=started,
-            end_time=time.time(),
-            generation_parameters={"temperature": 0.0, "max_tokens": self.config.max_tokens},
-            samples=samples,
-        )
 
 
 if __name__ == "__main__":

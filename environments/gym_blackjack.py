@@ -31,7 +31,6 @@ from typing import Any
 # `python environments/gym_blackjack.py` puts environments/ on sys.path, not the repo root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig
 from environments.gym_tool_game import GymToolGameConfig, GymToolGameEnv, ToolGame
 
 GAME_ID = "Blackjack-v1"
@@ -95,28 +94,18 @@ class GymBlackjackEnv(GymToolGameEnv):
 
     name = "gym_blackjack"
     env_config_cls = GymBlackjackConfig
+    config_defaults = {
+        "tokenizer_name": "Qwen/Qwen2.5-1.5B-Instruct",
+        "group_size": 16,
+        "use_wandb": True,
+        "max_token_length": 4096,
+        "max_tokens": 512,
+        "max_turns": 8,
+        "steps_per_eval": 50,
+        "eval_episodes": 100,
+        "wandb_name": "gym_blackjack",
+    }
     game = BlackjackGame()
-
-    @classmethod
-    def config_init(cls) -> tuple[GymBlackjackConfig, list[APIServerConfig]]:
-        config = GymBlackjackConfig(
-            tokenizer_name="Qwen/Qwen2.5-1.5B-Instruct",
-            group_size=16,
-            use_wandb=True,
-            max_token_length=4096,
-            max_tokens=512,
-            max_turns=8,
-            steps_per_eval=50,
-            eval_episodes=100,
-            wandb_name=cls.name,
-        )
-        server = APIServerConfig(
-            model_name="Qwen/Qwen2.5-1.5B-Instruct",
-            base_url="http://localhost:9001/v1",
-            server_type="vllm",
-            num_requests_for_eval=64,
-        )
-        return config, [server]
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ from typing import Any
 # `python environments/gym_taxi.py` puts environments/ on sys.path, not the repo root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig
 from environments.gym_tool_game import GymToolGameConfig, GymToolGameEnv, ToolGame
 
 # gymnasium's action ids: 0 south, 1 north, 2 east, 3 west, 4 pickup, 5 dropoff
@@ -170,28 +169,18 @@ class GymTaxiEnv(GymToolGameEnv):
 
     name = "gym_taxi"
     env_config_cls = GymTaxiConfig
+    config_defaults = {
+        "tokenizer_name": "Qwen/Qwen2.5-1.5B-Instruct",
+        "group_size": 16,
+        "use_wandb": True,
+        "max_token_length": 8192,
+        "max_tokens": 256,
+        "max_turns": 30,
+        "steps_per_eval": 50,
+        "eval_episodes": 50,
+        "wandb_name": "gym_taxi",
+    }
     game = TaxiGame()
-
-    @classmethod
-    def config_init(cls) -> tuple[GymTaxiConfig, list[APIServerConfig]]:
-        config = GymTaxiConfig(
-            tokenizer_name="Qwen/Qwen2.5-1.5B-Instruct",
-            group_size=16,
-            use_wandb=True,
-            max_token_length=8192,
-            max_tokens=256,
-            max_turns=30,
-            steps_per_eval=50,
-            eval_episodes=50,
-            wandb_name=cls.name,
-        )
-        server = APIServerConfig(
-            model_name="Qwen/Qwen2.5-1.5B-Instruct",
-            base_url="http://localhost:9001/v1",
-            server_type="vllm",
-            num_requests_for_eval=64,
-        )
-        return config, [server]
 
 
 if __name__ == "__main__":

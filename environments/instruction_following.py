@@ -25,21 +25,14 @@ Evaluate: IFEval's four numbers: prompt-level and instruction-level accuracy, st
 (the response as written) and loose (also accepted when a variant passes: the first or
 last line dropped, or markdown asterisks removed), plus one sample per prompt.
 
-Offline (the shipped sample in environments/data/instruction_following/):
-
-    python environments/instruction_following.py process --env.total_steps 4 \\
-        --env.use_wandb false --env.tokenizer_name <model dir> \\
-        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny \\
-        --openai.server_type vllm
+Offline, on the shipped sample: `python environments/instruction_following.py process`
+with the flags in environments/README.md.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -48,7 +41,6 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
 from atroposlib.envs.data_source import DataSourceConfig, load_rows
 from atroposlib.envs.reward_fns.ifeval_reward import (
     Check,
@@ -60,6 +52,7 @@ from atroposlib.envs.reward_fns.ifeval_reward import (
     response_text,
     strict,
 )
+from atroposlib.envs.single_turn import Sample, SingleTurnConfig, SingleTurnEnv
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +118,8 @@ def instruction_results(completion: str, checks: list[Check]) -> dict[str, list[
     return {"strict": strict(response, checks), "loose": loose(response, checks)}
 
 
-class InstructionFollowingConfig(BaseEnvConfig, DataSourceConfig):
-    """`BaseEnvConfig`, where the rows come from, and the reward and sampling settings."""
+class InstructionFollowingConfig(SingleTurnConfig, DataSourceConfig):
+    """`SingleTurnConfig`, where the rows come from, and the reward settings."""
 
     hub_dataset: str = Field("allenai/RLVR-IFeval", description="Hub dataset for training.")
     eval_hub_dataset: str = Field(
@@ -138,110 +131,67 @@ class InstructionFollowingConfig(BaseEnvConfig, DataSourceConfig):
     )
     all_met_bonus: float = Field(0.0, ge=0.0, description="Added when every instruction holds.")
     max_tokens: int = Field(1024, ge=1, description="Most completion tokens per rollout.")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature for rollouts.")
     eval_size: int = Field(541, ge=1, description="Most prompts in the greedy evaluation.")
     seed: int = Field(0, description="Shuffle seed for the training rows.")
 
 
-class InstructionFollowingEnv(BaseEnv):
+class InstructionFollowingEnv(SingleTurnEnv):
     """Writing requests with verifiable instructions; reward = share of instructions met."""
 
     name = "instruction_following"
     env_config_cls = InstructionFollowingConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[InstructionFollowingConfig, list[APIServerConfig]]:
-        config = InstructionFollowingConfig(
-            tokenizer_name="Qwen/Qwen2.5-1.5B-Instruct",
-            group_size=16,
-            max_token_length=2048,
-            steps_per_eval=50,
-            use_wandb=True,
-        )
-        server = APIServerConfig(
-            model_name="Qwen/Qwen2.5-1.5B-Instruct",
-            base_url="http://localhost:9001/v1",
-            server_type="vllm",
-            num_requests_for_eval=64,
-        )
-        return config, [server]
+    config: InstructionFollowingConfig
+    config_defaults = {
+        "tokenizer_name": "Qwen/Qwen2.5-1.5B-Instruct",
+        "group_size": 16,
+        "max_token_length": 2048,
+        "steps_per_eval": 50,
+        "use_wandb": True,
+    }
 
     async def setup(self) -> None:
-        self.train = items_from_rows(load_rows(self.config, "train", SAMPLE_DIR), "train")
+        self.train_items = items_from_rows(load_rows(self.config, "train", SAMPLE_DIR), "train")
         eval_source = self.config.model_copy(
             update={"hub_dataset": self.config.eval_hub_dataset, "hub_subset": None}
         )
         test_rows = load_rows(eval_source, "test", SAMPLE_DIR, hub_split=self.config.eval_hub_split)
-        self.test = items_from_rows(test_rows, "test")[: self.config.eval_size]
-        random.Random(self.config.seed).shuffle(self.train)
-        self.position = 0
+        self.eval_items = items_from_rows(test_rows, "test")
+        self.shuffle_train_items()
 
-    async def get_next_item(self) -> dict[str, Any]:
-        item = self.train[self.position % len(self.train)]
-        self.position += 1
-        return item
-
-    @staticmethod
-    def messages_for(item: dict[str, Any]) -> list[dict[str, str]]:
+    def messages_for(self, item: dict[str, Any]) -> list[dict[str, str]]:
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": item["prompt"]},
         ]
 
-    def score(self, completion: str, checks: list[Check]) -> float:
+    def score(self, completion: str, item: dict[str, Any]) -> float:
         """The configured ifeval reward for one completion."""
         return ifeval_score(
-            completion, checks, self.config.all_or_nothing, self.config.all_met_bonus
+            completion, item_checks(item), self.config.all_or_nothing, self.config.all_met_bonus
         )
 
-    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[dict[str, Any], list]:
-        checks = item_checks(item)
-        group = await self.sample_group(
-            self.messages_for(item),
-            lambda completion: self.score(completion, checks),
-            max_tokens=self.config.max_tokens,
-            temperature=self.config.temperature,
-        )
-        return group, []
+    async def eval_sample(self, item: dict[str, Any], sample: Sample) -> dict[str, Any]:
+        results = instruction_results(sample.text, item_checks(item))
+        return {
+            "key": item["key"],
+            "prompt": item["prompt"],
+            "instruction_id_list": [i for i, _ in item["constraints"]],
+            "completion": sample.text,
+            "follow_instruction_list": results["strict"],
+            "follow_instruction_list_loose": results["loose"],
+            "score": float(all(results["strict"])),
+        }
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        """IFEval's strict and loose, prompt- and instruction-level accuracy (greedy)."""
-        started = time.time()
-
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            chat = await self.server.chat_completion(
-                messages=self.messages_for(item),
-                max_tokens=self.config.max_tokens,
-                temperature=0.0,
-                split="eval",
-            )
-            completion = chat.choices[0].message.content or ""
-            results = instruction_results(completion, item_checks(item))
-            return {
-                "key": item["key"],
-                "prompt": item["prompt"],
-                "instruction_id_list": [i for i, _ in item["constraints"]],
-                "completion": completion,
-                "follow_instruction_list": results["strict"],
-                "follow_instruction_list_loose": results["loose"],
-                "score": float(all(results["strict"])),
-            }
-
-        samples = await asyncio.gather(*(one(item) for item in self.test))
+    def eval_summary(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """IFEval's strict and loose, prompt- and instruction-level accuracy."""
         metrics = {}
         modes = (("strict", "follow_instruction_list"), ("loose", "follow_instruction_list_loose"))
         for mode, field in modes:
             flags = [s[field] for s in samples]
             every = [f for per_prompt in flags for f in per_prompt]
-            metrics[f"eval/prompt_level_{mode}_acc"] = sum(map(all, flags)) / len(flags)
+            metrics[f"eval/prompt_level_{mode}_acc"] = sum(map(all, flags)) / max(1, len(flags))
             metrics[f"eval/inst_level_{mode}_acc"] = sum(every) / max(1, len(every))
-        await self.evaluate_log(
-            metrics,
-            start_time=started,
-            end_time=time.time(),
-            generation_parameters={"temperature": 0.0, "max_tokens": self.config.max_tokens},
-            samples=samples,
-        )
+        return metrics
 
 
 if __name__ == "__main__":

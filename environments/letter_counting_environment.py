@@ -29,7 +29,6 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig
 from atroposlib.envs.reward_fns import final_integer, tagged_answer
 from atroposlib.envs.reward_fns.answer_tag_reward import same_answer
 from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
@@ -78,22 +77,13 @@ class LetterCountingConfig(SingleTurnConfig):
 class LetterCountingEnv(SingleTurnEnv):
     name = "letter_counting"
     env_config_cls = LetterCountingConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[LetterCountingConfig, list[APIServerConfig]]:
-        config = LetterCountingConfig(
-            tokenizer_name="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
-            group_size=8,
-            max_token_length=1024,
-            max_tokens=512,
-            eval_size=100,
-        )
-        server = APIServerConfig(
-            model_name="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
-            base_url="http://localhost:9001/v1",
-            server_type="vllm",
-        )
-        return config, [server]
+    config_defaults = {
+        "tokenizer_name": "NousResearch/DeepHermes-3-Llama-3-3B-Preview",
+        "group_size": 8,
+        "max_token_length": 1024,
+        "max_tokens": 512,
+        "eval_size": 100,
+    }
 
     async def setup(self) -> None:
         words = load_words(Path(self.config.word_list_path or WORDS))

@@ -28,21 +28,15 @@ Evaluate: greedy, `eval/math500_percent_correct` and `eval/overall_percent_corre
 (upstream's names), per subject and per level (`eval/math500_level_3_percent_correct`,
 `eval/math500_number_theory_percent_correct`), `eval/format_rate`, one sample per problem.
 
-Offline, on the samples:
-
-    python environments/math_server.py process --env.total_steps 4 --env.use_wandb false \
-        --env.tokenizer_name <model dir> --openai.base_url http://127.0.0.1:9001/v1 \
-        --openai.model_name tiny --openai.server_type vllm
+Offline, on the shipped sample: `python environments/math_server.py process`
+with the flags in environments/README.md.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import re
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -51,15 +45,10 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
 from atroposlib.envs.data_source import DataSourceConfig, load_rows
-from atroposlib.envs.reward_fns.math_think_reward import math_think_score
-from atroposlib.envs.reward_fns.math_verify_reward import (
-    gold_from_solution,
-    grade_answer,
-)
-from atroposlib.envs.reward_fns.think_format_reward import think_format_ok
-from atroposlib.envs.scored_data import group_from_chat
+from atroposlib.envs.reward_fns.math_think_reward import math_eval_fields, math_think_score
+from atroposlib.envs.reward_fns.math_verify_reward import gold_from_solution
+from atroposlib.envs.single_turn import Sample, SingleTurnConfig, SingleTurnEnv
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +98,8 @@ def accuracy_metrics(samples: list[dict[str, Any]], name: str) -> dict[str, floa
     return metrics
 
 
-class MathConfig(BaseEnvConfig, DataSourceConfig):
-    """`BaseEnvConfig`, the training and eval datasets, the reward and sampling settings."""
+class MathConfig(SingleTurnConfig, DataSourceConfig):
+    """`SingleTurnConfig`, the training and eval datasets, the reward and sampling settings."""
 
     hub_dataset: str = Field("zwhe99/DeepMath-103K", description="Training dataset on the hub.")
     hub_split: str = Field("train", description="Hub split of the training rows.")
@@ -131,38 +120,24 @@ class MathConfig(BaseEnvConfig, DataSourceConfig):
         True, description="Zero the advantage of completions cut off at max_tokens."
     )
     max_tokens: int = Field(3072, ge=1, description="Most completion tokens per rollout.")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature for rollouts.")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling for rollouts.")
     seed: int = Field(42, description="Shuffle seed for the training problems.")
 
 
-class MathEnv(BaseEnv):
+class MathEnv(SingleTurnEnv):
     """Competition math; math-verify on the boxed LaTeX answer, minus a think-format cost."""
 
     name = "math"
     env_config_cls = MathConfig
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.percent_correct_buffer: list[float] = []
-        self.pass_at_groupsize: list[float] = []
-
-    @classmethod
-    def config_init(cls) -> tuple[MathConfig, list[APIServerConfig]]:
-        config = MathConfig(
-            tokenizer_name="Qwen/Qwen2.5-1.5B-Instruct",
-            group_size=16,
-            max_token_length=4096,
-            steps_per_eval=25,
-            use_wandb=True,
-        )
-        server = APIServerConfig(
-            model_name="Qwen/Qwen2.5-1.5B-Instruct",
-            base_url="http://localhost:9001/v1",
-            server_type="vllm",
-            num_requests_for_eval=256,
-        )
-        return config, [server]
+    config: MathConfig
+    config_defaults = {
+        "tokenizer_name": "Qwen/Qwen2.5-1.5B-Instruct",
+        "group_size": 16,
+        "max_token_length": 4096,
+        "steps_per_eval": 25,
+        "use_wandb": True,
+    }
+    server_defaults = {"num_requests_for_eval": 256}
 
     def _items(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         items = [item for item in map(item_from_row, rows) if item is not None]
@@ -173,8 +148,7 @@ class MathEnv(BaseEnv):
     async def setup(self) -> None:
         config = self.config
         rows = load_rows(config, "train", SAMPLE_DIR, hub_split=config.hub_split)
-        self.train = self._items(rows)
-        random.Random(config.seed).shuffle(self.train)
+        self.train_items = self._items(rows)
         eval_source = config.model_copy(
             update={
                 "hub_dataset": config.eval_hub_dataset,
@@ -183,17 +157,8 @@ class MathEnv(BaseEnv):
             }
         )
         eval_rows = load_rows(eval_source, "test", EVAL_SAMPLE_DIR, hub_split=config.eval_hub_split)
-        self.test = self._items(eval_rows)[: config.eval_size]
-        self.position = 0
-
-    async def get_next_item(self) -> dict[str, Any]:
-        item = self.train[self.position % len(self.train)]
-        self.position += 1
-        return item
-
-    def save_checkpoint(self, step: int, data: dict | None = None) -> None:
-        """Keeps the position in the shuffled training set across restarts."""
-        super().save_checkpoint(step, {**(data or {}), "position": self.position})
+        self.eval_items = self._items(eval_rows)
+        self.shuffle_train_items()
 
     def messages_for(self, item: dict[str, Any]) -> list[dict[str, str]]:
         return [
@@ -206,80 +171,38 @@ class MathEnv(BaseEnv):
             completion, item["gold"], self.config.think_format_weight, truncated=truncated
         )
 
-    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[dict[str, Any], list]:
-        """One group of `group_size` samples, scored; truncated ones optionally masked."""
-        messages = self.messages_for(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            chat = await managed.chat_completion(
-                messages=messages,
-                n=self.config.group_size,
-                max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-                top_p=self.config.top_p,
-            )
-            nodes = managed.get_state()["nodes"]
-        truncated = [choice.finish_reason == "length" for choice in chat.choices]
-        scores = [
-            self.score(choice.message.content or "", item, cut)
-            for choice, cut in zip(chat.choices, truncated, strict=True)
-        ]
-        right = [float(s >= 1.0 - 1e-9) for s in scores]
-        self.percent_correct_buffer.extend(right)
-        self.pass_at_groupsize.append(float(any(right)))
-        group = group_from_chat(messages, chat.choices, nodes, scores)
-        if self.config.mask_too_long_completions and any(truncated):
-            group["overrides"] = [{"set_advantage_to_zero": True} if c else {} for c in truncated]
-        return group, []
+    def score_sample(self, sample: Sample, item: dict[str, Any]) -> float:
+        return self.score(sample.text, item, sample.truncated)
 
-    async def wandb_log(self, wandb_metrics: dict | None = None) -> None:
-        """Adds train/percent_correct and train/pass_at_groupsize since the last log."""
-        metrics = dict(wandb_metrics or {})
-        for key, buffer in (
-            ("train/percent_correct", self.percent_correct_buffer),
-            ("train/pass_at_groupsize", self.pass_at_groupsize),
-        ):
-            if buffer:
-                metrics[key] = sum(buffer) / len(buffer)
-                buffer.clear()
-        await super().wandb_log(metrics)
+    def sampling_for(self, item: dict[str, Any], split: str) -> dict[str, Any]:
+        return {"top_p": self.config.top_p} if split == "train" else {}
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        """Greedy answers to the eval problems: accuracy overall, per subject and level."""
-        started = time.time()
+    def zero_truncated_advantage(self) -> bool:
+        return self.config.mask_too_long_completions
 
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            chat = await self.server.chat_completion(
-                messages=self.messages_for(item),
-                max_tokens=self.config.max_tokens,
-                temperature=0.0,
-                split="eval",
-            )
-            choice = chat.choices[0]
-            response = choice.message.content or ""
-            correct = choice.finish_reason != "length" and grade_answer(response, item["gold"])
-            return {
-                "unique_id": item["unique_id"],
-                "question": item["problem"],
-                "gold_answer": item["gold"],
-                "subject": item["subject"],
-                "level": item["level"],
-                "response": response,
-                "score": int(correct),
-                "correct": correct,
-                "format_ok": think_format_ok(response),
-                "finish_reason": choice.finish_reason,
-            }
+    def train_metrics(self, groups: list[list[float]]) -> dict[str, float]:
+        """Percent correct, and pass@group_size: the share of groups with a right answer."""
+        right = [[score >= 1.0 - 1e-9 for score in group] for group in groups]
+        return {
+            **super().train_metrics(groups),
+            "train/pass_at_groupsize": sum(map(any, right)) / len(right),
+        }
 
-        samples = await asyncio.gather(*(one(item) for item in self.test))
+    async def eval_sample(self, item: dict[str, Any], sample: Sample) -> dict[str, Any]:
+        return {
+            "unique_id": item["unique_id"],
+            "question": item["problem"],
+            "gold_answer": item["gold"],
+            "subject": item["subject"],
+            "level": item["level"],
+            **math_eval_fields(sample.text, sample.finish_reason, item["gold"]),
+        }
+
+    def eval_summary(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """Accuracy overall, per subject and per level, and the think-format rate."""
         metrics = accuracy_metrics(samples, self.config.eval_name)
         metrics["eval/format_rate"] = sum(s["format_ok"] for s in samples) / max(1, len(samples))
-        await self.evaluate_log(
-            metrics,
-            samples=samples,
-            start_time=started,
-            end_time=time.time(),
-            generation_parameters={"temperature": 0.0, "max_tokens": self.config.max_tokens},
-        )
+        return metrics
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig
 from atroposlib.envs.data_source import DataSourceConfig, load_rows
 from atroposlib.envs.reward_fns.choice_letter_reward import ChoiceLetterReward
 from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
@@ -68,22 +67,13 @@ class MCQAConfig(SingleTurnConfig, DataSourceConfig):
 class MCQAThinkingEnv(SingleTurnEnv):
     name = "mcqa_thinking"
     env_config_cls = MCQAConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[MCQAConfig, list[APIServerConfig]]:
-        config = MCQAConfig(
-            tokenizer_name="NousResearch/DeepHermes-3-Llama-3-8B-Preview",
-            group_size=8,
-            max_token_length=4096,
-            max_tokens=2048,
-            eval_size=1000,
-        )
-        server = APIServerConfig(
-            model_name="NousResearch/DeepHermes-3-Llama-3-8B-Preview",
-            base_url="http://localhost:9001/v1",
-            server_type="vllm",
-        )
-        return config, [server]
+    config_defaults = {
+        "tokenizer_name": "NousResearch/DeepHermes-3-Llama-3-8B-Preview",
+        "group_size": 8,
+        "max_token_length": 4096,
+        "max_tokens": 2048,
+        "eval_size": 1000,
+    }
 
     async def setup(self) -> None:
         config = self.config

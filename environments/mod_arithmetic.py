@@ -30,10 +30,8 @@ its greedy evaluation (`evaluate`). `--help` lists every `--env.*` and
 
 from __future__ import annotations
 
-import asyncio
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +40,8 @@ from pydantic import Field
 # `python environments/mod_arithmetic.py` puts environments/ on sys.path, not the repo root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.envs.base import APIServerConfig
+from atroposlib.envs.single_turn import Sample, SingleTurnConfig, SingleTurnEnv
 from atroposlib.utils.tiny_model import ensure_tiny_model
 
 # The system line and the question wording the tiny model was trained on, from the one
@@ -60,14 +59,13 @@ def score_answer(completion: str, answer: str) -> float:
     return 1.0 if completion.strip() == answer else 0.0
 
 
-class ModArithmeticConfig(BaseEnvConfig):
-    """`BaseEnvConfig` plus the sampling and problem settings of this task."""
+class ModArithmeticConfig(SingleTurnConfig):
+    """`SingleTurnConfig` plus the sampling and problem settings of this task."""
 
     seed: int = Field(0, description="Seed for the stream of training problems.")
     max_tokens: int = Field(
         4, ge=1, description="Most completion tokens per answer (a digit and <|im_end|> is 2)."
     )
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature for rollouts.")
     eval_size: int = Field(
         50,
         ge=1,
@@ -77,16 +75,12 @@ class ModArithmeticConfig(BaseEnvConfig):
     eval_seed: int = Field(1234, description="Seed that picks the evaluation problems.")
 
 
-class ModArithmeticEnv(BaseEnv):
+class ModArithmeticEnv(SingleTurnEnv):
     """(a + b) mod 10 for one-digit a, b; reward 1.0 for the right digit, else 0."""
 
     name = "mod_arithmetic"
     env_config_cls = ModArithmeticConfig
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # every sampled score since the last log, including groups dropped for equal scores
-        self.recent_scores: list[float] = []
+    config: ModArithmeticConfig
 
     @classmethod
     def config_init(cls) -> tuple[ModArithmeticConfig, APIServerConfig]:
@@ -113,17 +107,15 @@ class ModArithmeticEnv(BaseEnv):
     async def setup(self) -> None:
         self.rng = random.Random(self.config.seed)
         pairs = [(a, b) for a in range(10) for b in range(10)]
-        self.eval_problems = random.Random(self.config.eval_seed).sample(
-            pairs, self.config.eval_size
-        )
-        self.items_served = 0
+        chosen = random.Random(self.config.eval_seed).sample(pairs, self.config.eval_size)
+        self.eval_items = [{"a": a, "b": b} for a, b in chosen]
 
     async def get_next_item(self) -> dict[str, int]:
-        self.items_served += 1
+        """A fresh random problem (a stream, not a list: `position` counts them)."""
+        self.position += 1
         return {"a": self.rng.randrange(10), "b": self.rng.randrange(10)}
 
-    @staticmethod
-    def messages_for(item: dict[str, int]) -> list[dict[str, str]]:
+    def messages_for(self, item: dict[str, int]) -> list[dict[str, str]]:
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": question_for(item["a"], item["b"])},
@@ -132,55 +124,22 @@ class ModArithmeticEnv(BaseEnv):
     def score(self, completion: str, item: dict[str, int]) -> float:
         return score_answer(completion, answer_for(item["a"], item["b"]))
 
-    async def collect_trajectories(self, item: dict[str, int]) -> tuple[dict[str, Any], list]:
-        """One group: `group_size` samples of the same question, each scored 0 or 1."""
-        group = await self.sample_group(
-            self.messages_for(item),
-            lambda completion: self.score(completion, item),
-            max_tokens=self.config.max_tokens,
-            temperature=self.config.temperature,
-        )
-        self.recent_scores.extend(group["scores"])
-        return group, []
+    def train_metrics(self, groups: list[list[float]]) -> dict[str, float]:
+        """train/accuracy: the share of all sampled answers that were right."""
+        scores = [s for group in groups for s in group]
+        return {"train/accuracy": sum(scores) / len(scores), "train/samples": len(scores)}
 
-    async def wandb_log(self, wandb_metrics: dict | None = None) -> None:
-        """Adds train/accuracy: the share of all sampled answers that were right."""
-        metrics = dict(wandb_metrics or {})
-        if self.recent_scores:
-            metrics["train/accuracy"] = sum(self.recent_scores) / len(self.recent_scores)
-            metrics["train/samples"] = len(self.recent_scores)
-            self.recent_scores = []
-        await super().wandb_log(metrics)
+    async def eval_sample(self, item: dict[str, int], sample: Sample) -> dict[str, Any]:
+        return {
+            "question": question_for(item["a"], item["b"]),
+            "answer": answer_for(item["a"], item["b"]),
+            "completion": sample.text,
+            "score": self.score(sample.text, item),
+        }
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+    def eval_summary(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         """Greedy accuracy over the fixed evaluation problems."""
-        started = time.time()
-
-        async def one(a: int, b: int) -> dict[str, Any]:
-            chat = await self.server.chat_completion(
-                messages=self.messages_for({"a": a, "b": b}),
-                max_tokens=self.config.max_tokens,
-                temperature=0.0,
-                split="eval",
-            )
-            completion = chat.choices[0].message.content or ""
-            answer = answer_for(a, b)
-            return {
-                "question": question_for(a, b),
-                "answer": answer,
-                "completion": completion,
-                "score": score_answer(completion, answer),
-            }
-
-        samples = await asyncio.gather(*(one(a, b) for a, b in self.eval_problems))
-        accuracy = sum(s["score"] for s in samples) / len(samples)
-        await self.evaluate_log(
-            {"eval/accuracy": accuracy},
-            start_time=started,
-            end_time=time.time(),
-            generation_parameters={"temperature": 0.0, "max_tokens": self.config.max_tokens},
-            samples=samples,
-        )
+        return {"eval/accuracy": sum(s["score"] for s in samples) / max(1, len(samples))}
 
 
 if __name__ == "__main__":

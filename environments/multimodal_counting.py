@@ -35,7 +35,6 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig
 from atroposlib.envs.reward_fns import tagged_answer
 from atroposlib.envs.reward_fns.answer_tag_reward import same_answer
 from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
@@ -113,22 +112,14 @@ class MultimodalCountingConfig(SingleTurnConfig):
 class MultimodalCountingEnv(SingleTurnEnv):
     name = "multimodal_counting"
     env_config_cls = MultimodalCountingConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[MultimodalCountingConfig, list[APIServerConfig]]:
-        config = MultimodalCountingConfig(
-            tokenizer_name="Qwen/Qwen2.5-VL-3B-Instruct",
-            group_size=8,
-            max_token_length=2048,
-            max_tokens=512,
-            eval_size=100,
-        )
-        server = APIServerConfig(
-            model_name="Qwen/Qwen2.5-VL-3B-Instruct",
-            base_url="http://localhost:9001/v1",
-            server_type="openai",
-        )
-        return config, [server]
+    config_defaults = {
+        "tokenizer_name": "Qwen/Qwen2.5-VL-3B-Instruct",
+        "group_size": 8,
+        "max_token_length": 2048,
+        "max_tokens": 512,
+        "eval_size": 100,
+    }
+    server_defaults = {"server_type": "openai"}
 
     async def setup(self) -> None:
         first = self.config.seed * 1_000_000

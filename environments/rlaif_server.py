@@ -29,7 +29,6 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig
 from atroposlib.envs.cli import ServerNamespace
 from atroposlib.envs.data_source import DataSourceConfig, load_rows
 from atroposlib.envs.judging import GroupJudge, JudgeUnavailable
@@ -64,22 +63,13 @@ class RLAIFConfig(SingleTurnConfig, DataSourceConfig):
 class RLAIFEnv(SingleTurnEnv):
     name = "rlaif"
     env_config_cls = RLAIFConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[RLAIFConfig, list[APIServerConfig]]:
-        config = RLAIFConfig(
-            tokenizer_name="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
-            group_size=4,
-            max_token_length=2048,
-            max_tokens=1024,
-            eval_size=50,
-        )
-        server = APIServerConfig(
-            model_name="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
-            base_url="http://localhost:9001/v1",
-            server_type="vllm",
-        )
-        return config, [server]
+    config_defaults = {
+        "tokenizer_name": "NousResearch/DeepHermes-3-Llama-3-3B-Preview",
+        "group_size": 4,
+        "max_token_length": 2048,
+        "max_tokens": 1024,
+        "eval_size": 50,
+    }
 
     @classmethod
     def cli_server_namespaces(cls) -> dict[str, ServerNamespace]:

@@ -26,22 +26,16 @@ same): only point this env at datasets you trust.
 Evaluate: greedy `eval/valid_rate` (answers scoring 1.0), `eval/json_rate` (parseable
 JSON) and `eval/mean_score`, with one sample per problem (its schema errors included).
 
-Offline:
-
-    python environments/structured_output.py process --env.total_steps 4 \\
-        --env.use_wandb false --env.tokenizer_name <model dir> \\
-        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny \\
-        --openai.server_type vllm
+Offline, on the shipped sample: `python environments/structured_output.py process`
+with the flags in environments/README.md.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +43,6 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
 from atroposlib.envs.data_source import DataSourceConfig, load_rows
 from atroposlib.envs.reward_fns.json_schema_reward import (
     NO_JSON,
@@ -57,6 +50,7 @@ from atroposlib.envs.reward_fns.json_schema_reward import (
     parse_answer,
     schema_errors,
 )
+from atroposlib.envs.single_turn import Sample, SingleTurnConfig, SingleTurnEnv
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +116,8 @@ def score_item(completion: str, item: dict[str, Any], invalid_schema_score: floa
     return json_schema_score(completion, item["schema"], model, invalid_schema_score)
 
 
-class StructuredOutputConfig(BaseEnvConfig, DataSourceConfig):
-    """`BaseEnvConfig`, where the rows come from, and the reward and sampling settings."""
+class StructuredOutputConfig(SingleTurnConfig, DataSourceConfig):
+    """`SingleTurnConfig`, where the rows come from, and the reward settings."""
 
     hub_dataset: str = Field(
         "justus27/pydantic-adherance-test", description="Hub dataset (upstream's)."
@@ -136,45 +130,31 @@ class StructuredOutputConfig(BaseEnvConfig, DataSourceConfig):
         0.25, ge=0.0, lt=1.0, description="Score of well-formed JSON that fails the schema."
     )
     max_tokens: int = Field(1024, ge=1, description="Most completion tokens per rollout.")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature for rollouts.")
+    eval_size: int = Field(100_000, ge=1, description="Most held-out problems evaluated.")
     seed: int = Field(0, description="Seed of the shuffle that picks the held-out rows.")
 
 
-class StructuredOutputEnv(BaseEnv):
+class StructuredOutputEnv(SingleTurnEnv):
     """JSON answers checked against a pydantic model's schema; partial credit for JSON."""
 
     name = "structured_output"
     env_config_cls = StructuredOutputConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[StructuredOutputConfig, list[APIServerConfig]]:
-        config = StructuredOutputConfig(
-            tokenizer_name="Qwen/Qwen2.5-1.5B-Instruct",
-            group_size=16,
-            max_token_length=4096,
-            steps_per_eval=50,
-            use_wandb=True,
-        )
-        server = APIServerConfig(
-            model_name="Qwen/Qwen2.5-1.5B-Instruct",
-            base_url="http://localhost:9001/v1",
-            server_type="vllm",
-            num_requests_for_eval=64,
-        )
-        return config, [server]
+    config: StructuredOutputConfig
+    config_defaults = {
+        "tokenizer_name": "Qwen/Qwen2.5-1.5B-Instruct",
+        "group_size": 16,
+        "max_token_length": 4096,
+        "steps_per_eval": 50,
+        "use_wandb": True,
+    }
 
     async def setup(self) -> None:
         rows = load_rows(self.config, "train", SAMPLE_DIR, hub_split=self.config.hub_split)
-        self.train, self.test = split_rows(rows, self.config.eval_fraction, self.config.seed)
-        self.position = 0
+        self.train_items, self.eval_items = split_rows(
+            rows, self.config.eval_fraction, self.config.seed
+        )
 
-    async def get_next_item(self) -> dict[str, Any]:
-        item = self.train[self.position % len(self.train)]
-        self.position += 1
-        return item
-
-    @staticmethod
-    def messages_for(item: dict[str, Any]) -> list[dict[str, str]]:
+    def messages_for(self, item: dict[str, Any]) -> list[dict[str, str]]:
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": item["prompt"]},
@@ -183,53 +163,27 @@ class StructuredOutputEnv(BaseEnv):
     def score(self, completion: str, item: dict[str, Any]) -> float:
         return score_item(completion, item, self.config.invalid_schema_score)
 
-    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[dict[str, Any], list]:
-        group = await self.sample_group(
-            self.messages_for(item),
-            lambda completion: self.score(completion, item),
-            max_tokens=self.config.max_tokens,
-            temperature=self.config.temperature,
-        )
-        return group, []
+    async def eval_sample(self, item: dict[str, Any], sample: Sample) -> dict[str, Any]:
+        value = parse_answer(sample.text)
+        is_json = value is not NO_JSON
+        return {
+            "problem_id": item["problem_id"],
+            "model_name": item["model_name"],
+            "prompt": item["prompt"],
+            "completion": sample.text,
+            "is_json": is_json,
+            "schema_errors": schema_errors(value, item["schema"])[:5] if is_json else [],
+            "score": self.score(sample.text, item),
+        }
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        """Greedy answers to the held-out problems: valid rate, JSON rate, mean score."""
-        started = time.time()
-
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            chat = await self.server.chat_completion(
-                messages=self.messages_for(item),
-                max_tokens=self.config.max_tokens,
-                temperature=0.0,
-                split="eval",
-            )
-            completion = chat.choices[0].message.content or ""
-            value = parse_answer(completion)
-            is_json = value is not NO_JSON
-            return {
-                "problem_id": item["problem_id"],
-                "model_name": item["model_name"],
-                "prompt": item["prompt"],
-                "completion": completion,
-                "is_json": is_json,
-                "schema_errors": schema_errors(value, item["schema"])[:5] if is_json else [],
-                "score": self.score(completion, item),
-            }
-
-        samples = await asyncio.gather(*(one(item) for item in self.test))
+    def eval_summary(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """Valid rate, JSON rate and mean score of the greedy answers."""
         count = max(1, len(samples))
-        metrics = {
+        return {
             "eval/valid_rate": sum(s["score"] == 1.0 for s in samples) / count,
             "eval/json_rate": sum(s["is_json"] for s in samples) / count,
             "eval/mean_score": sum(s["score"] for s in samples) / count,
         }
-        await self.evaluate_log(
-            metrics,
-            start_time=started,
-            end_time=time.time(),
-            generation_parameters={"temperature": 0.0, "max_tokens": self.config.max_tokens},
-            samples=samples,
-        )
 
 
 if __name__ == "__main__":

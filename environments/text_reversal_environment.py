@@ -26,7 +26,6 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig
 from atroposlib.envs.data_source import DataSourceConfig, load_rows
 from atroposlib.envs.reward_fns.reversal_similarity_reward import reversal_score
 from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
@@ -54,22 +53,13 @@ class TextReversalConfig(SingleTurnConfig, DataSourceConfig):
 class TextReversalEnv(SingleTurnEnv):
     name = "text_reversal"
     env_config_cls = TextReversalConfig
-
-    @classmethod
-    def config_init(cls) -> tuple[TextReversalConfig, list[APIServerConfig]]:
-        config = TextReversalConfig(
-            tokenizer_name="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
-            group_size=8,
-            max_token_length=2048,
-            max_tokens=1024,
-            eval_size=100,
-        )
-        server = APIServerConfig(
-            model_name="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
-            base_url="http://localhost:9001/v1",
-            server_type="vllm",
-        )
-        return config, [server]
+    config_defaults = {
+        "tokenizer_name": "NousResearch/DeepHermes-3-Llama-3-3B-Preview",
+        "group_size": 8,
+        "max_token_length": 2048,
+        "max_tokens": 1024,
+        "eval_size": 100,
+    }
 
     async def setup(self) -> None:
         self.train_items = [r for r in load_rows(self.config, "train", SAMPLE) if r.get("text")]

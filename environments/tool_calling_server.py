@@ -34,24 +34,18 @@ parser, or blocks left in the text by one without); reports `eval/percent_correc
 (upstream's key), `eval/name_accuracy` (the right set of function names) and
 `eval/parse_rate`, with one sample per row.
 
-Offline:
-
-    python environments/tool_calling_server.py process --env.total_steps 4 \\
-        --env.use_wandb false --env.tokenizer_name <model dir> \\
-        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny \\
-        --openai.server_type vllm
+Offline, on the shipped sample: `python environments/tool_calling_server.py process`
+with the flags in environments/README.md.
 """
 
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 import logging
 import random
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +53,14 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
 from atroposlib.envs.data_source import DataSourceConfig, load_rows
 from atroposlib.envs.reward_fns.tool_call_reward import (
     message_calls,
     read_gold_calls,
     tool_call_score,
 )
+from atroposlib.envs.scored_data import ScoredDataGroup, length_penalized
+from atroposlib.envs.single_turn import Sample, SingleTurnConfig, SingleTurnEnv
 
 logger = logging.getLogger(__name__)
 
@@ -154,27 +149,8 @@ def items_from_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return items
 
 
-def length_penalised(scores: list[float], lengths: list[int], max_length: int) -> list[float]:
-    """Upstream's rule for an all-right group: full score up to half of `max_length`
-    tokens, then linearly less, down to 0.0 at `max_length`. Other groups are unchanged."""
-    if not scores or any(score != 1.0 for score in scores) or max_length <= 0:
-        return scores
-    threshold = max_length / 2
-    return [
-        1.0 - min(1.0, max(0.0, (length - threshold) / (max_length - threshold)))
-        for length in lengths
-    ]
-
-
-def messages_for(item: dict[str, Any], system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": system_prompt},
-        {"role": "user", "content": item["request"]},
-    ]
-
-
-class ToolCallingConfig(BaseEnvConfig, DataSourceConfig):
-    """`BaseEnvConfig`, where the rows come from, and the sampling and reward settings."""
+class ToolCallingConfig(SingleTurnConfig, DataSourceConfig):
+    """`SingleTurnConfig`, where the rows come from, and the reward settings."""
 
     hub_dataset: str = Field("NousResearch/XLAM-Atropos", description="Hub dataset (upstream's).")
     hub_subset: str | None = Field("default", description="Hub dataset configuration.")
@@ -199,32 +175,20 @@ class ToolCallingConfig(BaseEnvConfig, DataSourceConfig):
     temperature: float = Field(0.8, ge=0.0, description="Sampling temperature (upstream's).")
 
 
-class ToolCallingEnv(BaseEnv):
+class ToolCallingEnv(SingleTurnEnv):
     """One request, `group_size` replies, each scored by exact match of its tool calls."""
 
     name = "tool_calling"
     env_config_cls = ToolCallingConfig
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.percent_correct_buffer: list[float] = []
-
-    @classmethod
-    def config_init(cls) -> tuple[ToolCallingConfig, list[APIServerConfig]]:
-        config = ToolCallingConfig(
-            tokenizer_name="NousResearch/DeepHermes-3-Llama-3-8B-Preview",
-            group_size=16,
-            max_token_length=4096,
-            steps_per_eval=25,
-            use_wandb=True,
-        )
-        server = APIServerConfig(
-            model_name="NousResearch/DeepHermes-3-Llama-3-8B-Preview",
-            base_url="http://localhost:9004/v1",
-            server_type="vllm",
-            num_requests_for_eval=256,
-        )
-        return config, [server]
+    config: ToolCallingConfig
+    config_defaults = {
+        "tokenizer_name": "NousResearch/DeepHermes-3-Llama-3-8B-Preview",
+        "group_size": 16,
+        "max_token_length": 4096,
+        "steps_per_eval": 25,
+        "use_wandb": True,
+    }
+    server_defaults = {"base_url": "http://localhost:9004/v1", "num_requests_for_eval": 256}
 
     async def setup(self) -> None:
         self.server.tool_parser = "hermes"
@@ -233,102 +197,68 @@ class ToolCallingEnv(BaseEnv):
             rows = load_rows(config, "train", SAMPLE_DIR, hub_split=config.hub_split)
             random.Random(config.seed).shuffle(rows)
             held = min(config.eval_size, max(1, len(rows) // 2))
-            self.train, self.test = items_from_rows(rows[held:]), items_from_rows(rows[:held])
+            self.train_items = items_from_rows(rows[held:])
+            self.eval_items = items_from_rows(rows[:held])
+            self.position = 0
         else:
-            self.train = items_from_rows(load_rows(config, "train", SAMPLE_DIR))
-            self.test = items_from_rows(load_rows(config, "test", SAMPLE_DIR))[: config.eval_size]
-            random.Random(config.seed).shuffle(self.train)
-        self.position = 0
+            self.train_items = items_from_rows(load_rows(config, "train", SAMPLE_DIR))
+            self.eval_items = items_from_rows(load_rows(config, "test", SAMPLE_DIR))
+            self.shuffle_train_items()
 
-    async def get_next_item(self) -> dict[str, Any]:
-        item = self.train[self.position % len(self.train)]
-        self.position += 1
-        return item
+    def messages_for(self, item: dict[str, Any]) -> list[dict[str, str]]:
+        return [
+            {"role": "system", "content": self.config.system_prompt},
+            {"role": "user", "content": item["request"]},
+        ]
 
-    def reply_text(self, node: Any) -> str:
-        """The reply exactly as sampled: the node's unmasked tail, less a final stop token."""
-        ids = list(node.tokens[len(node.tokens) - sum(m != -100 for m in node.masked_tokens) :])
+    def sampling_for(self, item: dict[str, Any], split: str) -> dict[str, Any]:
+        return {"tools": item["tools"]}
+
+    def sample_from(self, choice: Any, node: Any) -> Sample:
+        """The reply exactly as sampled (the completion's tokens decoded, less a final
+        stop token), not the server's parse: training scores what the reward's tests pin."""
+        sample = super().sample_from(choice, node)
+        ids = list(sample.tokens)
         special = set(getattr(self.tokenizer, "all_special_ids", None) or [])
         while ids and ids[-1] in special:
             ids.pop()
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return Sample(text, sample.finish_reason, sample.tokens)
 
     def score(self, reply: str, item: dict[str, Any]) -> float:
         return tool_call_score(reply, item["gold"], self.config.strict_arguments)
 
-    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[dict[str, Any], list]:
-        messages = messages_for(item, self.config.system_prompt)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            await managed.chat_completion(
-                messages=messages,
-                tools=item["tools"],
-                n=self.config.group_size,
-                max_tokens=self.config.max_tokens,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        replies = [self.reply_text(node) for node in nodes]
-        scores = [self.score(reply, item) for reply in replies]
-        self.percent_correct_buffer.extend(scores)
+    def finish_group(self, group: ScoredDataGroup, samples: list[Sample]) -> ScoredDataGroup:
+        """The length penalty of an all-right group, on whole sequences (upstream's rule)."""
         if self.config.length_penalty:
-            lengths = [len(node.tokens) for node in nodes]
-            scores = length_penalised(scores, lengths, self.config.max_token_length)
-        group = {
-            "tokens": [node.tokens for node in nodes],
-            "masks": [node.masked_tokens for node in nodes],
-            "scores": scores,
-            "inference_logprobs": [node.logprobs for node in nodes],
-            "messages": [messages + [{"role": "assistant", "content": r}] for r in replies],
-        }
-        return group, []
-
-    async def wandb_log(self, wandb_metrics: dict | None = None) -> None:
-        """Adds train/percent_correct: the share of sampled replies with the right calls."""
-        metrics = dict(wandb_metrics or {})
-        if self.percent_correct_buffer:
-            buffer = self.percent_correct_buffer
-            metrics["train/percent_correct"] = sum(buffer) / len(buffer)
-            self.percent_correct_buffer = []
-        await super().wandb_log(metrics)
-
-    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        """Greedy replies to the test rows: exact-call accuracy, name accuracy, parse rate."""
-        started = time.time()
-
-        async def one(item: dict[str, Any]) -> dict[str, Any]:
-            chat = await self.server.chat_completion(
-                messages=messages_for(item, self.config.system_prompt),
-                tools=item["tools"],
-                max_tokens=self.config.max_tokens,
-                temperature=0.0,
-                split="eval",
+            lengths = [len(tokens) for tokens in group["tokens"]]
+            group["scores"] = length_penalized(
+                group["scores"], lengths, self.config.max_token_length
             )
-            message = chat.choices[0].message
-            calls = message_calls(message)
-            names = sorted(call["name"] for call in calls or [])
-            return {
-                "request": item["request"],
-                "expected": item["gold"],
-                "completion": message.content or "",
-                "calls": calls,
-                "score": tool_call_score(message, item["gold"], self.config.strict_arguments),
-                "names_right": names == sorted(call["name"] for call in item["gold"]),
-            }
+        return group
 
-        samples = await asyncio.gather(*(one(item) for item in self.test))
+    async def eval_sample(self, item: dict[str, Any], sample: Sample) -> dict[str, Any]:
+        """A greedy reply through the API: its structured `tool_calls` (a server with a
+        tool parser) or the blocks left in its text (one without) are scored."""
+        calls = message_calls(sample.message)
+        names = sorted(call["name"] for call in calls or [])
+        return {
+            "request": item["request"],
+            "expected": item["gold"],
+            "completion": sample.text,
+            "calls": calls,
+            "score": tool_call_score(sample.message, item["gold"], self.config.strict_arguments),
+            "names_right": names == sorted(call["name"] for call in item["gold"]),
+        }
+
+    def eval_summary(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """Exact-call accuracy (upstream's key), name accuracy and parse rate."""
         count = max(1, len(samples))
-        metrics = {
+        return {
             "eval/percent_correct": sum(s["score"] for s in samples) / count,
             "eval/name_accuracy": sum(s["names_right"] for s in samples) / count,
             "eval/parse_rate": sum(bool(s["calls"]) for s in samples) / count,
         }
-        await self.evaluate_log(
-            metrics,
-            start_time=started,
-            end_time=time.time(),
-            generation_parameters={"temperature": 0.0, "max_tokens": self.config.max_tokens},
-            samples=samples,
-        )
 
 
 if __name__ == "__main__":

@@ -33,12 +33,8 @@ Design decisions:
   matching the recording. Evaluation plays the fixed tasks of `eval_seed`, greedily,
   through the same loop (a server with token ids, as for training).
 
-Offline:
-
-    python environments/tool_use_multiturn_server.py process --env.total_steps 4 \\
-        --env.use_wandb false --env.tokenizer_name <model dir> \\
-        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny \\
-        --openai.server_type vllm
+Offline, on the shipped sample: `python environments/tool_use_multiturn_server.py process`
+with the flags in environments/README.md.
 """
 
 from __future__ import annotations
@@ -56,7 +52,7 @@ from pydantic import Field, field_validator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.reward_fns.tool_call_reward import (
     parse_tool_calls,
     response_part,
@@ -143,28 +139,19 @@ class ToolUseMultiturnEnv(BaseEnv):
 
     name = "tool_use_multiturn"
     env_config_cls = ToolUseMultiturnConfig
+    config_defaults = {
+        "tokenizer_name": "NousResearch/DeepHermes-3-Llama-3-8B-Preview",
+        "group_size": 8,
+        "max_token_length": 8192,
+        "steps_per_eval": 50,
+        "use_wandb": True,
+    }
+    server_defaults = {"base_url": "http://localhost:9004/v1"}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.recent: list[Episode] = []
         self._native_tools: bool | None = None
-
-    @classmethod
-    def config_init(cls) -> tuple[ToolUseMultiturnConfig, list[APIServerConfig]]:
-        config = ToolUseMultiturnConfig(
-            tokenizer_name="NousResearch/DeepHermes-3-Llama-3-8B-Preview",
-            group_size=8,
-            max_token_length=8192,
-            steps_per_eval=50,
-            use_wandb=True,
-        )
-        server = APIServerConfig(
-            model_name="NousResearch/DeepHermes-3-Llama-3-8B-Preview",
-            base_url="http://localhost:9004/v1",
-            server_type="vllm",
-            num_requests_for_eval=64,
-        )
-        return config, [server]
 
     @property
     def kinds(self) -> tuple[str, ...]:

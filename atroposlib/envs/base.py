@@ -35,7 +35,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
 from atroposlib.envs.reporting import ReportingHooks
@@ -69,7 +69,8 @@ __all__ = [
 ]
 
 
-async def _resolved(value: Any) -> Any:
+async def maybe_await(value: Any) -> Any:
+    """A score that may be a coroutine (a sandboxed judge) or a plain value."""
     return await value if inspect.isawaitable(value) else value
 
 
@@ -85,6 +86,10 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
     name: str | None = None
     env_config_cls: type[BaseEnvConfig] = BaseEnvConfig
     server_cls: type[APIServer] | None = None
+    # `env_config_cls` fields config_init sets (with tokenizer_name: the model it serves)
+    config_defaults: ClassVar[dict[str, Any]] = {}
+    # fields of config_init's server that differ (base_url, num_requests_for_eval...)
+    server_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
@@ -149,8 +154,16 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
     # ------------------------------------------------------------ overridable
     @classmethod
     def config_init(cls) -> tuple[BaseEnvConfig, ServerBaseline | APIServerConfig | list]:
-        """Default configuration; subclasses return their own config and servers."""
-        return cls.env_config_cls(), ServerBaseline()
+        """Default configuration: `env_config_cls` with `config_defaults`. When those
+        name a `tokenizer_name`, one vLLM server on localhost:9001 serving that model
+        (`server_defaults` changes its fields), else `ServerBaseline()`. Override it to
+        return any config and servers, as upstream's environments do."""
+        config = cls.env_config_cls(**cls.config_defaults)
+        model = cls.config_defaults.get("tokenizer_name")
+        if model is None:
+            return config, ServerBaseline(**cls.server_defaults)
+        server = {"base_url": "http://localhost:9001/v1", "server_type": "vllm"}
+        return config, [APIServerConfig(model_name=model, **{**server, **cls.server_defaults})]
 
     async def setup(self) -> None:
         """Load data; called once before anything else."""
@@ -180,31 +193,33 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
         return trajectories
 
     # ---------------------------------------------------------------- helpers
+    async def sample_chat(
+        self, messages: list[dict[str, str]], **sampling: Any
+    ) -> tuple[list[Any], list[Any]]:
+        """`group_size` samples of one chat through `ManagedServer`: the API's choices and,
+        aligned with them, the nodes with the exact token ids, masks and sampling logprobs
+        the engine produced. `sampling` is passed on (max_tokens, temperature, tools...)."""
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+            chat = await managed.chat_completion(
+                messages=messages, n=self.config.group_size, **sampling
+            )
+            nodes = managed.get_state()["nodes"]
+        return list(chat.choices), list(nodes)
+
     async def sample_group(
         self,
         messages: list[dict[str, str]],
         score: Callable[[str], float | Awaitable[float]],
         **sampling: Any,
     ) -> ScoredDataGroup:
-        """`group_size` samples of one chat, each scored by `score(completion_text)`.
-
-        The usual body of a chat environment's `collect_trajectories`: sampling goes
-        through `ManagedServer`, so the group carries the exact token ids, masks and
-        sampling logprobs the engine produced, and each conversation ends with its
-        sample as the assistant turn. `sampling` is passed on (max_tokens, temperature...).
+        """`group_size` samples of one chat (`sample_chat`), each scored by
+        `score(completion_text)`: the usual body of a chat environment's
+        `collect_trajectories`. Each conversation ends with its sample as the assistant turn.
         """
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            chat = await managed.chat_completion(
-                messages=messages, n=self.config.group_size, **sampling
-            )
-            nodes = managed.get_state()["nodes"]
-        outcomes = [score(choice.message.content or "") for choice in chat.choices]
-        if any(inspect.isawaitable(value) for value in outcomes):  # an async scorer (a sandbox)
-            resolved: list[Any] = await asyncio.gather(*(_resolved(value) for value in outcomes))
-        else:
-            resolved = outcomes
-        scores = [float(value) for value in resolved]
-        return group_from_chat(messages, chat.choices, nodes, scores)
+        choices, nodes = await self.sample_chat(messages, **sampling)
+        outcomes = [score(choice.message.content or "") for choice in choices]
+        scores = [float(value) for value in await asyncio.gather(*map(maybe_await, outcomes))]
+        return group_from_chat(messages, choices, nodes, scores)
 
     @abstractmethod
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:

@@ -14,7 +14,13 @@ from atroposlib.protocol import (
     ScoredDataItem,
 )
 
-__all__ = ["ScoredDataGroup", "ScoredDataItem", "group_from_chat", "stack_items"]
+__all__ = [
+    "ScoredDataGroup",
+    "ScoredDataItem",
+    "group_from_chat",
+    "length_penalized",
+    "stack_items",
+]
 
 
 def stack_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
@@ -55,3 +61,13 @@ def group_from_chat(
     if any(v is not None for v in versions):
         group[WEIGHT_VERSIONS_FIELD] = versions  # type: ignore[literal-required]
     return group
+
+
+def length_penalized(scores: list[float], lengths: list[int], limit: int) -> list[float]:
+    """Upstream's rule for a group that is all right (every score 1.0), which would
+    otherwise teach nothing: full score up to half of `limit` tokens, then linearly less,
+    down to 0.0 at `limit`. Any other group is returned unchanged."""
+    if not scores or any(score != 1.0 for score in scores) or limit <= 0:
+        return list(scores)
+    threshold = limit / 2
+    return [1.0 - min(1.0, max(0.0, (length - threshold) / threshold)) for length in lengths]

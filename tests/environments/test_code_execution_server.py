@@ -328,8 +328,8 @@ def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):
     env = CodeExecutionEnv(config, APIServerConfig(model_name="tiny"), testing=True)
     asyncio.run(env.setup())
     assert calls == [("openai/openai_humaneval", None, "test")] * 2
-    assert env.train[0]["entry_point"] == "add" and env.test[0]["cases"] == 4
-    run = asyncio.run(env.judge(RIGHT, env.train[0]))
+    assert env.train_items[0]["entry_point"] == "add" and env.eval_items[0]["cases"] == 4
+    run = asyncio.run(env.judge(RIGHT, env.train_items[0]))
     assert run.score == 1.0
 
 
@@ -355,6 +355,6 @@ def test_the_env_refuses_to_start_without_bubblewrap_unless_opted_in(
         if sandbox._mode_works("namespaces") is None:
             opted_in = env_with(sandbox="namespaces")
             asyncio.run(opted_in.setup())
-            assert asyncio.run(opted_in.judge(RIGHT, opted_in.train[0])).score == 1.0
+            assert asyncio.run(opted_in.judge(RIGHT, opted_in.train_items[0])).score == 1.0
     finally:
         sandbox._mode_works.cache_clear()

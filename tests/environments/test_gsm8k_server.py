@@ -18,7 +18,6 @@ from environments.gsm8k_server import (
     GSM8KEnv,
     gold_answer,
     item_from_row,
-    length_penalized,
 )
 from tests.support.compat_runs import failure, run_env, serve_flags, serve_groups, tiny_flags
 from tests.support.policy_server import PolicyChatServer
@@ -64,12 +63,6 @@ def test_rows_convert_and_gold_drops_thousands_separators():
     row = {"question": "How many?", "answer": "1000 * 12 = <<1000*12=12000>>12000\n#### 12,000"}
     assert item_from_row(row) == {**row, "gold": "12000"}
     assert gold_answer("#### -3.5") == "-3.5"
-
-
-def test_length_penalty_only_for_all_correct_groups():
-    assert length_penalized([1.0, 1.0, 1.0], [10, 75, 100], 100) == [1.0, 0.5, 0.0]
-    assert length_penalized([1.0, 0.0], [100, 100], 100) == [1.0, 0.0]
-    assert length_penalized([], [], 100) == []
 
 
 def assert_prompt_masked(group: dict, tokenizer) -> None:
@@ -196,9 +189,9 @@ def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):
     env = GSM8KEnv(config, APIServerConfig(model_name="tiny"), testing=True)
     asyncio.run(env.setup())
     assert calls == [("openai/gsm8k", "main", "train"), ("openai/gsm8k", "main", "test")]
-    assert len(env.train) == 5 and [i["question"] for i in env.test] == [
+    assert len(env.train_items) == 5 and [i["question"] for i in env.eval_items] == [
         r["question"] for r in TEST[:3]
     ]
-    item = env.test[0]
+    item = env.eval_items[0]
     assert env.score(replies(item["question"])[0], item) == 1.0
     assert env.score(replies(item["question"])[2], item) == 0.0

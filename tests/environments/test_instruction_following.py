@@ -28,7 +28,6 @@ from environments.instruction_following import (
     InstructionFollowingConfig,
     InstructionFollowingEnv,
     instruction_results,
-    item_checks,
     item_from_row,
     items_from_rows,
 )
@@ -255,6 +254,6 @@ def test_hub_rows_load_and_convert(fake_hub, tiny_model_path):
     env = InstructionFollowingEnv(config, APIServerConfig(model_name="tiny"), testing=True)
     asyncio.run(env.setup())
     assert fake_hub == [("allenai/RLVR-IFeval", None, "train"), ("google/IFEval", None, "train")]
-    assert env.train[0]["constraints"] == [["change_case:english_lowercase", {}]]
-    assert env.score("hi there", item_checks(env.train[0])) == 1.0
-    assert [item["key"] for item in env.test] == ["1", "2", "3"]
+    assert env.train_items[0]["constraints"] == [["change_case:english_lowercase", {}]]
+    assert env.score("hi there", env.train_items[0]) == 1.0
+    assert [item["key"] for item in env.eval_items] == ["1", "2", "3"]

@@ -229,8 +229,8 @@ def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):
         ("zwhe99/DeepMath-103K", None, "train"),
         ("HuggingFaceH4/MATH-500", None, "test"),
     ]
-    assert sorted(i["problem"] for i in env.train) == sorted(r["question"] for r in TRAIN[:6])
-    assert [i["unique_id"] for i in env.test] == [r["unique_id"] for r in TEST[:4]]
-    item = env.test[0]
+    assert sorted(i["problem"] for i in env.train_items) == sorted(r["question"] for r in TRAIN[:6])
+    assert [i["unique_id"] for i in env.eval_items] == [r["unique_id"] for r in TEST[:4]]
+    item = env.eval_items[0]
     assert env.score(replies(item["problem"])[0], item) == 1.0
     assert env.score(replies(item["problem"])[2], item) == 0.0

@@ -190,6 +190,6 @@ def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):
     env = StructuredOutputEnv(config, APIServerConfig(model_name="tiny"), testing=True)
     asyncio.run(env.setup())
     assert calls == [("justus27/pydantic-adherance-test", None, "train")]
-    assert len(env.train) == 2 and len(env.test) == 1
-    book = next(i for i in env.train + env.test if i["model_name"] == "Book")
+    assert len(env.train_items) == 2 and len(env.eval_items) == 1
+    book = next(i for i in env.train_items + env.eval_items if i["model_name"] == "Book")
     assert env.score(REPLIES["Book"][0][0], book) == 1.0

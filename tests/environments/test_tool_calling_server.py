@@ -17,7 +17,6 @@ from environments.tool_calling_server import (
     ToolCallingConfig,
     ToolCallingEnv,
     item_from_row,
-    length_penalised,
     parse_tools,
 )
 from tests.support.compat_runs import failure, run_env, serve_flags, serve_groups, tiny_flags
@@ -145,11 +144,6 @@ def test_tools_are_read_in_openai_bare_and_xlam_shapes():
     assert item_from_row({"conversations": [{"from": "human", "value": "hi"}]}) is None
 
 
-def test_length_penalty_only_touches_all_right_groups():
-    assert length_penalised([1.0, 0.0], [4000, 10], 4096) == [1.0, 0.0]
-    assert length_penalised([1.0, 1.0, 1.0], [100, 3072, 4096], 4096) == [1.0, 0.5, 0.0]
-
-
 def assert_prompt_masked(group: dict) -> None:
     for tokens, masks in zip(group["tokens"], group["masks"], strict=True):
         prompt = masks.index(next(m for m in masks if m != -100))
@@ -271,7 +265,7 @@ def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):
     env = ToolCallingEnv(config, APIServerConfig(model_name="tiny"), testing=True)
     asyncio.run(env.setup())
     assert calls == [("NousResearch/XLAM-Atropos", "default", "train")]
-    assert len(env.train) == 4 and len(env.test) == 2
+    assert len(env.train_items) == 4 and len(env.eval_items) == 2
     item = asyncio.run(env.get_next_item())
     _, replies, scores = CASES[item["request"]]
     assert [env.score(r, item) for r in replies] == scores

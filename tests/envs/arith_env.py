@@ -48,7 +48,7 @@ class ArithEnv(ModArithmeticEnv):
 
     async def get_next_item(self) -> dict[str, int]:
         item = await super().get_next_item()
-        return {**item, "n": self.items_served}
+        return {**item, "n": self.position}
 
     def score(self, completion: str, item: dict[str, int]) -> float:
         if self.config.fixed_score is not None:

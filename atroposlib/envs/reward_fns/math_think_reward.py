@@ -37,6 +37,19 @@ def math_think_score(
     return float(correct) - (0.0 if think_format_ok(completion) else format_weight)
 
 
+def math_eval_fields(response: str, finish_reason: str | None, gold: str) -> dict[str, Any]:
+    """A greedy eval answer graded as upstream's math servers grade it: right only when
+    math-verify agrees and the answer was not cut off; the format is reported, not scored."""
+    correct = finish_reason != "length" and grade_answer(response, gold)
+    return {
+        "response": response,
+        "score": int(correct),
+        "correct": correct,
+        "format_ok": think_format_ok(response),
+        "finish_reason": finish_reason,
+    }
+
+
 @registry.register(name="math_think")
 class MathThinkReward(RewardFunction):
     """`math_verify` minus `format_weight` for a malformed `<think>` block (see module doc)."""
