@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from atroposlib.envs.base import APIServerConfig
-from atroposlib.envs.single_turn import Sample, SingleTurnConfig
+from atroposlib.envs.single_turn import Sample, SingleTurnConfig, SingleTurnEnv
 from tests.support.policy_server import PolicyChatServer
 from tests.support.scripted_model import ScriptedModel, last_turn
 
@@ -190,3 +190,30 @@ def test_the_hooks_see_finish_reasons_and_tokens_and_shape_the_group(
         ids = env.tokenizer.encode(text, add_special_tokens=False)
         assert list(sample.tokens[: len(ids)]) == ids[:MAX_TOKENS]
     assert len(env.seen[3].tokens) == MAX_TOKENS and env.seen[3].truncated
+
+
+def test_config_defaults_set_the_config_and_the_server_it_samples_from():
+    from environments.mod_arithmetic import ModArithmeticEnv
+    from environments.tool_calling_server import ToolCallingEnv
+
+    config, (server,) = ToolCallingEnv.config_init()
+    assert (
+        config.tokenizer_name
+        == server.model_name
+        == ToolCallingEnv.config_defaults["tokenizer_name"]
+    )
+    assert server.base_url == "http://localhost:9004/v1" and server.num_requests_for_eval == 256
+    assert server.server_type == "vllm" and config.group_size == 16
+    bare, baseline = SingleTurnEnvWithoutDefaults.config_init()
+    assert type(bare) is SingleTurnConfig and type(baseline).__name__ == "ServerBaseline"
+    assert ModArithmeticEnv.config_defaults == {}  # it overrides config_init, as upstream's do
+
+
+class SingleTurnEnvWithoutDefaults(SingleTurnEnv):
+    env_config_cls = SingleTurnConfig
+
+    def messages_for(self, item: dict) -> list[dict]:
+        return []
+
+    def score(self, completion: str, item: dict) -> float:
+        return 0.0
