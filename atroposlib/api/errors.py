@@ -21,8 +21,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from atroposlib.api.service import ApiService
-from atroposlib.api.state import (
+from atroposlib.api.refusals import (
     InvalidGroups,
     QueueFull,
     RunConflict,
@@ -30,6 +29,7 @@ from atroposlib.api.state import (
     StoreWriteError,
     UnknownEnv,
 )
+from atroposlib.api.service import ApiService
 
 logger = logging.getLogger("atroposlib.api")
 

@@ -9,9 +9,8 @@ Design decisions:
   Writes go through `_writing`, which turns a store failure (disk full, read-only,
   I/O error) into `StoreWriteError` (a 503), counts it and keeps the reason for
   `/status` until a write succeeds again: the API recovers without a restart.
-- `/batch` assembles one batch per call and each served batch advances the step.
-  (Atropos assembled every ready batch at once, moving the step ahead of the
-  trainer and hiding those groups from the queue size environments throttle on.)
+- Serving batches (planning, leases, serving again) is `BatchServing`
+  (`batches.py`), which this class inherits; what it refuses with is `refusals.py`.
 - All methods are synchronous and run on the event loop thread, which makes
   each request's check-then-write atomic without locks.
 """
@@ -26,13 +25,19 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
+from atroposlib.api.batches import BatchServing
 from atroposlib.api.env_table import EnvTable
 from atroposlib.api.intake import plan_intake
 from atroposlib.api.models import group_errors
-from atroposlib.api.packing import plan_batch
+from atroposlib.api.refusals import (
+    InvalidGroups,
+    QueueFull,
+    RunConflict,
+    StoreWriteError,
+    UnknownEnv,
+)
 from atroposlib.api.runs import run_name, run_refusal
 from atroposlib.api.store import GroupRow, GroupStore, WriteSet, write_failure
 from atroposlib.protocol import EMPTY_EXAMPLE, RegisterEnv, Registration, ScoredData
@@ -42,38 +47,7 @@ logger = logging.getLogger("atroposlib.api")
 IDEMPOTENCY_PRUNE_EVERY = 1000
 
 
-class InvalidGroups(Exception):
-    """The posted data breaks a rule; `errors` are in FastAPI's 422 format."""
-
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__(f"{len(errors)} validation error(s)")
-        self.errors = errors
-
-
-class QueueFull(Exception):
-    """Accepting the post would exceed --max-queued-sequences."""
-
-
-class UnknownEnv(Exception):
-    pass
-
-
-class RunConflict(Exception):
-    """A trainer registered that is not the run this state belongs to; says what to do."""
-
-
-class StepConflict(Exception):
-    """A trainer asked `/batch` for a step the API cannot serve; the message says why."""
-
-
-class StoreWriteError(OSError):
-    """The store could not commit (disk full, read-only, I/O error); nothing changed.
-
-    An `OSError`, so callers that guard store writes with `except OSError` still do.
-    """
-
-
-class RunState:
+class RunState(BatchServing):
     """The trajectory API's whole run: registration, envs, queue, batches, counters.
 
     Every route is one method here. A mutation is planned, written to the `GroupStore`,
@@ -261,13 +235,6 @@ class RunState:
                 sorted(self.leases) or "none",
             )
 
-    def _release(self, upto: int) -> None:
-        """Forget the kept batches of steps <= `upto`: a trainer checkpoint holds them."""
-        for step in sorted(s for s in self.leases if s <= upto):
-            with self._writing():
-                self.store.remove([row.id for row in self.leases[step]], {})
-            del self.leases[step]
-
     def register_env(self, request: RegisterEnv) -> dict[str, Any]:
         if not self.started or self.registration is None:
             return {"status": "wait for trainer to start"}
@@ -411,123 +378,12 @@ class RunState:
         except StoreWriteError as exc:
             logger.warning("idempotency answers not pruned: %s", exc)
 
-    # ---------------------------------------------------------------- batches
+    # ------------------------------------------------------------------- envs
     def heard_from(self, env_id: int) -> None:
         """An env polled: it counts as live (see `env_table`)."""
         self.envs.heard_from(env_id)
 
-    def min_allocations(self) -> dict[int, float]:
-        return self.envs.min_allocations()
-
-    def min_sequences_by_env(self) -> dict[int, int]:
-        batch_size = self.registration.batch_size if self.registration else 0
-        return {env: int(batch_size * share) for env, share in self.min_allocations().items()}
-
-    def _plan(self) -> list[int] | None:
-        assert self.registration is not None  # both callers return early without one
-        batch_size = self.registration.batch_size
-        if self.queued_sequences < batch_size:
-            self.blocked_reason = None
-            return None
-        allocations = self.min_allocations()
-        key = (self.version, tuple(sorted(allocations.items())))
-        if self._no_batch_key == key:
-            return None
-        positions = plan_batch(
-            [r.size for r in self.queue], [r.env_id for r in self.queue], batch_size, allocations
-        )
-        if positions is None:
-            self._no_batch_key = key
-            reason = (
-                f"{self.queued_sequences} sequences queued in groups of sizes "
-                f"{dict(sorted(self.size_counts.items()))}, but no set of whole groups "
-                f"sums to batch_size {batch_size}"
-            )
-            if allocations:
-                reason = (
-                    f"the minimum shares {allocations} (env id: min_batch_allocation) "
-                    f"cannot be met from the queue: {reason}"
-                )
-            if reason != self.blocked_reason:
-                logger.warning("no batch can be formed: %s", reason)
-            self.blocked_reason = reason
-        else:
-            self.blocked_reason = None
-        return positions
-
-    def next_batch(
-        self, step: int | None = None, committed: int | None = None
-    ) -> bytes | dict[str, Any]:
-        """The next batch (upstream: a destructive read), or with `step` a leased one.
-
-        A trainer that names the `step` it wants gets that step's batch, and the same
-        batch again if it asks again (a lost or timed-out answer, or a resume); its
-        groups are kept until the trainer reports a checkpoint at or after that step
-        (`committed`). Without `step` the batch is deleted as it is served, as upstream.
-        """
-        if self.registration is None:
-            return {
-                "status": "error",
-                "message": "no trainer has registered; POST /register first",
-                "batch": [],
-            }
-        if not self.started:
-            self._persist(started=True)
-            self.started = True
-        if committed is not None:
-            self._release(committed)
-        if step is None and self.by_step:
-            raise StepConflict(
-                "this run's trainer takes its batches by step (/batch?step=N): a plain /batch "
-                "would take one from under it; nothing was served"
-            )
-        if step is not None:
-            self.by_step = True
-            if step in self.leases:
-                return self._serve_again(step)
-            if step != self.step + 1:
-                raise StepConflict(
-                    f"the API is at step {self.step} and has no kept batch for step {step}; "
-                    f"ask for step {self.step + 1}, or register again with the step you "
-                    "resumed from"
-                )
-        positions = self._plan()
-        if positions is None:
-            return {"batch": None}
-        rows = [self.queue[p] for p in positions]
-        ids = [r.id for r in rows]
-        payload = b'{"batch":[' + b",".join(self.store.bodies(ids)) + b"]}"
-        with self._writing():  # a failure leaves the queue and step as they were
-            if step is None:
-                self.store.remove(ids, {"step": self.step + 1})
-            else:
-                self.store.lease(ids, step, {"step": step})
-        if step is not None:
-            self.leases[step] = [replace(r, served_step=step) for r in rows]
-        chosen = set(positions)
-        self.queue = [r for i, r in enumerate(self.queue) if i not in chosen]
-        for row in rows:
-            self.queued_sequences -= row.size
-            self.size_counts[row.size] -= 1
-            self.env_sizes[row.env_id][row.size] -= 1
-        self.size_counts += Counter()  # drop zero counts
-        self.step += 1
-        self.version += 1
-        self.counters["batches_served"] += 1
-        self.counters["sequences_served"] += sum(r.size for r in rows)
-        return payload
-
     # ----------------------------------------------------------------- status
-    def _serve_again(self, step: int) -> bytes:
-        rows = self.leases[step]
-        if step != self.step:
-            self._persist(step=step)
-            self.step = step
-            self.version += 1
-        logger.info("serving the batch of step %d again (%d groups)", step, len(rows))
-        self.counters["batches_served_again"] += 1
-        return b'{"batch":[' + b",".join(self.store.bodies([r.id for r in rows])) + b"]}"
-
     def status(self) -> dict[str, Any]:
         if self.registration is None:
             unregistered: dict[str, Any] = {"current_step": 0, "queue_size": 0}
@@ -545,12 +401,6 @@ class RunState:
             "blocked_reason": self.blocked_reason,
             "store_error": self.store_error,
         }
-
-    def _plan_if_stale(self) -> None:
-        """Refresh `blocked_reason` without serving anything."""
-        if self.registration is not None:
-            if self._plan() is not None:
-                self.blocked_reason = None
 
     def status_env(self, env_id: int) -> dict[str, Any]:
         if not self.envs.knows(env_id):

@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from atroposlib.api.refusals import StoreWriteError
 from atroposlib.api.segments import SegmentLog
-from atroposlib.api.state import RunState, StoreWriteError
+from atroposlib.api.state import RunState
 from atroposlib.api.store import GroupRow, SQLiteStore, WriteSet, fault_kind, write_failure
 from atroposlib.protocol import RegisterEnv, Registration, ScoredData
 from tests.support.groups import (
