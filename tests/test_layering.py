@@ -106,8 +106,8 @@ def test_the_test_import_scan_passes_support_modules(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text(
         "from tests.support.groups import make_group\n"
-        "from tests.tolerances import logprob_tolerance\n"
-        "from .arith_env import ArithEnv\n"
+        "from tests.support.tolerances import logprob_tolerance\n"
+        "from tests.support.arith_env import ArithEnv\n"
         "import pytest\n"
     )
     assert imported_test_modules(path, tmp_path) == []

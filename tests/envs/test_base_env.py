@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline
-from tests.envs.arith_env import ArithEnv
+from tests.support.arith_env import ArithEnv
 from tests.support.groups import RecordingClient, register_env, start_trainer
 
 

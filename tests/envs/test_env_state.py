@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.base import BaseEnvConfig, ServerBaseline
 from atroposlib.envs.runtime import EnvRuntime
-from tests.envs.arith_env import ArithEnv
+from tests.support.arith_env import ArithEnv
 from tests.support.groups import start_trainer
 
 

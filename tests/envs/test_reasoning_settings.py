@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 from atroposlib.envs.base import APIServerConfig, BaseEnvConfig
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import ReasoningConfig
-from tests.envs.arith_env import ArithEnv
+from tests.support.arith_env import ArithEnv
 
 CHAT_ANSWER = {
     "id": "chat-1",

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from atroposlib.envs.base import BaseEnvConfig, ServerBaseline
-from tests.envs.arith_env import ArithEnv
+from tests.support.arith_env import ArithEnv
 from tests.support.groups import RecordingClient
 from tests.support.wandb_offline import offline_runs
 

@@ -288,7 +288,7 @@ def assert_teacher_logprobs(group, model, top_k: int) -> None:
     """Shape [sequence][position][k], and each entry is the model's own logprob."""
     import torch
 
-    from tests.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance
+    from tests.support.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance
 
     ids_all, lps_all = group["distill_token_ids"], group["distill_logprobs"]
     assert len(ids_all) == len(lps_all) == len(group["tokens"])

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.tolerances import GRADIENT_REL_TO_SCALE, assert_close_to_scale  # noqa: E402
+from tests.support.tolerances import GRADIENT_REL_TO_SCALE, assert_close_to_scale  # noqa: E402
 
 WORKER = Path(__file__).with_name("dp_worker.py")
 
@@ -39,7 +39,7 @@ def test_two_ranks_match_one_process(tiny_model_path, tmp_path):
     double = run_worker(tiny_model_path, tmp_path / "two.pt", 2, 2)
     assert single["grads"].keys() == double["grads"].keys()
     assert any(g.abs().sum() > 0 for g in single["grads"].values())
-    # the same sums in another order: equal up to float32 rounding (tests/tolerances.py)
+    # the same sums in another order: equal up to float32 rounding (tests/support/tolerances.py)
     for name, grad in single["grads"].items():
         assert_close_to_scale(double["grads"][name], grad, GRADIENT_REL_TO_SCALE, name)
     # means of per-token terms of order 1 (log-ratios, fractions, scores): their scale is 1

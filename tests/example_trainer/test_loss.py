@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from example_trainer.loss import LossSettings, group_advantages, grpo_loss, token_logprobs  # noqa: E402
-from tests.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance  # noqa: E402
+from tests.support.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance  # noqa: E402
 
 EPS = 0.2
 

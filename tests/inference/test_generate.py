@@ -25,7 +25,7 @@ from atroposlib.inference.openai_requests import OpenAIError
 
 torch = pytest.importorskip("torch")
 
-from tests.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance  # noqa: E402
+from tests.support.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance  # noqa: E402
 
 SYSTEM = {"role": "system", "content": "Answer with one digit."}
 

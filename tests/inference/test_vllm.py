@@ -34,9 +34,13 @@ from atroposlib.weight_sync.vllm import (
     weight_route_headers,
 )
 from atroposlib.weight_sync.vllm_route_guard import MIDDLEWARE
+from tests.support.tolerances import (
+    OTHER_ENGINE_LOGPROB_REL,
+    SAME_LIBRARY_LOGPROB_REL,
+    logprob_tolerance,
+)
 from tests.support.vllm import NOT_INSTALLED, cpu_vllm_config, vllm_python
 from tests.support.waiting import wait_until
-from tests.tolerances import OTHER_ENGINE_LOGPROB_REL, SAME_LIBRARY_LOGPROB_REL, logprob_tolerance
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

@@ -13,7 +13,7 @@ from atroposlib.utils.ports import free_port
 from atroposlib.utils.waiting import answers_200
 from tests.support.waiting import wait_until
 
-ARITH_ENV = Path(__file__).resolve().parents[1] / "envs" / "arith_env.py"
+ARITH_ENV = Path(__file__).resolve().parent / "arith_env.py"
 
 
 def answers_health(url: str, proc: subprocess.Popen, log, what: str) -> bool:
@@ -124,7 +124,7 @@ class InferenceProcess:
 
 
 class EnvProcess:
-    """`python tests/envs/arith_env.py COMMAND ARGS...`, with its env state under tmp_path."""
+    """`python tests/support/arith_env.py COMMAND ARGS...`, with its env state under tmp_path."""
 
     def __init__(self, tmp_path: Path, command: str, *args: str) -> None:
         self.log_path = tmp_path / f"env-{command}-{time.monotonic_ns()}.log"

@@ -27,8 +27,8 @@ from atroposlib.inference.launcher import EngineConfig, engine_command  # noqa: 
 from atroposlib.utils.ports import free_port  # noqa: E402
 from atroposlib.utils.processes import log_tail, spawn, stop_group  # noqa: E402
 from atroposlib.utils.waiting import answers_200  # noqa: E402
+from tests.support.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance  # noqa: E402
 from tests.support.waiting import wait_until, wait_until_async  # noqa: E402
-from tests.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance  # noqa: E402
 
 API_KEY = "engine-key"
 SYNC_KEY = "sync-key"

@@ -23,7 +23,7 @@ KEYS = {"prompt_tokens", "prompt_topk_token_ids", "prompt_topk_logprobs"}
 def test_vllm_prompt_logprobs_match_the_model(inference_server, tiny_model_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from tests.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance
+    from tests.support.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance
 
     manager = ServerManager([server_config(inference_server.url)])
     ids = [5, 17, 42, 9, 33, 2]

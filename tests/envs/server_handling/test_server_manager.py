@@ -16,8 +16,8 @@ from atroposlib.envs.server_handling.server_manager import (
 from atroposlib.utils.ports import free_port
 from tests.support.inference_servers import QUESTION, server_config
 from tests.support.processes import InferenceProcess
+from tests.support.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance
 from tests.support.waiting import wait_until_async
-from tests.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -1,6 +1,6 @@
 """The test environment: the real `environments/mod_arithmetic.py`, plus failure knobs.
 
-Runs as `python tests/envs/arith_env.py serve|process|evaluate ...`. It changes only
+Runs as `python tests/support/arith_env.py serve|process|evaluate ...`. It changes only
 what tests need: small groups, a short evaluation, and three ways to misbehave
 (raise on the first items, sleep inside rollouts, or score everything the same).
 """
