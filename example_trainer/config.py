@@ -27,6 +27,24 @@ class TrainingConfig(BaseModel):
     gradient_accumulation_steps: int = Field(
         1, ge=1, description="Micro-batches per step (sequences are packed by length)."
     )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Cut micro-batches by size instead of count: length-sorted sequences, "
+        "each micro-batch at most this many tokens with padding (rows x longest row).",
+    )
+    logprob_chunk_tokens: int = Field(
+        0,
+        ge=0,
+        description="Compute token logprobs this many positions at a time from the last "
+        "hidden state, recomputing each chunk's logits in backward, so a step never holds "
+        "a micro-batch's float32 logits (0: the whole micro-batch at once).",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer in backward instead of keeping its "
+        "activations: less memory for about a third more step time.",
+    )
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
     optimizer: Literal["adamw", "adamw_8bit", "adafactor"] = Field(
         "adamw", description="adamw, adamw_8bit (bitsandbytes) or adafactor (transformers)."
@@ -146,6 +164,15 @@ class TrainingConfig(BaseModel):
         if problem:
             raise ValueError(problem)
         return value
+
+    @model_validator(mode="after")
+    def _one_way_to_cut_micro_batches(self) -> TrainingConfig:
+        if self.micro_batch_tokens is not None and self.gradient_accumulation_steps != 1:
+            raise ValueError(
+                "--micro-batch-tokens and --gradient-accumulation-steps both decide the "
+                "micro-batches; give one"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_checkpoint_interval(self) -> TrainingConfig:

@@ -131,11 +131,27 @@ def _row(values: list[list[float]] | None, index: int, length: int) -> list[floa
     return None if values is None else list(values[index][:length])
 
 
-def micro_batches(sequences: list[Sequence], count: int, pad_id: int) -> list[MicroBatch]:
-    """Up to `count` micro-batches of length-sorted sequences."""
+def micro_batches(
+    sequences: list[Sequence], count: int, pad_id: int, token_budget: int | None = None
+) -> list[MicroBatch]:
+    """Length-sorted sequences in up to `count` micro-batches, or, with `token_budget`, in
+    as many as it takes to keep each one's padded size (rows x longest row) within it.
+
+    Sorting first makes neighbours about as long as each other, so little is padding. A
+    sequence longer than the budget trains alone. The loss is normalised over the whole
+    batch (loss.py), so how the batch is cut changes memory and time, not the gradient.
+    """
     ordered = sorted(sequences, key=lambda s: len(s.tokens))
-    size = -(-len(ordered) // max(1, count))
-    return [_pad(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]
+    if token_budget is None:
+        size = -(-len(ordered) // max(1, count))
+        return [_pad(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]
+    chunks: list[list[Sequence]] = []
+    for sequence in ordered:  # each one is the widest of its micro-batch so far
+        if chunks and (len(chunks[-1]) + 1) * len(sequence.tokens) <= token_budget:
+            chunks[-1].append(sequence)
+        else:
+            chunks.append([sequence])
+    return [_pad(chunk, pad_id) for chunk in chunks]
 
 
 def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:

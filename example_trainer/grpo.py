@@ -42,8 +42,14 @@ from example_trainer.data import (
 )
 from example_trainer.distributed import init_data_parallel
 from example_trainer.interrupts import StepInterrupts
-from example_trainer.loss import LossSettings, grpo_loss, token_logprobs
-from example_trainer.model import MasterWeights, build_optimizer, load_policy
+from example_trainer.logprobs import PolicyLogprobs
+from example_trainer.loss import LossSettings, grpo_loss
+from example_trainer.model import (
+    MasterWeights,
+    build_optimizer,
+    enable_gradient_checkpointing,
+    load_policy,
+)
 from example_trainer.serving import PolicyServing
 
 NOTHING_TRAINED = dict.fromkeys(
@@ -91,17 +97,21 @@ class Trainer(PolicyServing):
         random.seed(config.seed)
         self.parallel, self.device = init_data_parallel(pick_device(config.device))
         self.model, self.tokenizer, restore_optimizer = load_policy(config, self.device)
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         self.model.train()
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.skipped_groups: set[int] = set()
         """Indices, in the last step's batch, of the groups it could not train on."""
+        # what the loss calls: the policy answering token logprobs (chunked or whole)
+        policy_logprobs = PolicyLogprobs(self.model, config.logprob_chunk_tokens)
         self.ddp = None
         if self.parallel.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
-        self.forward_model = self.ddp or self.model
+            self.ddp = DistributedDataParallel(policy_logprobs, device_ids=device_ids)
+        self.forward_model = self.ddp or policy_logprobs
         self.master = MasterWeights(self.model)
         self.optimizer = build_optimizer(self.master.params, config)
         warmup = max(1, config.warmup_steps)
@@ -194,7 +204,10 @@ class Trainer(PolicyServing):
         total_tokens = sum(trained_tokens(s) for s in sequences)
         local = self.parallel.shard(sequences, lambda s: len(s.tokens))
         chunks = micro_batches(
-            local, config.gradient_accumulation_steps, self.tokenizer.pad_token_id or 0
+            local,
+            config.gradient_accumulation_steps,
+            self.tokenizer.pad_token_id or 0,
+            config.micro_batch_tokens,
         )
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_fraction", "logprob_mismatch"), 0.0)
         for index, chunk in enumerate(chunks):
@@ -203,10 +216,7 @@ class Trainer(PolicyServing):
             sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
             with sync:
                 ids = chunk.input_ids.to(self.device)
-                logits = self.forward_model(
-                    input_ids=ids, attention_mask=chunk.attention_mask.to(self.device)
-                ).logits
-                logp = token_logprobs(logits, ids)
+                logp = self.forward_model(ids, chunk.attention_mask.to(self.device))
                 old = fill_missing(chunk.old_logprobs, logp)
                 ref = (
                     fill_missing(chunk.ref_logprobs, logp)

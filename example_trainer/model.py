@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -79,6 +80,16 @@ class MasterWeights:
         for param, master in self.pairs:
             if master is not param:
                 param.copy_(master)
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Keep only each decoder layer's input and recompute the layer in backward: about one
+    more forward pass of compute for activations that no longer grow with depth.
+    Non-reentrant, so it needs no input that requires grad (LoRA's frozen embeddings)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
 
 
 def load_policy(config: TrainingConfig, device: torch.device):

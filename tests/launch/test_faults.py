@@ -27,12 +27,19 @@ import json
 import os
 import re
 import signal
+from pathlib import Path
 
 import httpx
 import pytest
 
 from atroposlib.launch.ledger import account
-from atroposlib.trainer_contract import read_metrics, read_trained_groups
+from atroposlib.trainer_contract import (
+    EventKind,
+    events_path,
+    read_events,
+    read_metrics,
+    read_trained_groups,
+)
 from atroposlib.utils.processes import descendant_matching
 from tests.support.launch import launch_config
 from tests.support.source import REPO
@@ -162,6 +169,17 @@ def newest_checkpoint(run_dir) -> int:
     return max((int(s) for s in steps if s.isdigit()), default=0)
 
 
+def checkpoint_recorded(run_dir, step: int) -> bool:
+    """The trainer recorded its step-`step` checkpoint: what the launcher resumes from. (The
+    directory is renamed into place just before, so a kill that only waits for it can land
+    between the two, and the launcher rightly starts over from an older checkpoint.)"""
+    return any(
+        event.kind is EventKind.CHECKPOINT_SAVED
+        and Path(event.detail.get("path", "")).name == f"step-{step}"
+        for event in read_events(events_path(run_dir / "checkpoints"))
+    )
+
+
 def kill_the_trainer_after_each_step(run, run_dir, last_kill: int, saved_at, on_kill=None) -> int:
     """SIGKILL the trainer after each of steps 1 to `last_kill`; the number of kills.
 
@@ -208,13 +226,12 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
     config = fault_config(run_dir, steps)
     config["trainer"]["max_restarts"] = 2 * last_kill
     run = launch(config)
-    checkpoint = run_dir / "checkpoints" / f"step-{last_kill}"
     kills = kill_the_trainer_after_each_step(
         run,
         run_dir,
         last_kill,
         # the last kill waits for the checkpoint, written after the step's records
-        saved_at=lambda step: step < last_kill or checkpoint.is_dir(),
+        saved_at=lambda step: step < last_kill or checkpoint_recorded(run_dir, step),
         on_kill=lambda step: step == 2 and strangers_are_refused(run_dir),
     )
     # then the environment, the API and the engine, each once the trainer has moved on
@@ -289,9 +306,7 @@ def test_every_process_killed_at_every_step_of_a_restart_mode_run_loses_nothing(
         run,
         run_dir,
         last_kill,
-        saved_at=lambda step: (
-            step % interval or (run_dir / "checkpoints" / f"step-{step}").is_dir()
-        ),
+        saved_at=lambda step: step % interval or checkpoint_recorded(run_dir, step),
         on_kill=kill_the_others,
     )
     where = (

@@ -1,0 +1,102 @@
+"""Token logprobs without the whole micro-batch's float32 logits.
+
+`token_logprobs` (loss.py) takes the model's logits: for 8 x 1,024 tokens and a
+152k vocabulary that is 2.5 GB of bf16 logits, then 5 GB of float32 log-softmax, then
+its gather. The loss needs one number per token: log p(label) = logit[label] -
+logsumexp(logits). `chunked_token_logprobs` computes it from the last hidden state,
+`chunk_tokens` positions at a time, each chunk under activation checkpointing: the
+backward pass recomputes that chunk's logits instead of keeping them, so the peak holds
+one chunk's float32 logits (and their gradient), not the micro-batch's.
+
+The arithmetic is the same as log_softmax + gather (float32 logits of the same head,
+the same logsumexp), so values and gradients agree to float32 rounding of sums over the
+vocabulary (tests/example_trainer/test_logprobs.py states the bound).
+
+`PolicyLogprobs` wraps the policy so that DDP (and FSDP) see one forward that returns
+token logprobs, with either path inside. Models whose logits are more than the head's
+matmul (Gemma's soft-capping, Cohere's logit scale) keep the full path.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from example_trainer.loss import token_logprobs
+
+logger = logging.getLogger("example_trainer")
+
+
+def _label_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor
+) -> torch.Tensor:
+    logits = F.linear(hidden, weight, bias).float()
+    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor, head: nn.Linear, input_ids: torch.Tensor, chunk_tokens: int
+) -> torch.Tensor:
+    """log p(input_ids[:, t] | input_ids[:, :t]) for t >= 1, shape [B, T-1], as
+    `token_logprobs(head(hidden), input_ids)` gives it, `chunk_tokens` positions at a time."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
+    batch, length, width = hidden.shape
+    flat = hidden[:, :-1].reshape(-1, width)
+    labels = input_ids[:, 1:].reshape(-1)
+    pieces = []
+    for start in range(0, flat.shape[0], chunk_tokens):
+        end = start + chunk_tokens
+        if torch.is_grad_enabled() and (flat.requires_grad or head.weight.requires_grad):
+            piece = checkpoint(
+                _label_logprobs,
+                flat[start:end],
+                head.weight,
+                head.bias,
+                labels[start:end],
+                use_reentrant=False,
+            )
+        else:
+            piece = _label_logprobs(flat[start:end], head.weight, head.bias, labels[start:end])
+        pieces.append(piece)
+    return torch.cat(pieces).view(batch, length - 1)
+
+
+def head_is_plain_linear(model: Any) -> bool:
+    """The logits are exactly the output embedding's matmul (no soft-capping or scale)."""
+    config = getattr(model, "config", None)
+    extra = (getattr(config, name, None) for name in ("final_logit_softcapping", "logit_scale"))
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return isinstance(head, nn.Linear) and all(v in (None, 1.0) for v in extra)
+
+
+class PolicyLogprobs(nn.Module):
+    """The policy whose forward answers token logprobs (see the module docstring)."""
+
+    def __init__(self, model: Any, chunk_tokens: int = 0) -> None:
+        """`model`: a transformers causal LM (or a peft model around one)."""
+        super().__init__()
+        self.model: Any = model
+        self.chunk_tokens = chunk_tokens
+        if chunk_tokens and not head_is_plain_linear(model):
+            logger.warning(
+                "--logprob-chunk-tokens %d: this model's logits are more than its output "
+                "layer's matmul; computing them whole",
+                chunk_tokens,
+            )
+            self.chunk_tokens = 0
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if not self.chunk_tokens:
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            return token_logprobs(logits, input_ids)
+        decoder = self.model.get_decoder()
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        head = self.model.get_output_embeddings()
+        return chunked_token_logprobs(hidden, head, input_ids, self.chunk_tokens)
