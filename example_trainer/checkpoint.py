@@ -10,6 +10,12 @@ temporary name, fsynced and renamed, so neither a crash nor a power loss leaves 
 half checkpoint, and the API deletes the batches it holds only once it is on disk.
 
 `--keep-checkpoints N` prunes after each save (`prune_checkpoints`).
+
+Under FSDP (`save_sharded_checkpoint`) every rank takes part: the weights are gathered
+onto rank 0's CPU alone, which writes them as above (what an engine loads), and each
+rank writes its own shard of the optimizer state with `torch.distributed.checkpoint`
+into `optimizer/`. That format records global shapes, so `--resume` reshards it onto
+any number of ranks, one included (`load_trainer_state`).
 """
 
 from __future__ import annotations
@@ -27,11 +33,33 @@ from atroposlib.utils.durable import fsync_dir, fsync_tree
 
 STATE_FILE = "trainer_state.pt"
 ADAPTER_DIR = "adapter"
+OPTIMIZER_DIR = "optimizer"  # FSDP checkpoints: the optimizer state, one shard per rank
+
+
+def _paths(save_path: str, step: int) -> tuple[Path, Path]:
+    return Path(save_path) / f"step-{step}", Path(save_path) / f".step-{step}.partial"
+
+
+def _trainer_state(step: int, optimizer_state: Any, scheduler) -> dict[str, Any]:
+    return {
+        "step": step,
+        "optimizer": optimizer_state,
+        "scheduler": scheduler.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+    }
+
+
+def _commit(staging: Path, target: Path) -> Path:
+    fsync_tree(staging)  # on disk before `committed` lets the API delete its batches
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    fsync_dir(target.parent)
+    return target
 
 
 def save_checkpoint(save_path: str, step: int, model, tokenizer, optimizer, scheduler) -> Path:
-    target = Path(save_path) / f"step-{step}"
-    staging = Path(save_path) / f".step-{step}.partial"
+    target, staging = _paths(save_path, step)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     if hasattr(model, "merge_and_unload"):
@@ -41,34 +69,77 @@ def save_checkpoint(save_path: str, step: int, model, tokenizer, optimizer, sche
     else:
         model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    torch.save(
-        {
-            "step": step,
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-        },
-        staging / STATE_FILE,
+    torch.save(_trainer_state(step, optimizer.state_dict(), scheduler), staging / STATE_FILE)
+    return _commit(staging, target)
+
+
+def save_sharded_checkpoint(
+    save_path: str, step: int, model, tokenizer, optimizer, scheduler, dtype: torch.dtype
+) -> Path:
+    """`save_checkpoint` for an FSDP model; every rank calls it (see the module docstring).
+    The weights are written in `dtype`, what the engine serves."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
     )
-    fsync_tree(staging)  # on disk before `committed` lets the API delete its batches
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
-    fsync_dir(target.parent)
+
+    main = dist.get_rank() == 0
+    target, staging = _paths(save_path, step)
+    if main:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    gathered = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=gathered)  # rank 0's CPU only
+    if main:
+        served = {n: t.to(dtype) for n, t in weights.items() if isinstance(t, torch.Tensor)}
+        model.save_pretrained(staging, state_dict=served)
+        tokenizer.save_pretrained(staging)
+        torch.save(_trainer_state(step, OPTIMIZER_DIR, scheduler), staging / STATE_FILE)
+    del weights
+    dist.barrier()  # staging exists before any rank writes its shard into it
+    dcp.save(
+        {"optimizer": get_optimizer_state_dict(model, optimizer)},
+        checkpoint_id=str(staging / OPTIMIZER_DIR),
+    )
+    dist.barrier()  # every shard is written before the checkpoint is committed
+    if main:
+        _commit(staging, target)
+    dist.barrier()  # no rank goes on (and tells the API) before the commit
     return target
 
 
 def load_trainer_state(
-    checkpoint: str, optimizer, scheduler, restore_optimizer: bool = True
+    checkpoint: str, optimizer, scheduler, restore_optimizer: bool = True, model=None
 ) -> int:
     """Restore what `save_checkpoint` kept beside the weights; the checkpoint's step."""
     state: dict[str, Any] = torch.load(Path(checkpoint) / STATE_FILE, weights_only=False)
-    if restore_optimizer:
+    if restore_optimizer and state["optimizer"] == OPTIMIZER_DIR:
+        _load_sharded_optimizer(Path(checkpoint) / OPTIMIZER_DIR, model, optimizer)
+    elif restore_optimizer:
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
     return int(state["step"])
+
+
+def _load_sharded_optimizer(folder: Path, model, optimizer) -> None:
+    """An FSDP checkpoint's optimizer state, resharded onto this run's ranks (any number,
+    one included: the model is then the plain one whose parameters the optimizer steps)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if model is None:
+        raise ValueError(f"{folder} holds a sharded optimizer state: pass the model it steps")
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def checkpoints(save_path: str | Path) -> list[Path]:

@@ -67,6 +67,16 @@ class TrainingConfig(BaseModel):
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto.")
+    parallelism: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="Under torchrun: ddp (each rank holds the whole model, its gradients and "
+        "optimizer state) or fsdp (FSDP2: all three sharded across ranks, per decoder layer).",
+    )
+    fsdp_cpu_offload: bool = Field(
+        False,
+        description="fsdp: keep parameter shards, gradients and optimizer state in CPU memory, "
+        "moving each layer to the device only while it computes.",
+    )
     save_path: str = Field("trained_model_checkpoints", description="Where checkpoints go.")
     save_checkpoint_interval: int | None = Field(
         None,
@@ -171,6 +181,17 @@ class TrainingConfig(BaseModel):
             raise ValueError(
                 "--micro-batch-tokens and --gradient-accumulation-steps both decide the "
                 "micro-batches; give one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fsdp_modes(self) -> TrainingConfig:
+        if self.fsdp_cpu_offload and self.parallelism != "fsdp":
+            raise ValueError("--fsdp-cpu-offload needs --parallelism fsdp")
+        if self.parallelism == "fsdp" and self.weight_bridge_mode not in ("none", "restart"):
+            raise ValueError(
+                f"--parallelism fsdp hands weights over through checkpoints "
+                f"(--weight-bridge-mode none or restart), not {self.weight_bridge_mode}"
             )
         return self
 

@@ -69,8 +69,8 @@ class DataParallel:
         return sorted(items, key=length)[self.rank :: self.world_size]
 
     def close(self) -> None:
-        if self.enabled and dist.is_initialized():
-            if dist.get_backend() == "gloo":
+        if dist.is_initialized():
+            if self.enabled and dist.get_backend() == "gloo":
                 # all ranks arrive before any tears down: a rank that destroys its group
                 # while a peer's gloo connection is open can abort that peer ("terminate
                 # called without an active exception", seen in CI); bounded, so a rank
@@ -82,10 +82,18 @@ class DataParallel:
             dist.destroy_process_group()
 
 
-def init_data_parallel(device: torch.device) -> tuple[DataParallel, torch.device]:
-    """Join the torchrun group when launched by torchrun; pick this rank's device."""
+def init_data_parallel(
+    device: torch.device, group_of_one: bool = False
+) -> tuple[DataParallel, torch.device]:
+    """Join the torchrun group when launched by torchrun; pick this rank's device.
+
+    `group_of_one`: without torchrun, still start a process group of one (FSDP shards
+    within a group, so a single process trains and checkpoints as one rank of many)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
+        if group_of_one and not dist.is_initialized():
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         return DataParallel(), device
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":

@@ -22,6 +22,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,7 +31,12 @@ from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, RunRecords
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
 from example_trainer.api import APIRefused, TrajectoryAPI
-from example_trainer.checkpoint import load_trainer_state, prune_checkpoints, save_checkpoint
+from example_trainer.checkpoint import (
+    load_trainer_state,
+    prune_checkpoints,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 from example_trainer.config import TrainingConfig
 from example_trainer.data import (
     BatchGroups,
@@ -47,10 +53,12 @@ from example_trainer.loss import LossSettings, grpo_loss
 from example_trainer.model import (
     MasterWeights,
     build_optimizer,
+    compute_dtype,
     enable_gradient_checkpointing,
     load_policy,
 )
 from example_trainer.serving import PolicyServing
+from example_trainer.sharding import padded_micro_batch_count, shard
 
 NOTHING_TRAINED = dict.fromkeys(
     (
@@ -95,8 +103,13 @@ class Trainer(PolicyServing):
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         random.seed(config.seed)
-        self.parallel, self.device = init_data_parallel(pick_device(config.device))
-        self.model, self.tokenizer, restore_optimizer = load_policy(config, self.device)
+        self.sharded = config.parallelism == "fsdp"  # one process is a group of one rank
+        self.parallel, self.device = init_data_parallel(
+            pick_device(config.device), group_of_one=self.sharded
+        )
+        self.model, self.tokenizer, restore_optimizer = load_policy(
+            config, self.device, sharded=self.sharded
+        )
         if config.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
         self.model.train()
@@ -106,7 +119,12 @@ class Trainer(PolicyServing):
         # what the loss calls: the policy answering token logprobs (chunked or whole)
         policy_logprobs = PolicyLogprobs(self.model, config.logprob_chunk_tokens)
         self.ddp = None
-        if self.parallel.enabled:
+        self.fsdp: Any = None  # the sharded root (an FSDPModule) under --parallelism fsdp
+        if self.sharded:
+            self.fsdp = shard(
+                policy_logprobs, self.model, compute_dtype(config), config.fsdp_cpu_offload
+            )
+        elif self.parallel.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
             device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -119,7 +137,9 @@ class Trainer(PolicyServing):
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup)
         )
         self.step = (
-            load_trainer_state(config.resume, self.optimizer, self.scheduler, restore_optimizer)
+            load_trainer_state(
+                config.resume, self.optimizer, self.scheduler, restore_optimizer, self.model
+            )
             if config.resume
             else 0
         )
@@ -173,6 +193,8 @@ class Trainer(PolicyServing):
         metrics = self.accumulate_gradients(groups)
         self.master.take_grads()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.master.params, self.config.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a norm over every rank's shards
+            grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.master.publish()
         self.scheduler.step()  # lr above was this step's; this moves to the next
@@ -210,11 +232,14 @@ class Trainer(PolicyServing):
             config.micro_batch_tokens,
         )
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_fraction", "logprob_mismatch"), 0.0)
-        for index, chunk in enumerate(chunks):
-            last = index == len(chunks) - 1
-            # DDP syncs gradients once, on the last micro-batch
-            sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
-            with sync:
+        count = padded_micro_batch_count(len(chunks), self.sharded and self.parallel.enabled)
+        for index in range(count):
+            last = index == count - 1
+            if index >= len(chunks):  # FSDP: this rank's share ran out, its collectives not
+                self.idle_micro_batch(last)
+                continue
+            chunk = chunks[index]
+            with self.gradient_sync(last):
                 ids = chunk.input_ids.to(self.device)
                 logp = self.forward_model(ids, chunk.attention_mask.to(self.device))
                 old = fill_missing(chunk.old_logprobs, logp)
@@ -254,18 +279,36 @@ class Trainer(PolicyServing):
             "sequences_without_inference_logprobs": float(without_old),
         }
 
+    def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Gradients are reduced across ranks once a step, after the last micro-batch."""
+        if self.fsdp is not None:
+            self.fsdp.set_requires_gradient_sync(last)
+        if last or self.ddp is None:
+            return contextlib.nullcontext()
+        return self.ddp.no_sync()
+
+    def idle_micro_batch(self, last: bool) -> None:
+        """A forward and backward that add nothing: FSDP gathers each layer collectively,
+        so a rank with fewer micro-batches than another still runs as many passes."""
+        with self.gradient_sync(last):
+            ids = torch.full((1, 2), self.tokenizer.pad_token_id or 0, device=self.device)
+            logp = self.forward_model(ids, torch.ones_like(ids))
+            (logp.sum() * 0.0).backward()
+
     def save(self) -> Path:
-        """Checkpoint the current step; it becomes what a restarted engine serves."""
-        path = save_checkpoint(
-            self.config.save_path,
-            self.step,
-            self.model,
-            self.tokenizer,
-            self.optimizer,
-            self.scheduler,
-        )
+        """Checkpoint the current step; it becomes what a restarted engine serves. Under
+        FSDP every rank calls this (each writes its optimizer shard); otherwise rank 0."""
+        config = self.config
+        parts = (config.save_path, self.step, self.model, self.tokenizer)
+        if self.sharded:
+            dtype = compute_dtype(config)
+            path = save_sharded_checkpoint(*parts, self.optimizer, self.scheduler, dtype)
+        else:
+            path = save_checkpoint(*parts, self.optimizer, self.scheduler)
         self.latest_checkpoint = str(path)
         self.committed_step = self.step
+        if not self.parallel.is_main:
+            return path
         self.records.event(EventKind.CHECKPOINT_SAVED, self.step, path=str(path))
         # the served checkpoint is where a failed restart falls back to
         serving = self.engine.serving if self.engine is not None else None
@@ -384,12 +427,13 @@ class Trainer(PolicyServing):
                             **staleness(batch, self.step - 1),
                         )
                         self.log(metrics)
+                    if main_rank or self.sharded:  # FSDP: every rank writes its shard
                         if last:
                             self.save()  # the engine stops next: syncing it would be wasted
                         else:
                             self.hand_over_weights()
         except KeyboardInterrupt:
-            if main_rank and self.committed_step != self.step:
+            if (main_rank or self.sharded) and self.committed_step != self.step:
                 logger.info("interrupted at step %d; writing a final checkpoint", self.step)
                 self.save()
             elif main_rank:

@@ -93,10 +93,12 @@ class PolicyLogprobs(nn.Module):
             self.chunk_tokens = 0
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T-1] token logprobs; a tensor of its own, not a view (FSDP2 hooks its
+        backward onto the output, and warns that an in-place change to a view skips it)."""
         if not self.chunk_tokens:
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-            return token_logprobs(logits, input_ids)
+            return token_logprobs(logits, input_ids).clone()
         decoder = self.model.get_decoder()
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         head = self.model.get_output_embeddings()
-        return chunked_token_logprobs(hidden, head, input_ids, self.chunk_tokens)
+        return chunked_token_logprobs(hidden, head, input_ids, self.chunk_tokens).clone()

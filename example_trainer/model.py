@@ -92,15 +92,20 @@ def enable_gradient_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable({"use_reentrant": False})
 
 
-def load_policy(config: TrainingConfig, device: torch.device):
+def compute_dtype(config: TrainingConfig) -> torch.dtype:
+    return torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+
+
+def load_policy(config: TrainingConfig, device: torch.device, sharded: bool = False):
     """(model, tokenizer, restore_optimizer): the policy to train, on `device`.
 
     `restore_optimizer` is False only for an old LoRA checkpoint without its
-    adapter: fresh adapters cannot take another adapter's moments.
+    adapter: fresh adapters cannot take another adapter's moments. A model that FSDP
+    will shard (`sharded`) loads in float32: its shards are the master weights.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+    dtype = torch.float32 if sharded else compute_dtype(config)
     source = config.resume or config.model_name
     tokenizer = AutoTokenizer.from_pretrained(source)
     if config.weight_bridge_mode not in LORA_MODES:

@@ -1,6 +1,9 @@
 """One batch's gradients, from a single process or from every rank of `torchrun`.
 
-Usage: python dp_worker.py MODEL_DIR OUT.pt GRAD_ACCUM  (rank 0 writes OUT.pt)
+Usage: python dp_worker.py MODEL_DIR OUT.pt GRAD_ACCUM [PARALLELISM]  (rank 0 writes OUT.pt)
+
+Besides the gradients, it records one optimizer step's update and the bytes this rank
+holds for parameters and optimizer state (rank 0's; under FSDP every rank holds a shard).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from example_trainer.config import TrainingConfig
 from example_trainer.grpo import Trainer
+from example_trainer.sharding import local_bytes, optimizer_state_tensors
 
 
 def fixed_batch(vocab: int) -> list[dict]:
@@ -36,7 +40,12 @@ def fixed_batch(vocab: int) -> list[dict]:
     return groups
 
 
-def main(model_dir: str, out: str, grad_accum: int) -> None:
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on every rank (an FSDP shard is gathered; collective)."""
+    return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().clone()
+
+
+def main(model_dir: str, out: str, grad_accum: int, parallelism: str = "ddp") -> None:
     config = TrainingConfig(
         model_name=model_dir,
         device="cpu",
@@ -44,16 +53,26 @@ def main(model_dir: str, out: str, grad_accum: int) -> None:
         gradient_accumulation_steps=grad_accum,
         seq_len=64,
         clip_eps=0.1,
+        parallelism=parallelism,
     )
     trainer = Trainer(config)
     metrics = trainer.accumulate_gradients(fixed_batch(trainer.model.config.vocab_size))
+    named = [(n, p) for n, p in trainer.model.named_parameters() if p.grad is not None]
+    grads = {n: full(p.grad) for n, p in named}
+    before = {n: full(p) for n, p in named}
+    trainer.master.take_grads()
+    trainer.optimizer.step()
+    trainer.master.publish()
+    updates = {n: full(p) - before[n] for n, p in named}
+    held = {
+        "parameters": local_bytes(list(trainer.model.parameters())),
+        "optimizer": local_bytes(optimizer_state_tensors(trainer.optimizer)),
+    }
     if trainer.parallel.is_main:
-        grads = {
-            n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None
-        }
-        torch.save({"grads": grads, "metrics": metrics}, out)
+        saved = {"grads": grads, "before": before, "updates": updates}
+        torch.save({**saved, "metrics": metrics, "bytes": held}, out)
     trainer.parallel.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])
