@@ -10,7 +10,7 @@ one chunk's float32 logits (and their gradient), not the micro-batch's.
 
 The arithmetic is the same as log_softmax + gather (float32 logits of the same head,
 the same logsumexp), so values and gradients agree to float32 rounding of sums over the
-vocabulary (tests/example_trainer/test_logprobs.py states the bound).
+vocabulary (tests/example_trainer/test_memory_levers.py states the bound).
 
 `PolicyLogprobs` wraps the policy so that DDP (and FSDP) see one forward that returns
 token logprobs, with either path inside. Models whose logits are more than the head's
