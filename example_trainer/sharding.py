@@ -28,9 +28,6 @@ from torch import nn
 def decoder_layers(model: Any) -> list[nn.Module]:
     """The modules that become one FSDP unit each: the model's repeated blocks."""
     names = set(getattr(model, "_no_split_modules", None) or [])
-    if not names:  # a peft model: the transformers model it wraps names them
-        inner = getattr(model, "get_base_model", lambda: None)()
-        names = set(getattr(inner, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
         raise ValueError(

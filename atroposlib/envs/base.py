@@ -217,9 +217,10 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
         `collect_trajectories`. Each conversation ends with its sample as the assistant turn.
         """
         choices, nodes = await self.sample_chat(messages, **sampling)
-        outcomes = [score(choice.message.content or "") for choice in choices]
+        replies = [choice.message.content for choice in choices]
+        outcomes = [score(reply or "") for reply in replies]
         scores = [float(value) for value in await asyncio.gather(*map(maybe_await, outcomes))]
-        return group_from_chat(messages, choices, nodes, scores)
+        return group_from_chat(messages, replies, nodes, scores)
 
     @abstractmethod
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:

@@ -38,24 +38,24 @@ def stack_items(items: list[ScoredDataItem]) -> ScoredDataGroup:
 
 
 def group_from_chat(
-    messages: list[dict[str, str]], choices: list[Any], nodes: list[Any], scores: list[float]
+    messages: list[dict[str, str]],
+    replies: list[str | None],
+    nodes: list[Any],
+    scores: list[float],
 ) -> ScoredDataGroup:
     """The usual group of one prompt's samples through `ManagedServer`.
 
     `nodes` (from `managed.get_state()["nodes"]`) carry the token ids, masks and
-    sampling logprobs aligned with `choices`; each conversation ends with its
-    sample as the assistant turn. `weight_versions` is added when the engine labelled
-    its samples (see `atroposlib.protocol.WEIGHT_VERSIONS_FIELD`).
+    sampling logprobs aligned with `replies`, the samples' texts; each conversation
+    ends with its reply as the assistant turn. `weight_versions` is added when the
+    engine labelled its samples (see `atroposlib.protocol.WEIGHT_VERSIONS_FIELD`).
     """
     group: ScoredDataGroup = {
         "tokens": [node.tokens for node in nodes],
         "masks": [node.masked_tokens for node in nodes],
         "scores": list(scores),
         "inference_logprobs": [node.logprobs for node in nodes],
-        "messages": [
-            messages + [{"role": "assistant", "content": choice.message.content}]
-            for choice in choices
-        ],
+        "messages": [messages + [{"role": "assistant", "content": reply}] for reply in replies],
     }
     versions = [(node.metadata or {}).get("weight_version") for node in nodes]
     if any(v is not None for v in versions):

@@ -165,8 +165,7 @@ class SingleTurnEnv(BaseEnv):
         outcomes = [maybe_await(self.score_sample(s, item)) for s in samples]
         scores = [float(value) for value in await asyncio.gather(*outcomes)]
         self.train_scores.append(scores)
-        group = group_from_chat(messages, choices, nodes, scores)
-        group["messages"] = [messages + [{"role": "assistant", "content": s.text}] for s in samples]
+        group = group_from_chat(messages, [s.text for s in samples], nodes, scores)
         if self.zero_truncated_advantage() and any(s.truncated for s in samples):
             group["overrides"] = [
                 {"set_advantage_to_zero": True} if s.truncated else {} for s in samples

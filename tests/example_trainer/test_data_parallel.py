@@ -35,16 +35,27 @@ def run_script(script: Path, processes: int, *args: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def run_worker(
-    tiny_model_path, out: Path, processes: int, grad_accum: int, parallelism: str = "ddp"
-) -> dict:
-    run_script(WORKER, processes, str(tiny_model_path), str(out), str(grad_accum), parallelism)
-    return torch.load(out)
+@pytest.fixture(scope="module")
+def run_worker(tiny_model_path, tmp_path_factory):
+    """dp_worker's result for (processes, grad_accum, parallelism), each run once per
+    module: the single-process and the DDP runs serve as the reference of both tests."""
+    results: dict[tuple, dict] = {}
+
+    def run(processes: int, grad_accum: int, parallelism: str = "ddp") -> dict:
+        key = (processes, grad_accum, parallelism)
+        if key not in results:
+            out = tmp_path_factory.mktemp("dp") / "out.pt"
+            args = (str(tiny_model_path), str(out), str(grad_accum), parallelism)
+            run_script(WORKER, processes, *args)
+            results[key] = torch.load(out)
+        return results[key]
+
+    return run
 
 
-def test_two_ranks_match_one_process(tiny_model_path, tmp_path):
-    single = run_worker(tiny_model_path, tmp_path / "one.pt", 1, 1)
-    double = run_worker(tiny_model_path, tmp_path / "two.pt", 2, 2)
+def test_two_ranks_match_one_process(run_worker):
+    single = run_worker(1, 1)
+    double = run_worker(2, 2)
     assert single["grads"].keys() == double["grads"].keys()
     assert any(g.abs().sum() > 0 for g in single["grads"].values())
     # the same sums in another order: equal up to float32 rounding (tests/support/tolerances.py)
@@ -58,12 +69,12 @@ def test_two_ranks_match_one_process(tiny_model_path, tmp_path):
     assert single["metrics"]["clip_fraction"] > 0, "the batch should exercise clipping"
 
 
-def test_fsdp_on_two_ranks_matches_one_process_with_half_the_bytes(tiny_model_path, tmp_path):
+def test_fsdp_on_two_ranks_matches_one_process_with_half_the_bytes(run_worker):
     """FSDP2 (gloo, 2 ranks, fp32): the single-process gradients and update, while each
     rank holds about half of the parameters and optimizer state that DDP's ranks do."""
-    single = run_worker(tiny_model_path, tmp_path / "one.pt", 1, 1)
-    ddp = run_worker(tiny_model_path, tmp_path / "ddp.pt", 2, 2)
-    fsdp = run_worker(tiny_model_path, tmp_path / "fsdp.pt", 2, 2, "fsdp")
+    single = run_worker(1, 1)
+    ddp = run_worker(2, 2)
+    fsdp = run_worker(2, 2, "fsdp")
     assert fsdp["grads"].keys() == single["grads"].keys()
     for name, grad in single["grads"].items():
         assert_close_to_scale(fsdp["grads"][name], grad, GRADIENT_REL_TO_SCALE, name)

@@ -318,23 +318,17 @@ def node(version: str | None) -> SequenceNode:
     )
 
 
-def choice(text: str) -> SimpleNamespace:
-    return SimpleNamespace(message=SimpleNamespace(content=text))
-
-
 def test_group_from_chat_carries_versions_only_when_the_engine_gave_some():
     messages = [{"role": "user", "content": "hi"}]
-    labelled = group_from_chat(
-        messages, [choice("a"), choice("b")], [node("3"), node(None)], [1, 0]
-    )
+    labelled = group_from_chat(messages, ["a", "b"], [node("3"), node(None)], [1, 0])
     assert labelled["weight_versions"] == ["3", None]
     assert ScoredData.model_validate(labelled).model_extra["weight_versions"] == ["3", None]
-    plain = group_from_chat(messages, [choice("a")], [node(None)], [1.0])
+    plain = group_from_chat(messages, ["a"], [node(None)], [1.0])
     assert "weight_versions" not in plain
     assert plain["messages"] == [messages + [{"role": "assistant", "content": "a"}]]
     assert (
         group_from_chat(
-            messages, [choice("a")], [node(None).model_copy(update={"metadata": None})], [1.0]
+            messages, ["a"], [node(None).model_copy(update={"metadata": None})], [1.0]
         ).keys()
         == plain.keys()
     )
