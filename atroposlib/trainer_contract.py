@@ -73,6 +73,9 @@ class LaunchSettings(BaseModel):
     """Plain lines: the launcher prefixes each one with the process name."""
     inference_engine: str | None = None
     """`"none"` when the launcher runs the engine itself; the trainer must then start none."""
+    num_engines: int | None = Field(None, ge=1)
+    """Engines the trainer starts, on ports `vllm_port`, `vllm_port` + 1, ...; environments
+    get them all. Given only when the YAML sets it (None: one, and no such flag)."""
 
     def flags(self) -> dict[str, Any]:
         """The settings as flag values (unset optional ones left out)."""

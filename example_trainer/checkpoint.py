@@ -73,6 +73,72 @@ def save_checkpoint(save_path: str, step: int, model, tokenizer, optimizer, sche
     return _commit(staging, target)
 
 
+def gathered_weights(model) -> dict[str, torch.Tensor] | None:
+    """An FSDP model's whole weights on rank 0's CPU (None on the other ranks). A
+    collective: every rank calls it, in the same order as every other collective."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    gathered = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights: dict[str, Any] = get_model_state_dict(model, options=gathered)
+    return weights if dist.get_rank() == 0 else None
+
+
+def merged_lora_weights(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A peft model's gathered weights, with each adapter merged into its base layer:
+    peft's own `merge_and_unload`, run on a skeleton that borrows the gathered tensors
+    (built on the meta device, so it costs no second copy of the model)."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = model.get_base_model()
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(base.config)
+        skeleton = get_peft_model(skeleton, model.peft_config["default"])
+    # the merge adds into each base layer in place, and a gathered tensor can be the live
+    # parameter itself (one rank on a CPU): those the merge writes are copied first
+    own = {n: t.clone() if ".base_layer." in n else t for n, t in weights.items()}
+    skeleton.load_state_dict(own, assign=True, strict=False)
+    skeleton.get_base_model().tie_weights()  # assign= untied them: saved once, as the model's
+    return skeleton.merge_and_unload().state_dict()
+
+
+def write_served(
+    model,
+    tokenizer,
+    staging: Path,
+    weights: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    with_adapter: bool = True,
+) -> None:
+    """What an engine loads from gathered `weights`, in `dtype`; a LoRA model's adapter
+    also goes to `adapter/` (`with_adapter`), as in `save_checkpoint`."""
+    if hasattr(model, "merge_and_unload"):
+        if with_adapter:  # peft keeps the adapter's tensors of the whole weights
+            model.save_pretrained(staging / ADAPTER_DIR, state_dict=weights)
+        served = merged_lora_weights(model, weights)
+        target = model.get_base_model()
+    else:
+        served, target = weights, model
+    served = {n: t.to(dtype) for n, t in served.items() if isinstance(t, torch.Tensor)}
+    target.save_pretrained(staging, state_dict=served)
+    tokenizer.save_pretrained(staging)
+
+
+def write_sharded_weights(
+    model, tokenizer, staging: Path, adapter_only: bool, dtype: torch.dtype
+) -> None:
+    """A hot push's export from an FSDP model: every rank gathers, rank 0 writes `staging`
+    (the adapter alone when `adapter_only`, else the whole weights, LoRA merged)."""
+    weights = gathered_weights(model)
+    if weights is None:
+        return
+    if adapter_only:
+        model.save_pretrained(staging, state_dict=weights)  # peft keeps the adapter's tensors
+        return
+    write_served(model, tokenizer, staging, weights, dtype, with_adapter=False)
+
+
 def save_sharded_checkpoint(
     save_path: str, step: int, model, tokenizer, optimizer, scheduler, dtype: torch.dtype
 ) -> Path:
@@ -80,23 +146,16 @@ def save_sharded_checkpoint(
     The weights are written in `dtype`, what the engine serves."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     main = dist.get_rank() == 0
     target, staging = _paths(save_path, step)
     if main:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-    gathered = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=gathered)  # rank 0's CPU only
-    if main:
-        served = {n: t.to(dtype) for n, t in weights.items() if isinstance(t, torch.Tensor)}
-        model.save_pretrained(staging, state_dict=served)
-        tokenizer.save_pretrained(staging)
+    weights = gathered_weights(model)
+    if weights is not None:
+        write_served(model, tokenizer, staging, weights, dtype)
         torch.save(_trainer_state(step, OPTIMIZER_DIR, scheduler), staging / STATE_FILE)
     del weights
     dist.barrier()  # staging exists before any rank writes its shard into it

@@ -110,7 +110,24 @@ class TrainingConfig(BaseModel):
     weight_sync_timeout_s: float = Field(
         120.0, gt=0, description="Seconds a weight push may take before it counts as failed."
     )
-    vllm_port: int = Field(9001, description="Port of the inference engine.")
+    vllm_port: int = Field(
+        9001, description="Port of the inference engine (the first, with --num-engines)."
+    )
+    num_engines: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Inference engines to start and keep in sync, on ports --vllm-port, "
+        "--vllm-port + 1, ...: each new version is pushed to all of them at once, and one "
+        "that dies or fails a push is restarted while the others serve on.",
+    )
+    engine_device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)(,(cpu|cuda(:\d+)?))*$",
+        description="Where the engines run: cpu, cuda or cuda:N, or a comma-separated list "
+        "taken in turn by --num-engines engines (auto: the CPU engine on cpu, vLLM on the "
+        "GPU it finds).",
+    )
     vllm_gpu_memory_utilization: float = Field(0.45, description="vLLM's GPU memory share.")
     served_model_name: str | None = Field(
         None, description="Name environments use for the policy (default: --model-name)."
@@ -188,12 +205,27 @@ class TrainingConfig(BaseModel):
     def _fsdp_modes(self) -> TrainingConfig:
         if self.fsdp_cpu_offload and self.parallelism != "fsdp":
             raise ValueError("--fsdp-cpu-offload needs --parallelism fsdp")
-        if self.parallelism == "fsdp" and self.weight_bridge_mode not in ("none", "restart"):
+        if self.parallelism == "fsdp" and self.weight_bridge_mode == "shared_vllm":
             raise ValueError(
-                f"--parallelism fsdp hands weights over through checkpoints "
-                f"(--weight-bridge-mode none or restart), not {self.weight_bridge_mode}"
+                "--weight-bridge-mode shared_vllm lends vLLM the trainer's own GPU tensors, "
+                "and under --parallelism fsdp each rank holds only a shard of them; use "
+                "hot_reload (the gathered weights, pushed every step)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _engines(self) -> TrainingConfig:
+        if self.num_engines > 1 and self.weight_bridge_mode == "shared_vllm":
+            raise ValueError(
+                "--weight-bridge-mode shared_vllm shares one copy of the weights with one "
+                "vLLM; with --num-engines above 1 use hot_reload"
+            )
+        return self
+
+    def engine_device_of(self, index: int) -> str:
+        """The device of engine `index` (0-based) from --engine-device."""
+        devices = self.engine_device.split(",")
+        return devices[index % len(devices)]
 
     @model_validator(mode="after")
     def _one_checkpoint_interval(self) -> TrainingConfig:

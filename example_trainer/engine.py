@@ -26,6 +26,22 @@ logger = logging.getLogger("example_trainer")
 RESTART_ATTEMPTS = 2
 
 
+def engine_log_name(index: int) -> str:
+    return "engine.log" if index == 0 else f"engine-{index}.log"
+
+
+def engine_placement(kind: str, device: str) -> tuple[list[str], dict[str, str]]:
+    """Flags and environment that put an engine on `device` (--engine-device): the CPU
+    engine takes --device; vLLM sees only that GPU (CUDA_VISIBLE_DEVICES)."""
+    if device == "auto":
+        return [], {}
+    if kind == "transformers":
+        return ["--device", device], {}
+    if device.startswith("cuda:"):
+        return [], {"CUDA_VISIBLE_DEVICES": device.removeprefix("cuda:")}
+    return [], {}
+
+
 class Engine:
     """One engine subprocess and the checkpoints it served; see the module docstring."""
 
@@ -36,34 +52,43 @@ class Engine:
         extras: tuple[list[str], dict[str, str]] = ([], {}),
         kind: str | None = None,
         served_name: str | None = None,
+        index: int = 0,
     ) -> None:
         """`extras`: flags and environment a hot weight bridge needs the engine to have;
         `kind`: vllm or transformers, when already resolved from `--inference-engine`;
-        `served_name`: the name the engine serves, when not the policy's own."""
+        `served_name`: the name the engine serves, when not the policy's own;
+        `index`: which of `--num-engines` this is (its port is `--vllm-port` + index)."""
         from atroposlib.inference.launcher import EngineConfig, EngineProcess
 
-        threads = (
-            ["--num-threads", str(config.num_threads)]
-            if config.num_threads and (kind or config.inference_engine) == "transformers"
-            else []
-        )
+        kind = kind or config.inference_engine
+        args, env = engine_placement(kind, config.engine_device_of(index))
+        if config.num_threads and kind == "transformers":
+            args += ["--num-threads", str(config.num_threads)]
+        self.index = index
         self.process = EngineProcess(
             EngineConfig(
-                engine=kind or config.inference_engine,
+                engine=kind,
                 served_model_name=served_name or config.served_model_name or config.model_name,
-                port=config.vllm_port,
+                port=config.vllm_port + index,
                 python=config.inference_python or sys.executable,
                 max_model_len=config.max_model_len or config.seq_len,
                 dtype=config.dtype,
                 gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                extra_args=shlex.split(config.engine_args) + threads + extras[0],
-                env=dict(extras[1]),
-                log_path=str(Path(config.save_path) / "engine.log"),
+                extra_args=shlex.split(config.engine_args) + args + extras[0],
+                env={**env, **extras[1]},
+                log_path=str(Path(config.save_path) / engine_log_name(index)),
             )
         )
         Path(config.save_path).mkdir(parents=True, exist_ok=True)
         self.records = records
         self.served: list[str] = []  # models that came up healthy, oldest first
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    def event(self, kind: EventKind, step: int, **detail: object) -> None:
+        self.records.event(kind, step, engine=self.index, **detail)
 
     @property
     def serving(self) -> str | None:
@@ -85,10 +110,18 @@ class Engine:
         self.process.config.env[WEIGHT_VERSION_ENVIRONMENT] = str(step)
 
     def start(self, model: str, step: int) -> None:
+        self.launch(model, step)
+        self.wait_started(model, step)
+
+    def launch(self, model: str, step: int) -> None:
+        """Start the process without waiting (see `EngineProcess.launch`)."""
         self._label(step)
-        self.process.start(model)
+        self.process.launch(model)
+
+    def wait_started(self, model: str, step: int) -> None:
+        self.process.wait_healthy()
         self._served(model)
-        self.records.event(EventKind.ENGINE_STARTED, step, model=model)
+        self.event(EventKind.ENGINE_STARTED, step, model=model)
 
     def alive(self) -> bool:
         return self.process.alive()
@@ -113,14 +146,14 @@ class Engine:
                 continue
             self._served(model)
             spent = time.perf_counter() - started
-            self.records.event(
-                EventKind.ENGINE_RESTARTED, step, reason=reason, model=model, seconds=spent
-            )
+            self.event(EventKind.ENGINE_RESTARTED, step, reason=reason, model=model, seconds=spent)
             return spent
         fallback = next((m for m in reversed(self.served) if m != model), None)
         if fallback is None:
             raise EngineError(f"the engine did not come up on {model} in {RESTART_ATTEMPTS} tries")
-        logger.error("the engine did not come up on %s; falling back to %s", model, fallback)
+        logger.error(
+            "engine %d did not come up on %s; falling back to %s", self.index, model, fallback
+        )
         try:
             self.process.restart(fallback)
         except EngineError as exc:
@@ -130,14 +163,14 @@ class Engine:
                 f"nor on the previous checkpoint {fallback}"
             ) from exc
         self._served(fallback)
-        self.records.event(
-            EventKind.ENGINE_RESTARTED, step, reason=f"fallback: {reason}", model=fallback
-        )
+        self.event(EventKind.ENGINE_RESTARTED, step, reason=f"fallback: {reason}", model=fallback)
         return time.perf_counter() - started
 
     def _failed(self, model: str, step: int, reason: str, attempt: int, exc: Exception) -> None:
-        logger.warning("engine restart on %s failed (try %d): %s", model, attempt, exc)
-        self.records.event(
+        logger.warning(
+            "engine %d restart on %s failed (try %d): %s", self.index, model, attempt, exc
+        )
+        self.event(
             EventKind.ENGINE_RESTART_FAILED,
             step,
             reason=reason,

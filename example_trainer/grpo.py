@@ -30,12 +30,14 @@ from atroposlib.protocol import ScoredData, group_id_of
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, RunRecords
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
+from atroposlib.weight_sync.bridge import WeightWriter
 from example_trainer.api import APIRefused, TrajectoryAPI
 from example_trainer.checkpoint import (
     load_trainer_state,
     prune_checkpoints,
     save_checkpoint,
     save_sharded_checkpoint,
+    write_sharded_weights,
 )
 from example_trainer.config import TrainingConfig
 from example_trainer.data import (
@@ -153,7 +155,7 @@ class Trainer(PolicyServing):
             normalization=config.loss_normalization,
         )
         self.records = RunRecords(config.save_path)
-        self.engine = None  # started by start_engine (serving.py)
+        self.engines = []  # started by start_engines (serving.py), on rank 0
         self.bridge = None  # hot modes only (atroposlib.weight_sync.bridge)
         self._wandb_run = None
         self._warned_missing_logprobs = False
@@ -163,7 +165,7 @@ class Trainer(PolicyServing):
         started, delay = time.perf_counter(), 0.05
         next_note = started + 30
         while True:
-            self.ensure_engine()
+            self.ensure_engines()
             batch = api.batch(step=self.step + 1, committed=self.committed_step)
             if batch:
                 return batch, time.perf_counter() - started
@@ -310,22 +312,41 @@ class Trainer(PolicyServing):
         if not self.parallel.is_main:
             return path
         self.records.event(EventKind.CHECKPOINT_SAVED, self.step, path=str(path))
-        # the served checkpoint is where a failed restart falls back to
-        serving = self.engine.serving if self.engine is not None else None
+        # the served checkpoints are where a failed restart falls back to
+        serving = [engine.serving for engine in self.engines]
         removed = prune_checkpoints(
-            self.config.save_path, self.config.keep_checkpoints, protect=[serving]
+            self.config.save_path, self.config.keep_checkpoints, protect=serving
         )
         if removed:
             logger.info("removed %s (--keep-checkpoints)", ", ".join(map(str, removed)))
-            if self.engine is not None:
-                self.engine.forget(removed)
+            for engine in self.engines:
+                engine.forget(removed)
         return path
 
     def checkpoint_and_restart(self) -> float:
+        """Every engine restarts on the new checkpoint, one after another, so the others
+        serve meanwhile (`serving.py`); seconds spent."""
         path = self.save()
-        if self.engine is None:
-            return 0.0
-        return self.engine.restart(str(path), self.step, "new weights")
+        return sum(engine.restart(str(path), self.step, "new weights") for engine in self.engines)
+
+    def pushes_weights(self) -> bool:
+        """A hot mode's push is due after this step (the last step saves instead)."""
+        config = self.config
+        return (
+            not config.restarts_engine
+            and config.inference_engine != "none"
+            and self.step % config.weight_sync_interval == 0
+            and self.step < config.training_steps
+        )
+
+    def weight_writer(self) -> WeightWriter | None:
+        """FSDP: every rank gathers its shards, and rank 0 writes the whole weights."""
+        if not self.sharded:
+            return None
+        dtype = compute_dtype(self.config)
+        return lambda staging, adapter_only: write_sharded_weights(
+            self.model, self.tokenizer, staging, adapter_only, dtype
+        )
 
     def hand_over_weights(self) -> None:
         """After a step: restart modes checkpoint and restart at their interval (the
@@ -334,7 +355,7 @@ class Trainer(PolicyServing):
         if config.restarts_engine and self.step % config.vllm_restart_interval == 0:
             # with --inference-engine none the checkpoint is what an external engine loads
             restart = self.checkpoint_and_restart()
-            if self.engine is not None:
+            if self.engines:
                 logger.info("engine restarted on step %d in %.1fs", self.step, restart)
             return
         interval = config.save_checkpoint_interval
@@ -389,9 +410,14 @@ class Trainer(PolicyServing):
             if main_rank
             else None
         )
+        hands_over = main_rank or self.sharded  # FSDP: every rank gathers and writes
         if api is not None:  # the main rank
-            self.start_engine()
+            self.start_engines()
             api.register(config, self.step, self.vocab_size)
+        # an adapter or shared memory goes in before environments ask for the policy
+        if self.parallel.broadcast(self.bridge is not None and self.bridge.push_at_start):
+            if hands_over:
+                self.push_weights()
         interrupts = StepInterrupts()
         interrupts.install()
         try:
@@ -404,12 +430,7 @@ class Trainer(PolicyServing):
                     trained = time.perf_counter() - started
                     synced = 0.0
                     last = self.step == config.training_steps
-                    if (
-                        main_rank
-                        and self.bridge is not None
-                        and not last
-                        and self.bridge.due(self.step)
-                    ):
+                    if hands_over and self.pushes_weights():
                         synced = self.push_weights()
                     if main_rank:
                         # both records before the checkpoint: a step it holds is on record
@@ -427,13 +448,13 @@ class Trainer(PolicyServing):
                             **staleness(batch, self.step - 1),
                         )
                         self.log(metrics)
-                    if main_rank or self.sharded:  # FSDP: every rank writes its shard
+                    if hands_over:
                         if last:
                             self.save()  # the engine stops next: syncing it would be wasted
                         else:
                             self.hand_over_weights()
         except KeyboardInterrupt:
-            if (main_rank or self.sharded) and self.committed_step != self.step:
+            if hands_over and self.committed_step != self.step:
                 logger.info("interrupted at step %d; writing a final checkpoint", self.step)
                 self.save()
             elif main_rank:
@@ -442,8 +463,7 @@ class Trainer(PolicyServing):
             interrupts.uninstall()
             if self.bridge is not None:
                 self.bridge.close()
-            if self.engine is not None:
-                self.engine.stop()
+            self.stop_engines()
             if self._wandb_run is not None:
                 self._wandb_run.finish()
             self.parallel.close()

@@ -1,25 +1,45 @@
-"""How the trainer keeps its engine serving the current policy: start it, push weights
-into it, restart it when it dies or a push fails. `Trainer` (grpo.py) inherits this and
-decides *when*; the bridge (`atroposlib.weight_sync`) does the pushing itself.
+"""How the trainer keeps its engines serving the current policy: start them, push weights
+into them, restart one when it dies or a push fails. `Trainer` (grpo.py) inherits this
+and decides *when*; the bridge (`atroposlib.weight_sync`) does the pushing itself.
 
-A push the engine did not take restarts the engine on the newest weights it can start
-on; an export that could not be written (a full disk) restarts nothing, and the next
-due step tries again.
+Design decisions:
+- `--num-engines N` runs N engines on consecutive ports. Each version is exported
+  once and pushed to all of them at once, one thread per engine, so a sync costs
+  the slowest push, bounded by `--weight-sync-timeout-s`. Every engine therefore
+  serves the same version after a sync, or is restarted on it before the next step.
+- A push an engine did not take restarts that engine alone, on the newest weights
+  it can start on (this step's export, when one was written); the others serve
+  meanwhile. An export that could not be written (a full disk) restarts nothing,
+  and the next due step tries again.
+- Engines are started and restarted from the main thread only: an engine gets
+  SIGTERM when the thread that spawned it ends (`EngineProcess.launch`). Several
+  start at once (all launched, then each waited for); restarts go one engine at a
+  time, so in the restart modes the others serve while one restarts.
+- A restarted engine is never re-exported to: it starts on the newest export or
+  checkpoint, and an adapter (vLLM LoRA) or shared-memory engine gets the newest
+  export or memory pushed (`WeightBridge.repush`). So a restart needs rank 0
+  alone, even when FSDP shards the weights; only the export gathers them.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
 
 from atroposlib.trainer_contract import EventKind, RunRecords
-from atroposlib.weight_sync.bridge import ExportFailed, WeightBridge, build_bridge
+from atroposlib.weight_sync.bridge import ExportFailed, WeightBridge, WeightWriter, build_bridge
 from atroposlib.weight_sync.errors import WeightSyncError
 from example_trainer.config import TrainingConfig
 from example_trainer.engine import Engine
 
 logger = logging.getLogger("example_trainer")
+
+T = TypeVar("T")
 
 
 def resolve_engine_kind(config: TrainingConfig) -> str:
@@ -30,12 +50,22 @@ def resolve_engine_kind(config: TrainingConfig) -> str:
     return resolve_engine(EngineConfig(engine=config.inference_engine, python=python))
 
 
+def each_engine(engines: list[Engine], work: Callable[[Engine], T]) -> list[T]:
+    """`work` on every engine at once, one thread each: for HTTP calls, whose waits then
+    overlap. Never to start a process (see the module docstring). Raises the first
+    engine's exception, after all finish."""
+    if len(engines) == 1:
+        return [work(engines[0])]
+    with ThreadPoolExecutor(len(engines), thread_name_prefix="engine") as pool:
+        return list(pool.map(work, engines))
+
+
 class PolicyServing:
     """The engine half of `Trainer` (see the module docstring)."""
 
     config: TrainingConfig
     records: RunRecords
-    engine: Engine | None
+    engines: list[Engine]
     bridge: WeightBridge | None
     model: Any
     tokenizer: Any
@@ -43,29 +73,37 @@ class PolicyServing:
     committed_step: int
     latest_checkpoint: str
 
-    def start_engine(self) -> None:
-        if self.config.inference_engine == "none":
-            if not self.config.restarts_engine:
+    def weight_writer(self) -> WeightWriter | None:
+        """How this trainer writes an export (None: the bridge's default, for whole models)."""
+        return None
+
+    def start_engines(self) -> None:
+        config = self.config
+        if config.inference_engine == "none":
+            if not config.restarts_engine:
                 logger.warning(
                     "--weight-bridge-mode %s with --inference-engine none: there is no engine "
                     "to push weights into; only checkpoints (--save-checkpoint-interval) leave "
                     "this trainer",
-                    self.config.weight_bridge_mode,
+                    config.weight_bridge_mode,
                 )
             return
-        kind = resolve_engine_kind(self.config)
-        self.bridge = bridge = build_bridge(self.config, kind, self.model)
-        if bridge is None:
-            self.engine = Engine(self.config, self.records, kind=kind)
-            self.engine.start(self.latest_checkpoint, self.step)
-            return
-        served = bridge.served_name(self.config.served_model_name or self.config.model_name)
-        self.engine = Engine(self.config, self.records, bridge.launch_extras(), kind, served)
-        self.engine.start(
-            bridge.engine_model(self.latest_checkpoint, self.config.model_name), self.step
-        )
-        if bridge.push_at_start:
-            bridge.sync(self.model, self.tokenizer, self.step)
+        kind = resolve_engine_kind(config)
+        self.bridge = bridge = build_bridge(config, kind, self.model)
+        extras: tuple[list[str], dict[str, str]] = ([], {})
+        served, model = None, self.latest_checkpoint
+        if bridge is not None:
+            extras = bridge.launch_extras()
+            served = bridge.served_name(config.served_model_name or config.model_name)
+            model = bridge.engine_model(model, config.model_name)
+        self.engines = [
+            Engine(config, self.records, extras, kind, served, index)
+            for index in range(config.num_engines)
+        ]
+        for engine in self.engines:
+            engine.launch(model, self.step)
+        for engine in self.engines:
+            engine.wait_started(model, self.step)
 
     def newest_servable(self) -> tuple[str, int]:
         """(weights, step): the newest weights an engine can start on."""
@@ -74,58 +112,86 @@ class PolicyServing:
             return exported
         return self.latest_checkpoint, self.committed_step
 
-    def ensure_engine(self) -> float:
-        """Restart a dead engine on the newest weights it can load; returns seconds spent."""
-        if self.engine is None or self.engine.alive():
-            return 0.0
+    def ensure_engines(self) -> float:
+        """Restart dead engines on the newest weights they can load; seconds spent."""
+        return sum(self._revive(engine) for engine in self.engines if not engine.alive())
+
+    def _revive(self, engine: Engine) -> float:
         model, step = self.newest_servable()
         logger.error(
-            "inference engine died; restarting from %s\n%s", model, self.engine.log_tail(10)
+            "inference engine died (engine %d); restarting from %s\n%s",
+            engine.index,
+            model,
+            engine.log_tail(10),
         )
-        self.records.event(EventKind.ENGINE_CRASHED, self.step, model=model)
-        return self.restart_engine(model, step, "engine died")
+        engine.event(EventKind.ENGINE_CRASHED, self.step, model=model)
+        return self.restart_engine(engine, model, step, "engine died")
 
-    def restart_engine(self, model: str, step: int, reason: str) -> float:
-        """Restart on `model`; a hot mode then pushes the current weights if those are older
-        (or always, when the engine serves a base under the pushed adapter)."""
-        assert self.engine is not None  # its callers restart an engine that was started
+    def restart_engine(self, engine: Engine, model: str, step: int, reason: str) -> float:
+        """Restart `engine` on `model`; seconds spent. A bridge that serves from an adapter
+        or from shared memory then pushes its newest weights (`WeightBridge.repush`)."""
         if self.bridge is None:
-            return self.engine.restart(model, step, reason)
+            return engine.restart(model, step, reason)
         model = self.bridge.engine_model(model, self.config.model_name)
-        spent = self.engine.restart(model, step, reason)
+        spent = engine.restart(model, step, reason)
         self.bridge.engine_restarted()
-        if step < self.step or self.bridge.push_at_start:
-            try:
-                spent += self.bridge.sync(self.model, self.tokenizer, self.step)
-            except WeightSyncError as exc:  # the next due push tries again
-                logger.error("weight push after the restart failed: %s", exc)
+        try:
+            spent += self.bridge.repush(engine.url)
+        except WeightSyncError as exc:  # the next due push tries again
+            logger.error("weight push to engine %d after its restart failed: %s", engine.index, exc)
         return spent
 
     def push_weights(self) -> float:
-        """Hot modes: this step's weights into the running engine; seconds spent.
+        """Hot modes: this step's weights into every running engine; seconds spent.
 
-        A push the engine did not take restarts the engine on the newest weights it can
-        start on (this step's export, when one was written). An export that could not be
-        written (a full disk) restarts nothing: the engine keeps its weights, and the next
-        step tries again.
+        Under FSDP every rank calls this: the export gathers the shards. The other
+        ranks' part ends there; rank 0 writes the export and pushes it.
         """
-        bridge, engine = self.bridge, self.engine
-        # called only with a bridge, and start_engine starts an engine beside every bridge
-        assert bridge is not None and engine is not None
+        started = time.perf_counter()
+        bridge = self.bridge
+        if bridge is None:  # not rank 0: its part is the gather, and it writes nothing
+            writer = self.weight_writer()
+            if writer is not None:
+                writer(Path(self.config.save_path), False)
+            return 0.0
         try:
-            spent = bridge.sync(self.model, self.tokenizer, self.step)
-            engine.forget(bridge.pruned)  # deleted: nothing to fall back to
-            return spent
-        except ExportFailed as exc:  # a restart would fail to export the same way
+            exported = bridge.export(self.model, self.tokenizer, self.step, self.weight_writer())
+        except ExportFailed as exc:  # every engine keeps its weights; the next step tries again
             logger.error("weight push at step %d skipped: %s", self.step, exc)
             self.records.event(EventKind.WEIGHT_SYNC_FAILED, self.step, error=str(exc)[:300])
             return 0.0
+        refused = each_engine(self.engines, lambda engine: self._push_to(engine, exported))
+        for engine, error in zip(self.engines, refused, strict=True):
+            if error is not None:
+                self._replace_refused(engine, error)
+        bridge.pushed()
+        for engine in self.engines:
+            engine.forget(bridge.pruned)  # deleted: nothing to fall back to
+        return time.perf_counter() - started
+
+    def _push_to(self, engine: Engine, exported: Path | None) -> WeightSyncError | None:
+        """One engine's push (in its own thread): the error, if it did not take it."""
+        assert self.bridge is not None  # called from push_weights only
+        try:
+            self.bridge.push(exported, self.step, engine.url)
         except WeightSyncError as exc:
-            if not engine.alive():  # it died, and the push found out first
-                return self.ensure_engine()
-            logger.error(
-                "weight push at step %d failed (%s); restarting the engine", self.step, exc
-            )
-            self.records.event(EventKind.WEIGHT_SYNC_FAILED, self.step, error=str(exc)[:300])
-            model, step = self.newest_servable()
-            return self.restart_engine(model, step, "weight push failed")
+            return exc
+        return None
+
+    def _replace_refused(self, engine: Engine, error: WeightSyncError) -> float:
+        """An engine that did not take a push restarts on the newest weights."""
+        if not engine.alive():  # it died, and the push found out first
+            return self._revive(engine)
+        logger.error(
+            "weight push to engine %d at step %d failed (%s); restarting it",
+            engine.index,
+            self.step,
+            error,
+        )
+        engine.event(EventKind.WEIGHT_SYNC_FAILED, self.step, error=str(error)[:300])
+        model, step = self.newest_servable()
+        return self.restart_engine(engine, model, step, "weight push failed")
+
+    def stop_engines(self) -> None:
+        for engine in self.engines:
+            engine.stop()

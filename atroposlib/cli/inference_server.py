@@ -47,6 +47,11 @@ class InferenceServerSettings(ExposureRule, BaseModel):
         None, ge=1, description="Longest prompt + completion (default: the model's limit)."
     )
     dtype: str = Field("float32", description="Weights dtype: float32, bfloat16, float16, auto.")
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="Where the model runs: cpu, cuda or cuda:N (sampling stays on the CPU).",
+    )
     max_batch_rows: int = Field(64, ge=1, description="Most sampled sequences per batch round.")
     num_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads (default: torch's choice)."
@@ -97,9 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level)
     import torch
 
-    from atroposlib.inference.engine import GenerationEngine
+    from atroposlib.inference.engine import GenerationEngine, device_problem
     from atroposlib.inference.server import create_inference_app
 
+    if problem := device_problem(settings.device):
+        print(f"atropos-inference-server: {problem}", file=sys.stderr)
+        return 2
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     try:
@@ -108,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             settings.dtype,
             settings.max_model_len,
             settings.weight_version or os.environ.get(WEIGHT_VERSION_ENVIRONMENT) or None,
+            settings.device,
         )
     except (OSError, ValueError) as exc:
         print(

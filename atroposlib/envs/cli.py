@@ -4,8 +4,9 @@ Configuration is resolved once, the same way for every subcommand:
 `config_init()` defaults < `--config X.yaml` (keys env, openai, slurm, testing)
 < `--env.*` / `--openai.*` / `--slurm` / `--testing` flags. When config_init
 returned a ServerBaseline and any openai setting is given, it becomes one
-APIServerConfig; a YAML `openai:` list means several inference servers (CLI
-`--openai.*` values then apply to each).
+APIServerConfig; a YAML `openai:` list means several inference servers, each
+taking config_init's (first) server for what its entry leaves out (CLI `--openai.*`
+values then apply to each).
 
 An env class that talks to more inference servers than its policy's (a
 distillation teacher) declares them with a `cli_server_namespaces()` classmethod
@@ -155,8 +156,14 @@ def _unknown_flag_error(parser: argparse.ArgumentParser, unknown: list[str]) -> 
 
 def _merge_servers(base: Any, overrides: dict[str, Any], yaml_servers: Any) -> Any:
     if yaml_servers is not None:
-        if isinstance(yaml_servers, list):
-            base = [APIServerConfig(**entry) for entry in yaml_servers]
+        if isinstance(yaml_servers, list):  # each entry over the env's (first) defaults
+            template = base[0] if isinstance(base, list) and base else base
+            fields = (
+                template.model_dump(exclude={"base_url"})
+                if isinstance(template, ServerBaseline)
+                else {}
+            )
+            base = [APIServerConfig(**{**fields, **entry}) for entry in yaml_servers]
         else:
             fields = base.model_dump() if isinstance(base, ServerBaseline) else {}
             base = APIServerConfig(**{**fields, **yaml_servers})

@@ -15,6 +15,10 @@ Design decisions:
 - Prompt logprobs (vLLM's `prompt_logprobs`) are read from the same batched
   prefill pass that starts sampling, so scoring a prompt costs no extra forward
   pass and goes through the same batching as every other request.
+- `device` places the model (cpu, cuda, cuda:N); sampling stays on the CPU. Each
+  step moves one row of last-position logits per sequence off the device, which is
+  small next to the forward pass, and keeps seeded generators reproducible and the
+  per-row top-p/top-k code the same on every device.
 - New weights (`load_weights`) wait for the round in flight: a round runs
   wholly on one weight version, which every sample records (`weight_version`),
   so a trainer can tell how stale each sample is.
@@ -26,6 +30,18 @@ import threading
 from dataclasses import dataclass, field
 
 import torch
+
+
+def device_problem(name: str) -> str | None:
+    """Why `name` (cpu, cuda, cuda:N) cannot hold the model here, or None."""
+    device = torch.device(name)
+    if device.type == "cpu":
+        return None
+    if not torch.cuda.is_available():
+        return f"--device {name}: this torch sees no CUDA device"
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        return f"--device {name}: there are {torch.cuda.device_count()} CUDA devices"
+    return None
 
 
 @dataclass
@@ -81,6 +97,7 @@ class GenerationEngine:
         self, model, tokenizer, max_model_len: int, weight_version: str | None = None
     ) -> None:
         self.model = model
+        self.device = next(model.parameters()).device
         self.weight_version = weight_version
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -100,6 +117,7 @@ class GenerationEngine:
         dtype: str = "float32",
         max_model_len: int | None = None,
         weight_version: str | None = None,
+        device: str = "cpu",
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,6 +129,7 @@ class GenerationEngine:
         }[dtype]
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        model.to(torch.device(device))  # type: ignore[arg-type]  # HF's @wraps(Module.to)
         model.eval()
         # a config without the field, or with it None, gets the same 2048 default
         limit = max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
@@ -154,15 +173,20 @@ class GenerationEngine:
         for i, (job, _) in enumerate(rows):
             input_ids[i, width - len(job.prompt_ids) :] = torch.tensor(job.prompt_ids)
             attention[i, width - len(job.prompt_ids) :] = 1
+        device = self.device
+        attention = attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         output = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True
+            input_ids=input_ids.to(device),
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
         )
         for i, (job, k) in enumerate(rows):
             if k == 0 and job.params.prompt_logprobs is not None:
-                self._score_prompt(job, output.logits[i, width - len(job.prompt_ids) :])
+                self._score_prompt(job, output.logits[i, width - len(job.prompt_ids) :].cpu())
         cache = output.past_key_values
-        logits = output.logits[:, -1, :].float()
+        logits = output.logits[:, -1, :].float().cpu()
         tokens: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         tops: list[list[list[tuple[int, float]]]] = [[] for _ in rows]
@@ -185,17 +209,17 @@ class GenerationEngine:
             if all(reason is not None for reason in finish):
                 break
             step_ids = torch.tensor([[t[-1] if t else self.pad_id] for t in tokens])
-            attention = torch.cat([attention, torch.ones((count, 1), dtype=torch.long)], dim=1)
+            attention = torch.cat([attention, attention.new_ones((count, 1))], dim=1)
             positions = positions[:, -1:] + 1
             output = self.model(
-                input_ids=step_ids,
+                input_ids=step_ids.to(device),
                 attention_mask=attention,
                 position_ids=positions,
                 past_key_values=cache,
                 use_cache=True,
             )
             cache = output.past_key_values
-            logits = output.logits[:, -1, :].float()
+            logits = output.logits[:, -1, :].float().cpu()
         for i, (job, _) in enumerate(rows):
             job.samples.append(
                 Sample(

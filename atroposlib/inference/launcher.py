@@ -121,6 +121,14 @@ class EngineProcess:
         return self.config.url
 
     def start(self, model_path: str | os.PathLike[str]) -> None:
+        """Launch the engine on `model_path` and wait until it is healthy."""
+        self.launch(model_path)
+        self.wait_healthy()
+
+    def launch(self, model_path: str | os.PathLike[str]) -> None:
+        """Launch without waiting: start several, then wait for each (`wait_healthy`).
+        Call it from a thread that outlives the engine: the engine gets SIGTERM when the
+        thread that started it ends (PR_SET_PDEATHSIG is per thread)."""
         if self.alive():
             raise EngineError("engine already running; use restart()")
         self.model_path = str(model_path)
@@ -138,7 +146,6 @@ class EngineProcess:
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         with open(self.log_path, "ab") as log:
             self.proc = spawn(command, log, env)
-        self.wait_healthy()
 
     def wait_healthy(self) -> None:
         def up() -> bool:

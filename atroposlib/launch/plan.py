@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from atroposlib.api.settings import APISettings
@@ -36,9 +37,11 @@ from atroposlib.trainer_contract import (
     metrics_path,
 )
 from atroposlib.utils.exposure import API_KEY_ENVIRONMENT, ENGINE_KEY_ENVIRONMENT
-from atroposlib.utils.ports import free_port, port_in_use
+from atroposlib.utils.ports import free_ports, port_in_use
 
 TINY_MODEL = "tiny"
+ENGINES_FILE = "engines.yaml"
+"""The trainer's engines as an environment's `openai:` list (written with several)."""
 KEY_FILE = "api-key"
 """The run's key in its run directory (mode 0600), for clients such as view-run."""
 # the settings the launcher owns outright; a trainer.args entry for them is ignored
@@ -70,6 +73,8 @@ class Plan:
     trainer: ProcessPlan
     engine: ProcessPlan | None = None
     environments: list[ProcessPlan] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    """Files the run writes into its directory before anything starts (relative path: text)."""
     api_state_dir: Path | None = None
     """The API's durable store (None: it runs ephemeral)."""
     key: str | None = None
@@ -104,10 +109,16 @@ class Shared:
     api_url: str
     engine_port: int
     key: str | None
+    engine_count: int = 1
+    """Engines on consecutive ports from `engine_port` (the trainer's --num-engines)."""
 
     @property
     def engine_url(self) -> str:
         return f"http://127.0.0.1:{self.engine_port}"
+
+    @property
+    def engine_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{self.engine_port + i}" for i in range(self.engine_count)]
 
     def key_env(self, *names: str) -> dict[str, str]:
         """The run's key under each of `names`, for a child's environment (never its argv)."""
@@ -129,20 +140,29 @@ def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
     requested_engine_port = config.engine.port if config.engine else "auto"
     if config.engine is None:
         requested_engine_port = trainer_args.pop("vllm_port", "auto")
+    engine_count = int(trainer_args.get("num_engines", 1))
+    if engine_count > 1 and config.engine is not None:
+        raise ConfigError(
+            "trainer.args.num_engines: the trainer starts and syncs its engines itself; "
+            "drop the engine: section (it runs one engine the trainer does not restart)"
+        )
     shared = Shared(
         run_dir=run_dir,
         python=config.python,
         model=resolve_model(config.model),
         served=config.served_model_name or config.model,
         api_url=f"http://127.0.0.1:{api_port}",
-        engine_port=_port(requested_engine_port, "engine", taken),
+        engine_port=_port(requested_engine_port, "engine", taken, engine_count),
         key=_run_key(config),
+        engine_count=engine_count,
     )
     api = _api_plan(config, shared, api_port)
     trainer, settings = _trainer_plan(config, shared, trainer_args)
     engine = _engine_plan(config, shared, settings)
     environments = _environment_plans(config, shared, settings, base)
+    files = {ENGINES_FILE: _engines_yaml(shared)} if shared.engine_count > 1 else {}
     return Plan(
+        files=files,
         config=config,
         api_state_dir=_api_state_dir(config, shared),
         run_dir=run_dir,
@@ -214,6 +234,7 @@ def _trainer_plan(
         "seed": chosen("seed", config.seed),
         "log_format": chosen("log_format", "text"),
         "inference_engine": chosen("inference_engine", None),
+        "num_engines": chosen("num_engines", None),
     }
     if config.engine is not None:
         values["inference_engine"] = "none"  # the launcher runs the engine
@@ -310,6 +331,17 @@ def _environment_plans(
                 "model_name": shared.served,
                 **{k: v for k, v in section.openai.items() if k != "api_key"},
             }
+            engines_config = []
+            if shared.engine_count > 1 and "base_url" not in section.openai:
+                # every engine, as a YAML openai: list; the flags apply to each
+                if "--config" in section.args:
+                    raise ConfigError(
+                        f"environments[{index}] ({section.label}): with several engines the "
+                        "launcher gives each environment their list as --config; move that "
+                        "file's keys into env: and openai:"
+                    )
+                del openai_values["base_url"]
+                engines_config = ["--config", str(shared.run_dir / ENGINES_FILE)]
             key_env = {
                 **shared.key_env(API_KEY_ENVIRONMENT),
                 **_engine_key_for(section, shared),
@@ -325,6 +357,7 @@ def _environment_plans(
                         section.subcommand,
                         *flags(env_values, "--env.", dashes=False),
                         *flags(openai_values, "--openai.", dashes=False),
+                        *engines_config,
                         *section.args,
                     ],
                     max_restarts=section.max_restarts,
@@ -332,6 +365,11 @@ def _environment_plans(
                 )
             )
     return environments
+
+
+def _engines_yaml(shared: Shared) -> str:
+    servers = [{"base_url": f"{url}/v1"} for url in shared.engine_urls]
+    return yaml.safe_dump({"openai": servers}, sort_keys=False)
 
 
 def _engine_key_for(section: EnvironmentSection, shared: Shared) -> dict[str, str]:
@@ -398,16 +436,23 @@ def _env_entry(section: EnvironmentSection, base: Path) -> list[str]:
     raise ConfigError(f"environment script not found: {section.script}")
 
 
-def _port(value: int | str, what: str, taken: set[int]) -> int:
+def _port(value: int | str, what: str, taken: set[int], count: int = 1) -> int:
+    """A free port, or `count` consecutive free ones (the first is returned)."""
+
+    def free(first: int) -> bool:
+        ports = range(first, first + count)
+        return first + count <= 65536 and not any(p in taken or port_in_use(p) for p in ports)
+
     if value == "auto":
-        port = free_port()
-        while port in taken:
-            port = free_port()
+        port = free_ports(count)
+        while not free(port):
+            port = free_ports(count)
     else:
         port = int(value)
-        if port in taken or port_in_use(port):
-            raise ConfigError(f"port {port} ({what}) is already in use")
-    taken.add(port)
+        if not free(port):
+            span = f"{port}-{port + count - 1}" if count > 1 else str(port)
+            raise ConfigError(f"port {span} ({what}) is already in use")
+    taken.update(range(port, port + count))
     return port
 
 

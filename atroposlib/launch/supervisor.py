@@ -116,6 +116,8 @@ class Launcher:
     def run(self) -> int:
         self.plan.run_dir.mkdir(parents=True, exist_ok=True)
         (self.plan.run_dir / "config.yaml").write_text(self.config_text)
+        for name, text in self.plan.files.items():
+            (self.plan.run_dir / name).write_text(text)
         self._write_key()
         commands = {c.name: c.plan.command for c in self.children}
         (self.plan.run_dir / "commands.json").write_text(json.dumps(commands, indent=2))

@@ -12,6 +12,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports nothing listens on now (e.g. one engine
+    each on --vllm-port, --vllm-port + 1, ...)."""
+    while True:
+        first = free_port()
+        if first + count <= 65536 and not any(port_in_use(first + i) for i in range(1, count)):
+            return first
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -19,6 +19,9 @@ Design decisions:
 - A push that fails raises `WeightSyncError`; the trainer then restarts the
   engine on the newest exported weights, so a failed push costs one restart,
   never the run.
+- Several engines (`--num-engines`): one export per step, then one push per
+  engine, all at once (`export`, `push`, `pushed`), so a step's sync costs the
+  slowest engine's push, and a push that fails restarts only its own engine.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import logging
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -73,22 +77,34 @@ LIVE_DIR = "live"
 KEEP_LIVE = 2
 
 
-def export_weights(model: Any, tokenizer, target: Path, adapter_only: bool) -> Path:
-    """Write what the engine loads to `target` (atomically: staged, then renamed).
+WeightWriter = Callable[[Path, bool], None]
+"""Writes the policy into a directory (`save_pretrained` layout; the adapter alone when
+the flag says so). A trainer whose weights are sharded passes its own, which gathers."""
 
-    `model` is a transformers `PreTrainedModel` or a peft `PeftModel` (a plain
-    `torch.nn.Module` has no `save_pretrained`).
-    """
-    staging = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
+
+def write_weights(model: Any, tokenizer, staging: Path, adapter_only: bool) -> None:
+    """The default `WeightWriter` for a model held whole: a transformers `PreTrainedModel`
+    or a peft `PeftModel` (merged into a copy, unless `adapter_only`)."""
     if adapter_only:
         model.save_pretrained(staging)  # peft: adapter_config.json + adapter weights
+        return
+    merged = (
+        copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    )
+    merged.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+
+
+def export_weights(
+    model: Any, tokenizer, target: Path, adapter_only: bool, write: WeightWriter | None = None
+) -> Path:
+    """Write what the engine loads to `target` (atomically: staged, then renamed)."""
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    if write is None:
+        write_weights(model, tokenizer, staging, adapter_only)
     else:
-        merged = (
-            copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
-        )
-        merged.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        write(staging, adapter_only)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target
@@ -99,7 +115,6 @@ class EnginePush:
 
     def __init__(self, config: BridgeSettings, engine_kind: str, sync_key: str) -> None:
         self.config = config
-        self.url = f"http://127.0.0.1:{config.vllm_port}"
         self.engine_kind = engine_kind
         self.sync_key = sync_key
 
@@ -127,7 +142,7 @@ class EnginePush:
         )
         return vllm_launch_extras(mode, self.sync_key, self.config.lora_r)
 
-    def push(self, path: Path, version: str) -> float:
+    def push(self, url: str, path: Path, version: str) -> float:
         timeout = self.config.weight_sync_timeout_s
         served = self.config.served_model_name or self.config.model_name
         if self.engine_kind == "vllm":
@@ -136,10 +151,10 @@ class EnginePush:
             headers = vllm_weights.weight_route_headers(self.sync_key)
             if self.adapter_only:
                 return vllm_weights.load_vllm_lora(
-                    self.url, served, str(path), version, headers, timeout
+                    url, served, str(path), version, headers, timeout
                 )
-            return vllm_weights.reload_vllm_weights(self.url, str(path), version, headers, timeout)
-        return push_to_cpu_engine(self.url, path, version, self.sync_key, timeout)
+            return vllm_weights.reload_vllm_weights(url, str(path), version, headers, timeout)
+        return push_to_cpu_engine(url, path, version, self.sync_key, timeout)
 
 
 class WeightBridge:
@@ -175,12 +190,32 @@ class WeightBridge:
     def engine_restarted(self) -> None:
         """A new engine process took the old one's place."""
 
-    def due(self, step: int) -> bool:
-        return step % self.config.weight_sync_interval == 0
+    def export(
+        self, model: torch.nn.Module, tokenizer, step: int, write: WeightWriter | None = None
+    ) -> Path | None:
+        """Write this step's weights where every engine can load them, once for all
+        engines; None for a bridge that pushes from memory. Raises `ExportFailed`."""
+        return None
 
-    def sync(self, model: torch.nn.Module, tokenizer, step: int) -> float:
-        """Push this step's weights; seconds spent. Raises `WeightSyncError`."""
+    def push(self, exported: Path | None, step: int, url: str) -> float:
+        """Push this step's weights into the engine at `url`; seconds spent. Raises
+        `WeightSyncError`. Called for several engines at once, from several threads."""
         raise NotImplementedError
+
+    def pushed(self) -> None:
+        """Every engine has had this step's push (or a restart on it)."""
+
+    def repush(self, url: str) -> float:
+        """A restarted engine at `url` started on `engine_model`: push what that lacks
+        (an adapter, shared memory); seconds spent. Never exports: rank 0 alone calls it."""
+        return 0.0
+
+    def sync(self, model: torch.nn.Module, tokenizer, step: int, url: str) -> float:
+        """Export and push to the one engine at `url`; seconds spent."""
+        started = time.perf_counter()
+        self.push(self.export(model, tokenizer, step), step, url)
+        self.pushed()
+        return time.perf_counter() - started
 
     def close(self) -> None:
         """The run is over."""
@@ -209,23 +244,35 @@ class HotBridge(WeightBridge):
         """The base under an adapter, else the newest weights."""
         return base if self.pusher.adapter_only else newest
 
-    def sync(self, model: torch.nn.Module, tokenizer, step: int) -> float:
-        """Export and push this step's weights; seconds spent (export included)."""
-        started = time.perf_counter()
+    def export(
+        self, model: torch.nn.Module, tokenizer, step: int, write: WeightWriter | None = None
+    ) -> Path:
+        target = self.live / f"step-{step}"
         try:
-            path = export_weights(
-                model, tokenizer, self.live / f"step-{step}", self.pusher.adapter_only
-            )
-        except OSError as exc:  # a full disk: the engine keeps its weights, the run goes on
+            path = export_weights(model, tokenizer, target, self.pusher.adapter_only, write)
+        except OSError as exc:  # a full disk: the engines keep their weights, the run goes on
             raise ExportFailed(f"cannot write the weights to {self.live}: {exc}") from None
         self.exports.append(path)
-        self.latest = (str(path), step)  # servable even if the push below fails
-        self.pusher.push(path, str(step))
+        self.latest = (str(path), step)  # servable even if a push fails
+        self.pruned = []
+        return path
+
+    def push(self, exported: Path | None, step: int, url: str) -> float:
+        assert exported is not None  # export() always writes one
+        return self.pusher.push(url, exported, str(step))
+
+    def repush(self, url: str) -> float:
+        """An engine restarted on the base model gets the newest adapter back."""
+        if not self.pusher.adapter_only or self.latest is None:
+            return 0.0
+        path, step = self.latest
+        return self.push(Path(path), step, url)
+
+    def pushed(self) -> None:
         self.pruned = self.exports[:-KEEP_LIVE]
         for old in self.pruned:
             shutil.rmtree(old, ignore_errors=True)
         self.exports = self.exports[-KEEP_LIVE:]
-        return time.perf_counter() - started
 
     @property
     def restart_from(self) -> tuple[str, int] | None:
@@ -252,6 +299,7 @@ class SharedBridge(WeightBridge):
             timeout_s=config.weight_sync_timeout_s,
         )
         self.connected = False
+        self.pushed_step: int | None = None
 
     def launch_extras(self) -> tuple[list[str], dict[str, str]]:
         return self._extras
@@ -260,11 +308,18 @@ class SharedBridge(WeightBridge):
         """A new engine process: the handshake starts over."""
         self.connected = False
 
-    def sync(self, model: torch.nn.Module, tokenizer, step: int) -> float:
+    def push(self, exported: Path | None, step: int, url: str) -> float:
+        """The one engine (shared_vllm refuses several) is the one `self.bridge` reaches."""
         if not self.connected:
             self.bridge.connect()
             self.connected = True
-        return self.bridge.push(str(step))
+        spent = self.bridge.push(str(step))
+        self.pushed_step = step
+        return spent
+
+    def repush(self, url: str) -> float:
+        """A restarted vLLM started on a checkpoint: share the current memory again."""
+        return 0.0 if self.pushed_step is None else self.push(None, self.pushed_step, url)
 
     def close(self) -> None:
         if self.connected:

@@ -95,6 +95,10 @@ def test_yaml_list_means_several_servers(tmp_path):
     assert [s.base_url for s in resolved.servers] == ["http://a:1/v1", "http://b:2/v1"]
     assert all(s.timeout == 5 for s in resolved.servers)
     assert resolved.testing is True and resolved.slurm is False
+    # what an entry leaves out comes from config_init's server, as for a single server
+    config.write_text("openai:\n  - {base_url: 'http://a:1/v1'}\n  - {base_url: 'http://b:2/v1'}\n")
+    bare = resolve("serve", "--config", str(config))
+    assert [(s.model_name, s.timeout) for s in bare.servers] == [("m", 9), ("m", 9)]
 
 
 def test_bad_input_names_the_flag(tmp_path, capsys):

@@ -1,9 +1,12 @@
 """One batch's gradients, from a single process or from every rank of `torchrun`.
 
-Usage: python dp_worker.py MODEL_DIR OUT.pt GRAD_ACCUM [PARALLELISM]  (rank 0 writes OUT.pt)
+Usage: python dp_worker.py MODEL_DIR OUT.pt GRAD_ACCUM [PARALLELISM [lora]]
+(rank 0 writes OUT.pt)
 
 Besides the gradients, it records one optimizer step's update and the bytes this rank
 holds for parameters and optimizer state (rank 0's; under FSDP every rank holds a shard).
+With `lora` it trains LoRA adapters, and after the update writes a hot push's two
+exports beside OUT.pt: the merged weights (`merged/`) and the adapter (`adapter/`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from atroposlib.weight_sync.bridge import export_weights
 from example_trainer.config import TrainingConfig
 from example_trainer.grpo import Trainer
 from example_trainer.sharding import local_bytes, optimizer_state_tensors
@@ -45,7 +49,8 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().clone()
 
 
-def main(model_dir: str, out: str, grad_accum: int, parallelism: str = "ddp") -> None:
+def main(model_dir: str, out: str, grad_accum: int, parallelism: str = "ddp", *lora: str) -> None:
+    adapters = {"weight_bridge_mode": "lora_only", "lora_dropout": 0.0} if lora else {}
     config = TrainingConfig(
         model_name=model_dir,
         device="cpu",
@@ -54,6 +59,7 @@ def main(model_dir: str, out: str, grad_accum: int, parallelism: str = "ddp") ->
         seq_len=64,
         clip_eps=0.1,
         parallelism=parallelism,
+        **adapters,
     )
     trainer = Trainer(config)
     metrics = trainer.accumulate_gradients(fixed_batch(trainer.model.config.vocab_size))
@@ -68,6 +74,14 @@ def main(model_dir: str, out: str, grad_accum: int, parallelism: str = "ddp") ->
         "parameters": local_bytes(list(trainer.model.parameters())),
         "optimizer": local_bytes(optimizer_state_tensors(trainer.optimizer)),
     }
+    if lora:  # as the trainer's push_weights: every rank gathers, rank 0 exports
+        writer = trainer.weight_writer()
+        for name, adapter_only in (("merged", False), ("adapter", True)):
+            target = Path(out).with_name(name)
+            if trainer.parallel.is_main:
+                export_weights(trainer.model, trainer.tokenizer, target, adapter_only, writer)
+            elif writer is not None:
+                writer(target, adapter_only)
     if trainer.parallel.is_main:
         saved = {"grads": grads, "before": before, "updates": updates}
         torch.save({**saved, "metrics": metrics, "bytes": held}, out)
@@ -75,4 +89,4 @@ def main(model_dir: str, out: str, grad_accum: int, parallelism: str = "ddp") ->
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:6])

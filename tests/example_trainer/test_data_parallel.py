@@ -41,13 +41,13 @@ def run_worker(tiny_model_path, tmp_path_factory):
     module: the single-process and the DDP runs serve as the reference of both tests."""
     results: dict[tuple, dict] = {}
 
-    def run(processes: int, grad_accum: int, parallelism: str = "ddp") -> dict:
-        key = (processes, grad_accum, parallelism)
+    def run(processes: int, grad_accum: int, parallelism: str = "ddp", *lora: str) -> dict:
+        key = (processes, grad_accum, parallelism, *lora)
         if key not in results:
             out = tmp_path_factory.mktemp("dp") / "out.pt"
-            args = (str(tiny_model_path), str(out), str(grad_accum), parallelism)
+            args = (str(tiny_model_path), str(out), str(grad_accum), parallelism, *lora)
             run_script(WORKER, processes, *args)
-            results[key] = torch.load(out)
+            results[key] = {**torch.load(out), "exports": out.parent}
         return results[key]
 
     return run
@@ -96,6 +96,37 @@ def test_fsdp_on_two_ranks_matches_one_process_with_half_the_bytes(run_worker):
         ratio = fsdp["bytes"][kind] / ddp["bytes"][kind]
         assert 0.45 <= ratio <= 0.55, (kind, fsdp["bytes"], ddp["bytes"])
     assert ddp["bytes"] == single["bytes"]  # every DDP rank holds the whole model
+
+
+def test_lora_under_fsdp_on_two_ranks_matches_one_process_and_exports_it(run_worker):
+    """LoRA adapters sharded by FSDP2 on 2 ranks train as in one process, and a hot push's
+    exports (gathered, then merged by peft, or the adapter alone) hold those weights."""
+    from peft import PeftConfig
+    from safetensors.torch import load_file
+
+    single = run_worker(1, 1, "ddp", "lora")
+    fsdp = run_worker(2, 2, "fsdp", "lora")
+    assert fsdp["grads"].keys() == single["grads"].keys()
+    assert all("lora_" in name for name in single["grads"]), "only the adapters train"
+    for name, grad in single["grads"].items():
+        assert_close_to_scale(fsdp["grads"][name], grad, GRADIENT_REL_TO_SCALE, name)
+    exports = [(run["exports"], run) for run in (single, fsdp)]
+    merged = [load_file(folder / "merged" / "model.safetensors") for folder, _ in exports]
+    assert merged[0].keys() == merged[1].keys()
+    assert not any("lora" in name or "base_layer" in name for name in merged[1])
+    moved = 0.0
+    for name, weight in merged[0].items():
+        # both sides merge W + s * B @ A from weights one AdamW step apart: that step's
+        # rounding (the FSDP test above) bounds the difference, as a share of lr
+        assert (merged[1][name] - weight).abs().max() <= 0.1 * 1e-5, name
+    for folder, run in exports:
+        adapter = load_file(folder / "adapter" / "adapter_model.safetensors")
+        assert PeftConfig.from_pretrained(folder / "adapter").r == 16
+        for name, weight in run["before"].items():  # the adapter's tensors, updated
+            stored = adapter[name.replace(".default", "")]
+            moved = max(moved, float((stored - weight).abs().max()))
+            assert torch.allclose(stored, weight + run["updates"][name]), name
+    assert moved > 0
 
 
 def assert_same_state(got: dict, want: dict, where: str) -> None:

@@ -48,7 +48,7 @@ def kill_engine(trainer: Trainer) -> None:
     )
     for pid in found.stdout.split():
         os.kill(int(pid), signal.SIGKILL)
-    wait_until(lambda: not trainer.engine.alive(), 30, "the engine outlived SIGKILL")
+    wait_until(lambda: not trainer.engines[0].alive(), 30, "the engine outlived SIGKILL")
 
 
 def unloadable(model: Path, where: Path) -> Path:
@@ -65,11 +65,11 @@ def test_a_failed_restart_is_retried_then_falls_back_then_gives_up(tiny_model_pa
     save = tmp_path / "ckpt"
     trainer = with_engine(base, save)
     try:
-        trainer.start_engine()
+        trainer.start_engines()
         trainer.latest_checkpoint = str(unloadable(base, save / "step-3"))
         kill_engine(trainer)
-        trainer.ensure_engine()  # two tries on step-3, then back to the base model
-        assert trainer.engine.alive()
+        trainer.ensure_engines()  # two tries on step-3, then back to the base model
+        assert trainer.engines[0].alive()
         assert events(save)[1:] == [
             ("engine_crashed", 0, None, "step-3"),
             ("engine_restart_failed", 0, "engine died", "step-3"),
@@ -79,12 +79,12 @@ def test_a_failed_restart_is_retried_then_falls_back_then_gives_up(tiny_model_pa
         (base / "model.safetensors").unlink()  # now the fallback cannot load either
         kill_engine(trainer)
         with pytest.raises(EngineError, match="nor on the previous checkpoint"):
-            trainer.ensure_engine()
+            trainer.ensure_engines()
         assert [e[0] for e in events(save)[5:]] == ["engine_crashed"] + [
             "engine_restart_failed"
         ] * 3
     finally:
-        trainer.engine.stop()
+        trainer.engines[0].stop()
 
 
 def test_the_last_step_saves_without_restarting_the_engine(
@@ -104,7 +104,7 @@ def test_the_last_step_saves_without_restarting_the_engine(
         ("checkpoint_saved", 2, None, ""),
     ]
     assert (save / "step-2" / "model.safetensors").exists()
-    assert not trainer.engine.alive()
+    assert not trainer.engines[0].alive()
 
 
 def test_keep_checkpoints_prunes_all_but_the_newest(api, wire_client, tiny_model_path, tmp_path):

@@ -269,3 +269,33 @@ def test_an_engine_flag_that_opens_it_or_shows_a_key_is_refused(where, args, tmp
     code, err = run_main(tmp_path, config, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "must bind loopback" in err or "readable by every local user" in err
+
+
+@pytest.mark.integration
+def test_several_engines_reach_every_environment_as_one_openai_list(tmp_path, capsys):
+    """trainer.args.num_engines: consecutive free ports from --vllm-port, and every
+    environment gets all of them (engines.yaml, an `openai:` list) instead of one URL."""
+    import yaml
+
+    config = launch_config(tmp_path / "run")
+    config["trainer"]["args"]["num_engines"] = 3
+    resolved = _plan(tmp_path, config)
+    trainer = resolved.trainer.command
+    first = int(trainer[trainer.index("--vllm-port") + 1])
+    assert trainer[trainer.index("--num-engines") + 1] == "3"
+    servers = yaml.safe_load(resolved.files["engines.yaml"])["openai"]
+    assert servers == [{"base_url": f"http://127.0.0.1:{first + i}/v1"} for i in range(3)]
+    (env,) = resolved.environments
+    assert "--openai.base_url" not in env.command
+    assert env.command[env.command.index("--config") + 1] == str(tmp_path / "run" / "engines.yaml")
+    assert env.command[env.command.index("--openai.model_name") + 1] == "tiny"
+    # one engine: no file, the URL as a flag, and no --num-engines for a trainer to refuse
+    del config["trainer"]["args"]["num_engines"]
+    config["run_dir"] = str(tmp_path / "run1")
+    single = _plan(tmp_path, config)
+    assert single.files == {} and "--num-engines" not in single.trainer.command
+    # the launcher's own engine is one engine the trainer does not sync
+    config["trainer"]["args"]["num_engines"] = 2
+    config["engine"] = {"engine": "transformers"}
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and "num_engines" in err and "engine:" in err

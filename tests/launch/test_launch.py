@@ -191,3 +191,63 @@ def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch
     assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert (run_dir / "checkpoints" / "step-3" / "state.json").exists()
     assert run.leftovers() == []
+
+
+@pytest.mark.learning
+def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_path):
+    """configs/quickstart_fsdp_cpu.yaml as shipped: a 2-rank FSDP trainer (gloo ranks,
+    each holding half the model) and two CPU engines. The environment samples from both
+    engines, both take the weights of every step, and the score rises as in the
+    one-process quickstart (the margin is test_the_cpu_quickstart_learns's)."""
+    import httpx
+    import yaml
+
+    from atroposlib.trainer_contract import read_events
+
+    config = yaml.safe_load((REPO / "configs" / "quickstart_fsdp_cpu.yaml").read_text())
+    config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
+    run_dir = tmp_path / "run"
+    config["run_dir"] = str(run_dir)
+    run = launch(config)
+    served: dict[int, int] = {}
+
+    def both_engines_served() -> bool:
+        commands = run_dir / "commands.json"
+        if not commands.exists() or not (run_dir / "api-key").exists():
+            return False
+        trainer = json.loads(commands.read_text())["trainer"]
+        first = int(trainer[trainer.index("--vllm-port") + 1])
+        key = (run_dir / "api-key").read_text().strip()
+        for index in (0, 1):
+            try:
+                text = httpx.get(
+                    f"http://127.0.0.1:{first + index}/metrics",
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=5,
+                ).text
+            except httpx.HTTPError:
+                continue
+            found = re.search(r"^atropos_inference_requests_total (\d+)", text, re.M)
+            served[index] = int(found.group(1)) if found else 0
+        return len(served) == 2 and min(served.values()) > 0
+
+    assert run.wait(300, until=both_engines_served) is None, f"engines served {served}"
+    assert run.wait(600) == 0, run.output()[-4000:]
+    trainer = json.loads((run_dir / "commands.json").read_text())["trainer"]
+    assert trainer[trainer.index("--nproc") + 1] == "2"
+    assert trainer[trainer.index("--parallelism") + 1] == "fsdp"
+    started = [
+        e.detail["engine"]
+        for e in read_events(run_dir / "checkpoints" / "events.jsonl")
+        if e.kind.value == "engine_started"
+    ]
+    assert sorted(started) == [0, 1]
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    steps = config["trainer"]["args"]["training_steps"]
+    assert [r.step for r in rows] == list(range(1, steps + 1))
+    assert all(r.model_dump()["sync_s"] > 0 for r in rows[:-1]), "a step pushed no weights"
+    assert (run_dir / "checkpoints" / f"step-{steps}" / "optimizer").is_dir()  # sharded
+    numbers = json.loads((run_dir / "summary.json").read_text())
+    assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
+    assert numbers["learned"] is True
+    assert run.leftovers() == []

@@ -74,7 +74,7 @@ def post_groups(client: httpx.Client, count: int, **fields) -> None:
 
 
 def served_version(trainer: Trainer) -> str | None:
-    return httpx.get(f"{trainer.engine.process.url}/weight_info", timeout=30).json()[
+    return httpx.get(f"{trainer.engines[0].process.url}/weight_info", timeout=30).json()[
         "weight_version"
     ]
 
@@ -174,7 +174,7 @@ def test_a_refused_push_and_a_killed_engine_restart_on_the_newest_export(
         assert refusals == [1]
         assert served_version(trainer) == "2", "the push after the refused one did not land"
         # kill -9 the engine's whole process group while the trainer waits for step 3
-        os.killpg(trainer.engine.process.proc.pid, signal.SIGKILL)
+        os.killpg(trainer.engines[0].process.proc.pid, signal.SIGKILL)
         wait_until(
             lambda: any(e[0] == "engine_crashed" for e in events(save)) or failures,
             60,
@@ -224,11 +224,11 @@ def test_a_full_disk_at_export_skips_the_push_without_restarting_the_engine(
     export = weight_bridge.export_weights
     full = []
 
-    def export_on_a_full_disk_once(model, tokenizer, target, adapter_only):
+    def export_on_a_full_disk_once(model, tokenizer, target, adapter_only, write=None):
         if not full:
             full.append(target.name)
             raise OSError(errno.ENOSPC, "No space left on device")
-        return export(model, tokenizer, target, adapter_only)
+        return export(model, tokenizer, target, adapter_only, write)
 
     monkeypatch.setattr(weight_bridge, "export_weights", export_on_a_full_disk_once)
     save = tmp_path / "ckpt"

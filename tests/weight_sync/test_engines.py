@@ -1,0 +1,109 @@
+"""`--num-engines 2`: every version reaches both CPU engines at once, and an engine that
+refuses a push is restarted alone while the other keeps its process and its weights.
+
+The trainer runs in this process against a real `run-api` and two real CPU engines on
+the tiny model; each engine's `/weight_info` says which step it serves.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from atroposlib.inference.engine import device_problem  # noqa: E402
+from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
+from atroposlib.utils.ports import free_ports  # noqa: E402
+from atroposlib.weight_sync.bridge import HotBridge  # noqa: E402
+from atroposlib.weight_sync.errors import WeightSyncError  # noqa: E402
+from tests.weight_sync.test_bridge import hot_trainer, post_groups  # noqa: E402
+
+
+def test_two_engines_take_each_push_at_once_and_a_refusal_restarts_one(
+    api, wire_client, tiny_model_path, tmp_path, monkeypatch
+):
+    save, first_port = tmp_path / "ckpt", free_ports(2)
+    trainer = hot_trainer(
+        tiny_model_path, save, api.url, training_steps=4, num_engines=2, vllm_port=first_port
+    )
+    # each push waits for the other engine's: pushed one after the other, the first
+    # would wait alone and the barrier would break
+    together = threading.Barrier(2, timeout=60)
+    push = HotBridge.push
+    pushed: list[tuple[int, int]] = []
+
+    def meeting_push(bridge, exported, step, url):
+        together.wait()
+        port = int(url.rsplit(":", 1)[1])
+        pushed.append((step, port - first_port))
+        if step == 2 and port == first_port + 1:
+            raise WeightSyncError("scripted: engine 1 refuses step 2")
+        return push(bridge, exported, step, url)
+
+    monkeypatch.setattr(HotBridge, "push", meeting_push)
+    served: list[tuple[int, str]] = []
+    pids: dict[int, set[int]] = {0: set(), 1: set()}
+    stop = trainer.stop_engines
+
+    def reading_stop() -> None:
+        for engine in trainer.engines:
+            info = httpx.get(f"{engine.url}/weight_info", timeout=30).json()
+            served.append((engine.index, info["weight_version"]))
+        stop()
+
+    trainer.stop_engines = reading_stop  # type: ignore[method-assign]
+    post_groups(wire_client, 4)
+    original_push_weights = trainer.push_weights
+
+    def noting_pids() -> float:
+        for engine in trainer.engines:
+            pids[engine.index].add(engine.process.proc.pid)
+        return original_push_weights()
+
+    trainer.push_weights = noting_pids  # type: ignore[method-assign]
+    trainer.run()
+
+    assert sorted(pushed) == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
+    assert sorted(served) == [(0, "3"), (1, "3")], "an engine does not serve the last push"
+    assert len(pids[0]) == 1, "engine 0 was restarted, though it took every push"
+    assert len(pids[1]) == 2, "engine 1 was not restarted after refusing step 2"
+    kinds = [
+        (e.kind.value, e.step, e.detail.get("engine"), e.detail.get("reason"))
+        for e in read_events(save / "events.jsonl")
+    ]
+    assert sorted(kinds[:2], key=str) == [
+        ("engine_started", 0, 0, None),
+        ("engine_started", 0, 1, None),
+    ]
+    assert kinds[2:] == [
+        ("weight_sync_failed", 2, 1, None),
+        ("engine_restarted", 2, 1, "weight push failed"),
+        ("checkpoint_saved", 4, None, None),
+    ]
+    restarted = [
+        e for e in read_events(save / "events.jsonl") if e.kind.value == "engine_restarted"
+    ]
+    assert Path(restarted[0].detail["model"]) == save / "live" / "step-2"
+    assert (save / "engine.log").is_file() and (save / "engine-1.log").is_file()
+    assert [row.step for row in read_metrics(save / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_engine_devices_are_checked_before_the_model_loads():
+    assert device_problem("cpu") is None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    beyond = device_problem(f"cuda:{count}")
+    assert beyond is not None and f"cuda:{count}" in beyond
+    if count == 0:
+        assert "no CUDA device" in (device_problem("cuda") or "")
+
+
+def test_the_cpu_engine_refuses_a_device_it_does_not_have(tiny_model_path, capsys):
+    from atroposlib.cli.inference_server import main
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert main(["--model", str(tiny_model_path), "--device", f"cuda:{count}"]) == 2
+    assert f"--device cuda:{count}" in capsys.readouterr().err
