@@ -161,7 +161,7 @@ def step_worker(args: argparse.Namespace) -> None:
     sequences = trainer.parallel.shard(
         flatten(groups, "group", args.seq_len), lambda s: len(s.tokens)
     )
-    chunks = micro_batches(sequences, 1, 0, args.micro_batch_tokens)
+    chunks = micro_batches(sequences, 1, 0, args.micro_batch_tokens, trainer.packs)
     count = padded_micro_batch_count(len(chunks), trainer.sharded and trainer.parallel.enabled)
     synchronize(trainer.device)
     started = time.perf_counter()
@@ -171,9 +171,10 @@ def step_worker(args: argparse.Namespace) -> None:
             trainer.idle_micro_batch(last)
             continue
         with trainer.gradient_sync(last):
-            ids = chunks[index].input_ids.to(trainer.device)
-            mask = chunks[index].attention_mask.to(trainer.device)
-            trainer.forward_model(ids, mask).sum().backward()
+            chunk = chunks[index]
+            rest = (chunk.attention_mask, chunk.position_ids)
+            on_device = [None if t is None else t.to(trainer.device) for t in rest]
+            trainer.forward_model(chunk.input_ids.to(trainer.device), *on_device).sum().backward()
     synchronize(trainer.device)
     bare_s = time.perf_counter() - started
     if trainer.parallel.is_main:

@@ -33,6 +33,15 @@ class TrainingConfig(BaseModel):
         description="Cut micro-batches by size instead of count: length-sorted sequences, "
         "each micro-batch at most this many tokens with padding (rows x longest row).",
     )
+    padding_free: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="With --micro-batch-tokens: pack each micro-batch's sequences end to end "
+        "in one row, with no padding (on), or pad its rows (off). auto packs under a varlen "
+        "attention kernel (flash_attention_*), where each sequence still attends only "
+        "within itself; sdpa and eager would compute attention over the whole packed row. "
+        "A model that attends across packed sequences is padded whatever this says "
+        "(checked once at start).",
+    )
     logprob_chunk_tokens: int = Field(
         0,
         ge=0,

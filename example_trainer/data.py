@@ -1,9 +1,16 @@
-"""From API batches to padded micro-batch tensors.
+"""From API batches to micro-batch tensors: padded rows, or one packed row.
 
 Groups arrive as lists of sequences with -100 on untrained positions. Labels
 are shifted here once: position t of every [B, T-1] tensor is the prediction
 of token t+1. Sequences are sorted by length before being cut into
 micro-batches, so little compute goes to padding.
+
+Packed (`pack=True`, with a token budget): a micro-batch is one row of whole
+sequences end to end, with position ids that restart at each sequence and no
+attention mask, which transformers reads as separate sequences (padding-free
+attention: `masking_utils` builds a block-diagonal mask, flash-attention runs
+varlen). No token is padding. The position that would predict a sequence's first
+token from the previous sequence's last is never trained (its loss mask is off).
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ BatchGroups = Iterable[ScoredData | Mapping[str, Any]]
 @dataclass
 class MicroBatch:
     input_ids: torch.Tensor  # [B, T]
-    attention_mask: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor | None  # [B, T]; None when packed
+    position_ids: torch.Tensor | None  # [1, T], restarting at each sequence, when packed
     loss_mask: torch.Tensor  # [B, T-1], trained label positions
     advantages: torch.Tensor  # [B, T-1]
     # [B, T-1]; NaN rows for sequences that came without them (the trainer fills
@@ -132,10 +140,15 @@ def _row(values: list[list[float]] | None, index: int, length: int) -> list[floa
 
 
 def micro_batches(
-    sequences: list[Sequence], count: int, pad_id: int, token_budget: int | None = None
+    sequences: list[Sequence],
+    count: int,
+    pad_id: int,
+    token_budget: int | None = None,
+    pack: bool = False,
 ) -> list[MicroBatch]:
     """Length-sorted sequences in up to `count` micro-batches, or, with `token_budget`, in
-    as many as it takes to keep each one's padded size (rows x longest row) within it.
+    as many as it takes to keep each one's size within it: padded (rows x longest row),
+    or with `pack` the sum of the lengths in one row (see the module docstring).
 
     Sorting first makes neighbours about as long as each other, so little is padding. A
     sequence longer than the budget trains alone. The loss is normalised over the whole
@@ -147,11 +160,58 @@ def micro_batches(
         return [_pad(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]
     chunks: list[list[Sequence]] = []
     for sequence in ordered:  # each one is the widest of its micro-batch so far
-        if chunks and (len(chunks[-1]) + 1) * len(sequence.tokens) <= token_budget:
+        if chunks and _tokens([*chunks[-1], sequence], pack) <= token_budget:
             chunks[-1].append(sequence)
         else:
             chunks.append([sequence])
-    return [_pad(chunk, pad_id) for chunk in chunks]
+    return [_packed(chunk) if pack else _pad(chunk, pad_id) for chunk in chunks]
+
+
+def _tokens(chunk: list[Sequence], packed: bool) -> int:
+    """A micro-batch's size: its tokens packed, or rows x longest row padded."""
+    lengths = [len(s.tokens) for s in chunk]
+    return sum(lengths) if packed else len(lengths) * max(lengths)
+
+
+def _packed(chunk: list[Sequence]) -> MicroBatch:
+    """The sequences of `chunk` end to end in one row (see the module docstring)."""
+    ids = torch.tensor([t for s in chunk for t in s.tokens])[None]
+    positions = torch.cat([torch.arange(len(s.tokens)) for s in chunk])[None]
+    shifted = [_shifted(s) for s in chunk]  # each sequence's [n-1] label rows, plus a gap
+    loss_mask = torch.cat([row for rows in shifted for row in (rows[0], _GAP_FALSE)])[:-1]
+    advantages = torch.cat([row for rows in shifted for row in (rows[1], _GAP_ZERO)])[:-1]
+    old = ref = None
+    if any(s.inference_logprobs is not None for s in chunk):
+        old = torch.cat([row for rows in shifted for row in (rows[2], _GAP_NAN)])[:-1]
+    if any(s.ref_logprobs is not None for s in chunk):
+        ref = torch.cat([row for rows in shifted for row in (rows[3], _GAP_NAN)])[:-1]
+    return MicroBatch(
+        ids,
+        None,
+        positions,
+        loss_mask[None],
+        advantages[None],
+        None if old is None else old[None],
+        None if ref is None else ref[None],
+    )
+
+
+# the label position between two packed sequences: untrained
+_GAP_FALSE = torch.zeros(1, dtype=torch.bool)
+_GAP_ZERO = torch.zeros(1)
+_GAP_NAN = torch.full((1,), float("nan"))
+
+
+def _shifted(seq: Sequence) -> tuple[torch.Tensor, ...]:
+    """A sequence's label-position rows (length n - 1): trained, advantage, old, ref."""
+    n = len(seq.tokens)
+    missing = torch.full((n - 1,), float("nan"))
+    return (
+        torch.tensor([m != -100 for m in seq.masks[1:]], dtype=torch.bool),
+        torch.tensor(seq.advantages[1:], dtype=torch.float32),
+        missing if seq.inference_logprobs is None else torch.tensor(seq.inference_logprobs[1:]),
+        missing if seq.ref_logprobs is None else torch.tensor(seq.ref_logprobs[1:]),
+    )
 
 
 def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:
@@ -175,7 +235,7 @@ def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:
             old[r, : n - 1] = torch.tensor(seq.inference_logprobs[1:])
         if ref is not None and seq.ref_logprobs is not None:
             ref[r, : n - 1] = torch.tensor(seq.ref_logprobs[1:])
-    return MicroBatch(ids, attention, loss_mask, advantages, old, ref)
+    return MicroBatch(ids, attention, None, loss_mask, advantages, old, ref)
 
 
 def trained_tokens(sequence: Sequence) -> int:

@@ -50,7 +50,7 @@ from example_trainer.data import (
 )
 from example_trainer.distributed import init_data_parallel
 from example_trainer.interrupts import StepInterrupts
-from example_trainer.logprobs import PolicyLogprobs
+from example_trainer.logprobs import PolicyLogprobs, keeps_packed_sequences_apart
 from example_trainer.loss import LossSettings, grpo_loss
 from example_trainer.model import (
     MasterWeights,
@@ -118,6 +118,7 @@ class Trainer(PolicyServing):
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.skipped_groups: set[int] = set()
         """Indices, in the last step's batch, of the groups it could not train on."""
+        self.packs = self.packing(config)  # before sharding: every rank probes its whole model
         # what the loss calls: the policy answering token logprobs (chunked or whole)
         policy_logprobs = PolicyLogprobs(self.model, config.logprob_chunk_tokens)
         self.ddp = None
@@ -232,6 +233,7 @@ class Trainer(PolicyServing):
             config.gradient_accumulation_steps,
             self.tokenizer.pad_token_id or 0,
             config.micro_batch_tokens,
+            self.packs,
         )
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_fraction", "logprob_mismatch"), 0.0)
         count = padded_micro_batch_count(len(chunks), self.sharded and self.parallel.enabled)
@@ -242,8 +244,11 @@ class Trainer(PolicyServing):
                 continue
             chunk = chunks[index]
             with self.gradient_sync(last):
-                ids = chunk.input_ids.to(self.device)
-                logp = self.forward_model(ids, chunk.attention_mask.to(self.device))
+                logp = self.forward_model(
+                    chunk.input_ids.to(self.device),
+                    None if chunk.attention_mask is None else chunk.attention_mask.to(self.device),
+                    None if chunk.position_ids is None else chunk.position_ids.to(self.device),
+                )
                 old = fill_missing(chunk.old_logprobs, logp)
                 ref = (
                     fill_missing(chunk.ref_logprobs, logp)
@@ -280,6 +285,22 @@ class Trainer(PolicyServing):
             "sequences": float(len(sequences)),
             "sequences_without_inference_logprobs": float(without_old),
         }
+
+    def packing(self, config: TrainingConfig) -> bool:
+        """Whether micro-batches are packed rows (`--micro-batch-tokens`, `--padding-free`)."""
+        if config.micro_batch_tokens is None or config.padding_free == "off":
+            return False
+        kernel = str(getattr(self.model.config, "_attn_implementation", None))
+        if config.padding_free == "auto" and not kernel.startswith("flash_attention"):
+            return False  # a dense kernel: packing trades padding for cross-sequence attention
+        if keeps_packed_sequences_apart(self.model):
+            return True
+        logger.warning(
+            "--micro-batch-tokens: %s attends across packed sequences given position ids "
+            "alone; padding each micro-batch's rows instead",
+            type(self.model).__name__,
+        )
+        return False
 
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Gradients are reduced across ranks once a step, after the last micro-batch."""

@@ -92,13 +92,55 @@ class PolicyLogprobs(nn.Module):
             )
             self.chunk_tokens = 0
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """[B, T-1] token logprobs; a tensor of its own, not a view (FSDP2 hooks its
-        backward onto the output, and warns that an in-place change to a view skips it)."""
+        backward onto the output, and warns that an in-place change to a view skips it).
+        Packed rows come with `position_ids` and no mask (`data.py`). No KV cache: a
+        training forward never reads one back, and a cache would hide the packing."""
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "use_cache": False,
+        }
         if not self.chunk_tokens:
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            logits = self.model(**inputs).logits
             return token_logprobs(logits, input_ids).clone()
-        decoder = self.model.get_decoder()
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.model.get_decoder()(**inputs).last_hidden_state
         head = self.model.get_output_embeddings()
         return chunked_token_logprobs(hidden, head, input_ids, self.chunk_tokens).clone()
+
+
+@torch.no_grad()
+def keeps_packed_sequences_apart(model: Any) -> bool:
+    """Whether `model` reads restarting position ids without a mask as separate
+    sequences (transformers' own architectures do, from 4.5x): one sequence alone and
+    the same sequence packed after another must give the same logits. A model that lets
+    them attend to each other gives other logits, and trains on padded rows instead."""
+    vocab = model.get_input_embeddings().num_embeddings
+    device = model.get_input_embeddings().weight.device
+    first = torch.arange(3, 3 + 11, device=device) % vocab
+    second = torch.arange(17, 17 + 7, device=device) % vocab
+    positions = torch.cat([torch.arange(11), torch.arange(7)]).to(device)[None]
+    was_training = model.training
+    model.eval()  # dropout off: the two forwards must be comparable
+    try:
+        alone = model(input_ids=second[None], use_cache=False).logits[0].float()
+        packed = (
+            model(
+                input_ids=torch.cat([first, second])[None], position_ids=positions, use_cache=False
+            )
+            .logits[0, 11:]
+            .float()
+        )
+    finally:
+        model.train(was_training)
+    # the same sums in the same kernels: rounding alone (bf16's, at most) separates them,
+    # while attending to 11 other tokens moves logits by their own order of magnitude
+    scale = float(alone.abs().max()) or 1.0
+    return bool((alone - packed).abs().max() <= 0.05 * scale)

@@ -102,7 +102,7 @@ class SoftCapped(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.head
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    def forward(self, input_ids: torch.Tensor, **_: object):
         hidden = torch.ones(*input_ids.shape, 4)
         return SimpleNamespace(logits=30.0 * torch.tanh(self.head(hidden) / 30.0))
 
@@ -114,7 +114,7 @@ def test_a_model_with_more_than_a_linear_head_keeps_the_full_path(caplog):
     assert wrapped.chunk_tokens == 0
     assert "computing them whole" in caplog.text
     ids = torch.zeros(1, 3).long()
-    expected = token_logprobs(model(ids, ids).logits, ids)
+    expected = token_logprobs(model(ids).logits, ids)
     assert torch.equal(wrapped(ids, torch.ones_like(ids)), expected)
 
 
@@ -181,7 +181,76 @@ def test_a_token_budget_bounds_every_micro_batch_and_keeps_every_sequence(budget
         assert len(chunks) == 1
 
 
-def test_micro_batches_cut_by_tokens_give_the_gradients_of_one(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("budget", [1, 10, 24, 40, 1000])
+def test_packed_micro_batches_hold_every_sequence_end_to_end_within_the_budget(budget):
+    from example_trainer.data import Sequence, micro_batches, trained_tokens
+
+    lengths = [9, 3, 12, 3, 7, 20, 5, 5, 8]
+    sequences = [
+        Sequence(
+            [100 * k + t for t in range(n)],
+            [-100, -100] + [1] * (n - 2),
+            0.0,
+            [float(k)] * n,
+            [-float(k)] * n if k % 2 else None,  # some rows come without logprobs
+            None,
+        )
+        for k, n in enumerate(lengths)
+    ]
+    chunks = micro_batches(sequences, 1, 0, token_budget=budget, pack=True)
+    seen = []
+    for chunk in chunks:
+        assert chunk.input_ids.shape[0] == 1 and chunk.attention_mask is None
+        width = chunk.input_ids.shape[1]
+        assert width <= budget or len(chunk.position_ids[0].eq(0).nonzero()) == 1
+        starts = chunk.position_ids[0].eq(0).nonzero().flatten().tolist()
+        for start, end in zip(starts, [*starts[1:], width], strict=True):
+            tokens = chunk.input_ids[0, start:end].tolist()
+            k = tokens[0] // 100
+            seen.append(k)
+            assert tokens == sequences[k].tokens
+            assert chunk.position_ids[0, start:end].tolist() == list(range(end - start))
+            # label positions start..end-2 predict this sequence's tokens 1..n-1
+            labels = slice(start, end - 1)
+            assert chunk.loss_mask[0, labels].sum() == trained_tokens(sequences[k])
+            assert (chunk.advantages[0, labels] == k).all()
+            old = chunk.old_logprobs
+            if k % 2:
+                assert old is not None and (old[0, labels] == -k).all()
+            elif old is not None:
+                assert old[0, labels].isnan().all()
+            if end < width:  # the position predicting the next sequence's first token
+                assert not chunk.loss_mask[0, end - 1]
+    assert sorted(seen) == list(range(len(lengths)))
+    assert sum(int(c.loss_mask.sum()) for c in chunks) == sum(map(trained_tokens, sequences))
+
+
+def test_a_model_that_attends_across_packed_sequences_is_not_packed():
+    from example_trainer.logprobs import keeps_packed_sequences_apart
+
+    class RunningSum(nn.Module):
+        """Each position sees every token before it, position ids or not."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(64, 8)
+            self.head = nn.Linear(8, 64)
+
+        def get_input_embeddings(self) -> nn.Embedding:
+            return self.embed
+
+        def forward(self, input_ids: torch.Tensor, **_: object):
+            return SimpleNamespace(logits=self.head(self.embed(input_ids).cumsum(dim=1)))
+
+    model = RunningSum().train()
+    assert not keeps_packed_sequences_apart(model)
+    assert model.training, "the probe left the model in eval mode"
+
+
+@pytest.mark.parametrize("padding_free", ["on", "off", "auto"])
+def test_micro_batches_cut_by_tokens_give_the_gradients_of_one(
+    padding_free, tiny_model_path, tmp_path
+):
     from example_trainer.data import split_trainable
     from tests.support.trainer_batches import PROMPT, make_trainer, rollout_group
 
@@ -197,7 +266,14 @@ def test_micro_batches_cut_by_tokens_give_the_gradients_of_one(tiny_model_path, 
     ]
     grads = {}
     for budget in (None, 12):
-        trainer = make_trainer(tiny_model_path, tmp_path / str(budget), micro_batch_tokens=budget)
+        trainer = make_trainer(
+            tiny_model_path,
+            tmp_path / str(budget),
+            micro_batch_tokens=budget,
+            padding_free=padding_free,
+        )
+        # auto packs under a varlen kernel only; the tiny model runs sdpa here
+        assert trainer.packs == (padding_free == "on" and budget is not None)
         groups, skipped = split_trainable(batch, trainer.vocab_size)
         assert not skipped
         trainer.accumulate_gradients(groups)

@@ -36,9 +36,9 @@ def rollout_group(**fields: Any) -> dict[str, Any]:
     }
 
 
-def post_groups(client, count: int) -> None:
+def post_groups(client, count: int, **fields: Any) -> None:
     for _ in range(count):
-        assert client.post("/scored_data", json=rollout_group()).is_success
+        assert client.post("/scored_data", json=rollout_group(**fields)).is_success
 
 
 def make_trainer(model: Path, save: Path, **overrides: Any) -> Any:
@@ -60,3 +60,18 @@ def make_trainer(model: Path, save: Path, **overrides: Any) -> Any:
         **overrides,
     }
     return Trainer(TrainingConfig(**settings))
+
+
+def hot_trainer(model: Path, save: Path, api_url: str, **overrides: Any) -> Any:
+    """`make_trainer` pulling from the API at `api_url`, with a real CPU engine it pushes
+    its weights into (hot reload)."""
+    from atroposlib.utils.ports import free_port
+
+    settings = {
+        "inference_engine": "transformers",
+        "weight_bridge_mode": "hot_reload",
+        "vllm_port": free_port(),
+        "atropos_url": api_url,
+        **overrides,
+    }
+    return make_trainer(model, save, **settings)

@@ -27,7 +27,6 @@ from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
 from atroposlib.envs.server_handling.sequence_node import SequenceNode  # noqa: E402
 from atroposlib.protocol import ScoredData  # noqa: E402
 from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
-from atroposlib.utils.ports import free_port  # noqa: E402
 from atroposlib.weight_sync import bridge as weight_bridge  # noqa: E402
 from atroposlib.weight_sync.versions import (  # noqa: E402
     FinishReason,
@@ -38,27 +37,8 @@ from example_trainer.config import HOT_MODE_CHECKPOINT_INTERVAL, TrainingConfig 
 from example_trainer.data import staleness  # noqa: E402
 from example_trainer.engine import Engine  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
-from tests.support.trainer_batches import rollout_group  # noqa: E402
+from tests.support.trainer_batches import hot_trainer, post_groups, rollout_group  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
-
-
-def hot_trainer(model: Path, save: Path, api_url: str, **overrides) -> Trainer:
-    settings = {
-        "model_name": str(model),
-        "save_path": str(save),
-        "device": "cpu",
-        "inference_engine": "transformers",
-        "weight_bridge_mode": "hot_reload",
-        "vllm_port": free_port(),
-        "atropos_url": api_url,
-        "lr": 1e-3,
-        "batch_size": 2,  # one rollout_group per step
-        "seq_len": 32,
-        "num_threads": 1,
-        "served_model_name": "tiny",
-        **overrides,
-    }
-    return Trainer(TrainingConfig(**settings))
 
 
 def events(save: Path) -> list[tuple]:
@@ -66,11 +46,6 @@ def events(save: Path) -> list[tuple]:
         (e.kind.value, e.step, e.detail.get("reason"), Path(e.detail.get("model", "")).name)
         for e in read_events(save / "events.jsonl")
     ]
-
-
-def post_groups(client: httpx.Client, count: int, **fields) -> None:
-    for _ in range(count):
-        assert client.post("/scored_data", json=rollout_group(**fields)).is_success
 
 
 def served_version(trainer: Trainer) -> str | None:

@@ -20,7 +20,7 @@ from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
 from atroposlib.utils.ports import free_ports  # noqa: E402
 from atroposlib.weight_sync.bridge import HotBridge  # noqa: E402
 from atroposlib.weight_sync.errors import WeightSyncError  # noqa: E402
-from tests.weight_sync.test_bridge import hot_trainer, post_groups  # noqa: E402
+from tests.support.trainer_batches import hot_trainer, post_groups  # noqa: E402
 
 
 def test_two_engines_take_each_push_at_once_and_a_refusal_restarts_one(
