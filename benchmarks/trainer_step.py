@@ -270,6 +270,8 @@ def main() -> None:
         "--checkpointing", type=lambda v: v == "True", default=False, help=argparse.SUPPRESS
     )
     args = parser.parse_args()
+    if args.logprob_rows < 1024 or args.logprob_rows % 1024:
+        parser.error(f"--logprob-rows {args.logprob_rows}: give a multiple of 1024")
     if args.worker == "step":
         return step_worker(args)
     if args.worker == "logprob":
