@@ -6,7 +6,8 @@ Usage: python dp_worker.py MODEL_DIR OUT.pt GRAD_ACCUM [PARALLELISM [lora]]
 Besides the gradients, it records one optimizer step's update and the bytes this rank
 holds for parameters and optimizer state (rank 0's; under FSDP every rank holds a shard).
 With `lora` it trains LoRA adapters, and after the update writes a hot push's two
-exports beside OUT.pt: the merged weights (`merged/`) and the adapter (`adapter/`).
+exports beside OUT.pt: the merged weights (`merged/`) and the adapter (`adapter/`),
+and then a checkpoint (`ckpt/step-1`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 
 def main(model_dir: str, out: str, grad_accum: int, parallelism: str = "ddp", *lora: str) -> None:
     adapters = {"weight_bridge_mode": "lora_only", "lora_dropout": 0.0} if lora else {}
+    adapters["save_path"] = str(Path(out).with_name("ckpt"))
     config = TrainingConfig(
         model_name=model_dir,
         device="cpu",
@@ -82,6 +84,9 @@ def main(model_dir: str, out: str, grad_accum: int, parallelism: str = "ddp", *l
                 export_weights(trainer.model, trainer.tokenizer, target, adapter_only, writer)
             elif writer is not None:
                 writer(target, adapter_only)
+        trainer.step = 1
+        if trainer.parallel.is_main or trainer.sharded:  # as the run loop: FSDP's every rank
+            trainer.save()
     if trainer.parallel.is_main:
         saved = {"grads": grads, "before": before, "updates": updates}
         torch.save({**saved, "metrics": metrics, "bytes": held}, out)

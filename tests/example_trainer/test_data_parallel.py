@@ -120,6 +120,12 @@ def test_lora_under_fsdp_on_two_ranks_matches_one_process_and_exports_it(run_wor
         # rounding (the FSDP test above) bounds the difference, as a share of lr
         assert (merged[1][name] - weight).abs().max() <= 0.1 * 1e-5, name
     for folder, run in exports:
+        # a checkpoint serves the same merged weights, and keeps the adapter to resume
+        checkpoint = load_file(folder / "ckpt" / "step-1" / "model.safetensors")
+        merged_export = load_file(folder / "merged" / "model.safetensors")
+        assert checkpoint.keys() == merged_export.keys()
+        assert all(torch.equal(checkpoint[n], merged_export[n]) for n in checkpoint)
+        assert (folder / "ckpt" / "step-1" / "adapter" / "adapter_model.safetensors").is_file()
         adapter = load_file(folder / "adapter" / "adapter_model.safetensors")
         assert PeftConfig.from_pretrained(folder / "adapter").r == 16
         for name, weight in run["before"].items():  # the adapter's tensors, updated
