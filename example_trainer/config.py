@@ -214,12 +214,6 @@ class TrainingConfig(BaseModel):
     def _fsdp_modes(self) -> TrainingConfig:
         if self.fsdp_cpu_offload and self.parallelism != "fsdp":
             raise ValueError("--fsdp-cpu-offload needs --parallelism fsdp")
-        if self.parallelism == "fsdp" and self.weight_bridge_mode == "shared_vllm":
-            raise ValueError(
-                "--weight-bridge-mode shared_vllm lends vLLM the trainer's own GPU tensors, "
-                "and under --parallelism fsdp each rank holds only a shard of them; use "
-                "hot_reload (the gathered weights, pushed every step)"
-            )
         return self
 
     @model_validator(mode="after")

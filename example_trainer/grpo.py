@@ -30,9 +30,10 @@ from atroposlib.protocol import ScoredData, group_id_of
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, RunRecords
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
-from atroposlib.weight_sync.bridge import WeightWriter
+from atroposlib.weight_sync.bridge import WeightGather, WeightWriter
 from example_trainer.api import APIRefused, TrajectoryAPI
 from example_trainer.checkpoint import (
+    gathered_weights,
     load_trainer_state,
     prune_checkpoints,
     save_checkpoint,
@@ -359,6 +360,10 @@ class Trainer(PolicyServing):
             and self.step % config.weight_sync_interval == 0
             and self.step < config.training_steps
         )
+
+    def weight_gather(self) -> WeightGather | None:
+        """FSDP: the whole weights on rank 0 (shared_vllm shares them from there)."""
+        return (lambda: gathered_weights(self.model)) if self.sharded else None
 
     def weight_writer(self) -> WeightWriter | None:
         """FSDP: every rank gathers its shards, and rank 0 writes the whole weights."""

@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from atroposlib.trainer_contract import EventKind, RunRecords
-from atroposlib.weight_sync.bridge import ExportFailed, WeightBridge, WeightWriter, build_bridge
+from atroposlib.weight_sync.bridge import (
+    ExportFailed,
+    WeightBridge,
+    WeightGather,
+    WeightWriter,
+    build_bridge,
+)
 from atroposlib.weight_sync.errors import WeightSyncError
 from example_trainer.config import TrainingConfig
 from example_trainer.engine import Engine
@@ -77,6 +83,10 @@ class PolicyServing:
         """How this trainer writes an export (None: the bridge's default, for whole models)."""
         return None
 
+    def weight_gather(self) -> WeightGather | None:
+        """How a sharded trainer assembles its whole weights (None: they are whole)."""
+        return None
+
     def start_engines(self) -> None:
         config = self.config
         if config.inference_engine == "none":
@@ -89,7 +99,7 @@ class PolicyServing:
                 )
             return
         kind = resolve_engine_kind(config)
-        self.bridge = bridge = build_bridge(config, kind, self.model)
+        self.bridge = bridge = build_bridge(config, kind, self.model, self.weight_gather())
         extras: tuple[list[str], dict[str, str]] = ([], {})
         served, model = None, self.latest_checkpoint
         if bridge is not None:
@@ -149,10 +159,10 @@ class PolicyServing:
         """
         started = time.perf_counter()
         bridge = self.bridge
-        if bridge is None:  # not rank 0: its part is the gather, and it writes nothing
-            writer = self.weight_writer()
-            if writer is not None:
-                writer(Path(self.config.save_path), False)
+        if bridge is None:  # not rank 0: its part is the gather (rank 0's is in the export)
+            gather = self.weight_gather()
+            if gather is not None:
+                gather()
             return 0.0
         try:
             exported = bridge.export(self.model, self.tokenizer, self.step, self.weight_writer())

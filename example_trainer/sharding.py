@@ -55,7 +55,10 @@ def shard(
         param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
         reduce_dtype=torch.float32,
     )
-    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    # pinned host memory speeds copies to a GPU; a machine without one cannot pin
+    offload = (
+        CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
+    )
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=precision, offload_policy=offload)
     fully_shard(root, mp_policy=precision, offload_policy=offload)

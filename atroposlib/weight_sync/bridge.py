@@ -77,6 +77,10 @@ LIVE_DIR = "live"
 KEEP_LIVE = 2
 
 
+WeightGather = Callable[[], dict[str, torch.Tensor] | None]
+"""A sharded trainer's whole weights by parameter name, on rank 0 (None on the other
+ranks). A collective: every rank calls it at the same point of a push."""
+
 WeightWriter = Callable[[Path, bool], None]
 """Writes the policy into a directory (`save_pretrained` layout; the adapter alone when
 the flag says so). A trainer whose weights are sharded passes its own, which gathers."""
@@ -281,11 +285,18 @@ class HotBridge(WeightBridge):
 
 class SharedBridge(WeightBridge):
     """shared_vllm: `atroposlib.weight_sync.vllm_ipc.SharedVLLMBridge` behind the seam. A
-    restarted vLLM starts on a checkpoint and then gets the weights pushed."""
+    restarted vLLM starts on a checkpoint and then gets the weights pushed.
+
+    A sharded trainer (FSDP) passes `gather`: `export` gathers the whole weights once per
+    push (every rank takes part), and the push shares those instead of the parameters. A
+    restarted engine then serves its checkpoint until the next push, since rank 0 alone
+    restarts it and cannot gather."""
 
     push_at_start = True  # connect (the handshake) before environments sample
 
-    def __init__(self, config: BridgeSettings, model: torch.nn.Module) -> None:
+    def __init__(
+        self, config: BridgeSettings, model: torch.nn.Module, gather: WeightGather | None = None
+    ) -> None:
         from atroposlib.weight_sync.vllm import weight_route_headers
         from atroposlib.weight_sync.vllm_ipc import SharedVLLMBridge, shared_vllm_launch_extras
 
@@ -300,6 +311,8 @@ class SharedBridge(WeightBridge):
         )
         self.connected = False
         self.pushed_step: int | None = None
+        self.gather = gather
+        self.staged: dict[str, torch.Tensor] | None = None  # this push's gathered weights
 
     def launch_extras(self) -> tuple[list[str], dict[str, str]]:
         return self._extras
@@ -313,13 +326,26 @@ class SharedBridge(WeightBridge):
         if not self.connected:
             self.bridge.connect()
             self.connected = True
-        spent = self.bridge.push(str(step))
+        spent = self.bridge.push(str(step), self.staged)
         self.pushed_step = step
         return spent
 
+    def export(
+        self, model: torch.nn.Module, tokenizer, step: int, write: WeightWriter | None = None
+    ) -> Path | None:
+        """Nothing goes to disk; a sharded trainer's weights are gathered here."""
+        if self.gather is not None:
+            self.staged = self.gather()
+        return None
+
+    def pushed(self) -> None:
+        self.staged = None  # the engine has copied them
+
     def repush(self, url: str) -> float:
         """A restarted vLLM started on a checkpoint: share the current memory again."""
-        return 0.0 if self.pushed_step is None else self.push(None, self.pushed_step, url)
+        if self.pushed_step is None or self.gather is not None:
+            return 0.0
+        return self.push(None, self.pushed_step, url)
 
     def close(self) -> None:
         if self.connected:
@@ -327,9 +353,13 @@ class SharedBridge(WeightBridge):
 
 
 def build_bridge(
-    config: BridgeSettings, engine_kind: str | None, model: torch.nn.Module
+    config: BridgeSettings,
+    engine_kind: str | None,
+    model: torch.nn.Module,
+    gather: WeightGather | None = None,
 ) -> WeightBridge | None:
-    """The hot bridge for this run, or None for the restart modes (and no engine)."""
+    """The hot bridge for this run, or None for the restart modes (and no engine).
+    `gather`: how a sharded trainer assembles its weights (see `WeightGather`)."""
     mode = config.weight_bridge_mode
     if config.restarts_engine or engine_kind is None:
         return None
@@ -339,5 +369,5 @@ def build_bridge(
                 "--weight-bridge-mode shared_vllm needs vLLM on a CUDA GPU (trainer and engine "
                 "on the same GPU); on a CPU use --weight-bridge-mode hot_reload"
             )
-        return SharedBridge(config, model)
+        return SharedBridge(config, model, gather)
     return HotBridge(config, engine_kind)

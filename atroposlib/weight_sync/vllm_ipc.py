@@ -48,7 +48,9 @@ each handle by the exporting GPU's UUID and refuses a worker on another GPU
 pipeline and data parallel size 1) on the trainer's GPU, and both processes must
 share an IPC namespace (same host; `--ipc=host` across containers). Under DDP the
 bridge runs on the one rank that shares the engine's GPU: DDP keeps every replica
-identical after a step, so that rank's weights are everyone's.
+identical after a step, so that rank's weights are everyone's. Under FSDP each rank
+holds shards: every rank takes part in gathering the whole weights onto rank 0, which
+shares those (`push(tensors=)`), moved to its GPU in the engine's dtype.
 
 Engine launch (`shared_vllm_launch_extras`): `--weight-transfer-config
 {"backend":"ipc"}` (engine/arg_utils.py:1875-1877; without it the worker has no
@@ -197,6 +199,8 @@ class SharedVLLMBridge:
         headers: dict[str, str] | None = None,
         timeout_s: float = 120.0,
     ) -> None:
+        """`model`: the trainer's; its parameters are what a push shares, unless the push
+        is given the whole tensors (a sharded trainer's, gathered: `push(tensors=)`)."""
         self.url = url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
@@ -210,6 +214,8 @@ class SharedVLLMBridge:
             limits=httpx.Limits(max_keepalive_connections=0),
         )
         self._weights: list[tuple[str, torch.nn.Parameter]] = []
+        self._sources: list[str] = []  # the trainer's name of each of _weights
+        self._engine_dtype: torch.dtype | None = None
         self._gpu_uuid: str | None = None
 
     # -- handshake --
@@ -286,8 +292,16 @@ class SharedVLLMBridge:
             )
         model_config = info["vllm_config"].get("model_config") or {}
         weights = engine_weights(self.model)
+        trainer_names = {id(param): name for name, param in self.model.named_parameters()}
+        self._sources = [trainer_names[id(param)] for _, param in weights]
+        self._engine_dtype = parse_dtype(model_config.get("dtype"))
         checkpoint = checkpoint_shapes(self._model_dir(model_config))
-        problems = mapping_mismatches(weights, checkpoint, parse_dtype(model_config.get("dtype")))
+        if self._sharded():  # float32 shards, pushed whole in the engine's dtype
+            as_pushed = self._engine_dtype or torch.float32
+            shapes = [(n, torch.empty(p.shape, dtype=as_pushed, device="meta")) for n, p in weights]
+            problems = mapping_mismatches(shapes, checkpoint, self._engine_dtype)
+        else:
+            problems = mapping_mismatches(weights, checkpoint, self._engine_dtype)
         if problems:
             raise SharedVLLMSetupError(
                 "the trainer's parameters do not map onto the engine's model "
@@ -340,15 +354,27 @@ class SharedVLLMBridge:
 
     # -- push --
 
-    def push(self, weight_version: str) -> float:
-        """Pause, transfer, set the weight version, resume; the seconds it took."""
+    def _sharded(self) -> bool:
+        """FSDP holds each parameter as a shard (a DTensor): a push needs them gathered."""
+        return any(hasattr(p, "full_tensor") for p in self.model.parameters())
+
+    def push(self, weight_version: str, tensors: dict[str, torch.Tensor] | None = None) -> float:
+        """Pause, transfer, set the weight version, resume; the seconds it took.
+
+        `tensors`: the whole weights by the trainer's names, for a trainer whose
+        parameters are shards (FSDP); they are moved to the trainer's GPU in the
+        engine's dtype and shared from there, in place of the parameters."""
         if self._gpu_uuid is None:
             raise WeightSyncError("SharedVLLMBridge.push before a successful connect()")
+        if self._sharded() and tensors is None:
+            raise WeightSyncError(
+                "the trainer's parameters are shards: push their gathered tensors"
+            )
         start = time.monotonic()
         state = "it serves its previous weights"
         try:
             self._call("POST", "/pause", params={"mode": PAUSE_MODE}, what="pause")
-            self._transfer()
+            self._transfer(tensors)
             state = "it serves the new weights, still labelled with the previous version"
             self._call(
                 "POST",
@@ -365,12 +391,22 @@ class SharedVLLMBridge:
         self._call("POST", "/resume", what="resume after a successful weight update")
         return time.monotonic() - start
 
-    def _transfer(self) -> None:
+    def _whole(self, tensors: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+        """The gathered tensors under the engine's names, on the trainer's GPU."""
+        device = next(self.model.parameters()).device
+        dtype = self._engine_dtype
+        return [
+            (name, tensors[source].to(device=device, dtype=dtype or tensors[source].dtype))
+            for (name, _), source in zip(self._weights, self._sources, strict=True)
+        ]
+
+    def _transfer(self, tensors: dict[str, torch.Tensor] | None = None) -> None:
         assert self._gpu_uuid is not None
+        weights = self._weights if tensors is None else self._whole(tensors)
         try:
             self._call("POST", "/start_weight_update", what="start of the weight update")
             try:
-                payload, keep = self.ipc.export(self._weights, self._gpu_uuid)
+                payload, keep = self.ipc.export(weights, self._gpu_uuid)
             except Exception as exc:
                 raise WeightSyncError(f"exporting CUDA IPC handles failed: {exc!r}") from exc
             try:

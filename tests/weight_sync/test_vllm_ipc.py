@@ -45,6 +45,7 @@ class FakeCudaIpc(sv.CudaIpc):
 
     def __init__(self) -> None:
         self.exports: list[list[str]] = []
+        self.shared: list[dict[str, torch.Tensor]] = []  # what each export would share
         self.releases = 0
 
     def trainer_gpu(self, model) -> str:
@@ -52,6 +53,7 @@ class FakeCudaIpc(sv.CudaIpc):
 
     def export(self, weights, gpu_uuid):
         self.exports.append([name for name, _ in weights])
+        self.shared.append({name: tensor.detach().clone() for name, tensor in weights})
         handles = [{gpu_uuid: ("placeholder", name)} for name, _ in weights]
         return sv.update_info(weights, handles), []
 
@@ -408,3 +410,51 @@ def test_launch_extras_name_ipc_backend_dev_mode_and_the_worker_extension():
     assert env["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
     repo = Path(sv.__file__).resolve().parents[2]
     assert str(repo) in env["PYTHONPATH"].split(":")
+
+
+def test_a_sharded_trainer_shares_its_gathered_weights_in_the_engines_dtype(
+    engines, tiny_model_path
+):
+    """FSDP (a group of one on CPU): the parameters are float32 shards, so each push
+    gathers the whole weights (`SharedBridge.export`, every rank's part of the push) and
+    shares those, cast to the engine's bfloat16, under the engine's names."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from atroposlib.weight_sync.bridge import SharedBridge
+    from example_trainer.checkpoint import gathered_weights
+    from example_trainer.distributed import init_data_parallel
+    from example_trainer.logprobs import PolicyLogprobs
+    from example_trainer.sharding import shard
+
+    init_data_parallel(torch.device("cpu"), group_of_one=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        expected = {name: p.detach().to(torch.bfloat16) for name, p in model.named_parameters()}
+        shard(PolicyLogprobs(model), model, torch.bfloat16)
+        assert all(hasattr(p, "full_tensor") for p in model.parameters())
+        engine = engines(tiny_model_path, dtype="bfloat16")
+        port = int(engine.url.rsplit(":", 1)[1])
+        config = SimpleNamespace(vllm_port=port, weight_sync_timeout_s=30.0)
+        bridge = SharedBridge(config, model, lambda: gathered_weights(model))
+        bridge.bridge.ipc = FakeCudaIpc()
+        assert bridge.export(model, None, 3) is None and bridge.staged is not None
+        bridge.push(None, 3, engine.url)
+        bridge.pushed()
+        assert bridge.staged is None, "the gathered copy outlived the push"
+        with pytest.raises(WeightSyncError, match="shards"):  # never the shards themselves
+            bridge.bridge.push("4")
+        bridge.close()
+    finally:
+        dist.destroy_process_group()
+    update = next(c for c in engine.state()["calls"] if c["path"] == "/update_weights")
+    names = [name for name, _ in mapping.engine_weights(model)]
+    assert update["body"]["update_info"]["names"] == names
+    assert update["body"]["update_info"]["dtype_names"] == ["bfloat16"] * len(names)
+    (shared,) = bridge.bridge.ipc.shared
+    assert set(shared) == set(names) == checkpoint_names(tiny_model_path)
+    for name, tensor in shared.items():
+        assert torch.equal(tensor, expected[name]), name
+    assert engine.state()["version"] == "3"
