@@ -30,15 +30,12 @@ from atroposlib.protocol import ScoredData, group_id_of
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, RunRecords
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.logging import configure_logging
-from atroposlib.weight_sync.bridge import WeightGather, WeightWriter
 from example_trainer.api import APIRefused, TrajectoryAPI
 from example_trainer.checkpoint import (
-    gathered_weights,
     load_trainer_state,
     prune_checkpoints,
     save_checkpoint,
     save_sharded_checkpoint,
-    write_sharded_weights,
 )
 from example_trainer.config import TrainingConfig
 from example_trainer.data import (
@@ -51,7 +48,7 @@ from example_trainer.data import (
 )
 from example_trainer.distributed import init_data_parallel
 from example_trainer.interrupts import StepInterrupts
-from example_trainer.logprobs import PolicyLogprobs, keeps_packed_sequences_apart
+from example_trainer.logprobs import PolicyLogprobs, packs_micro_batches
 from example_trainer.loss import LossSettings, grpo_loss
 from example_trainer.model import (
     MasterWeights,
@@ -119,7 +116,8 @@ class Trainer(PolicyServing):
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.skipped_groups: set[int] = set()
         """Indices, in the last step's batch, of the groups it could not train on."""
-        self.packs = self.packing(config)  # before sharding: every rank probes its whole model
+        # before sharding: every rank probes its whole model
+        self.packs = packs_micro_batches(self.model, config.micro_batch_tokens, config.padding_free)
         # what the loss calls: the policy answering token logprobs (chunked or whole)
         policy_logprobs = PolicyLogprobs(self.model, config.logprob_chunk_tokens)
         self.ddp = None
@@ -287,22 +285,6 @@ class Trainer(PolicyServing):
             "sequences_without_inference_logprobs": float(without_old),
         }
 
-    def packing(self, config: TrainingConfig) -> bool:
-        """Whether micro-batches are packed rows (`--micro-batch-tokens`, `--padding-free`)."""
-        if config.micro_batch_tokens is None or config.padding_free == "off":
-            return False
-        kernel = str(getattr(self.model.config, "_attn_implementation", None))
-        if config.padding_free == "auto" and not kernel.startswith("flash_attention"):
-            return False  # a dense kernel: packing trades padding for cross-sequence attention
-        if keeps_packed_sequences_apart(self.model):
-            return True
-        logger.warning(
-            "--micro-batch-tokens: %s attends across packed sequences given position ids "
-            "alone; padding each micro-batch's rows instead",
-            type(self.model).__name__,
-        )
-        return False
-
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Gradients are reduced across ranks once a step, after the last micro-batch."""
         if self.fsdp is not None:
@@ -350,29 +332,6 @@ class Trainer(PolicyServing):
         serve meanwhile (`serving.py`); seconds spent."""
         path = self.save()
         return sum(engine.restart(str(path), self.step, "new weights") for engine in self.engines)
-
-    def pushes_weights(self) -> bool:
-        """A hot mode's push is due after this step (the last step saves instead)."""
-        config = self.config
-        return (
-            not config.restarts_engine
-            and config.inference_engine != "none"
-            and self.step % config.weight_sync_interval == 0
-            and self.step < config.training_steps
-        )
-
-    def weight_gather(self) -> WeightGather | None:
-        """FSDP: the whole weights on rank 0 (shared_vllm shares them from there)."""
-        return (lambda: gathered_weights(self.model)) if self.sharded else None
-
-    def weight_writer(self) -> WeightWriter | None:
-        """FSDP: every rank gathers its shards, and rank 0 writes the whole weights."""
-        if not self.sharded:
-            return None
-        dtype = compute_dtype(self.config)
-        return lambda staging, adapter_only: write_sharded_weights(
-            self.model, self.tokenizer, staging, adapter_only, dtype
-        )
 
     def hand_over_weights(self) -> None:
         """After a step: restart modes checkpoint and restart at their interval (the

@@ -144,3 +144,20 @@ def keeps_packed_sequences_apart(model: Any) -> bool:
     # while attending to 11 other tokens moves logits by their own order of magnitude
     scale = float(alone.abs().max()) or 1.0
     return bool((alone - packed).abs().max() <= 0.05 * scale)
+
+
+def packs_micro_batches(model: Any, micro_batch_tokens: int | None, padding_free: str) -> bool:
+    """Whether micro-batches are packed rows (`--micro-batch-tokens`, `--padding-free`)."""
+    if micro_batch_tokens is None or padding_free == "off":
+        return False
+    kernel = str(getattr(model.config, "_attn_implementation", None))
+    if padding_free == "auto" and not kernel.startswith("flash_attention"):
+        return False  # a dense kernel: packing trades padding for cross-sequence attention
+    if keeps_packed_sequences_apart(model):
+        return True
+    logger.warning(
+        "--micro-batch-tokens: %s attends across packed sequences given position ids "
+        "alone; padding each micro-batch's rows instead",
+        type(model).__name__,
+    )
+    return False

@@ -40,8 +40,10 @@ from atroposlib.weight_sync.bridge import (
     build_bridge,
 )
 from atroposlib.weight_sync.errors import WeightSyncError
+from example_trainer.checkpoint import gathered_weights, write_sharded_weights
 from example_trainer.config import TrainingConfig
 from example_trainer.engine import Engine
+from example_trainer.model import compute_dtype
 
 logger = logging.getLogger("example_trainer")
 
@@ -78,14 +80,31 @@ class PolicyServing:
     step: int
     committed_step: int
     latest_checkpoint: str
+    sharded: bool  # FSDP: each rank holds shards of the weights
 
-    def weight_writer(self) -> WeightWriter | None:
-        """How this trainer writes an export (None: the bridge's default, for whole models)."""
-        return None
+    def pushes_weights(self) -> bool:
+        """A hot mode's push is due after this step (the last step saves instead)."""
+        config = self.config
+        return (
+            not config.restarts_engine
+            and config.inference_engine != "none"
+            and self.step % config.weight_sync_interval == 0
+            and self.step < config.training_steps
+        )
 
     def weight_gather(self) -> WeightGather | None:
-        """How a sharded trainer assembles its whole weights (None: they are whole)."""
-        return None
+        """FSDP: the whole weights on rank 0, a collective (None: they are whole already).
+        Every rank calls it exactly once per push: rank 0 inside the bridge's export."""
+        return (lambda: gathered_weights(self.model)) if self.sharded else None
+
+    def weight_writer(self) -> WeightWriter | None:
+        """FSDP: rank 0 writes the gathered weights (None: the bridge's default writer)."""
+        if not self.sharded:
+            return None
+        dtype = compute_dtype(self.config)
+        return lambda staging, adapter_only: write_sharded_weights(
+            self.model, self.tokenizer, staging, adapter_only, dtype
+        )
 
     def start_engines(self) -> None:
         config = self.config
