@@ -18,12 +18,14 @@ import time
 from pathlib import Path
 
 from atroposlib.trainer_contract import EventKind, RunRecords
+from atroposlib.utils.waiting import WaitTimeout, poll_until
 from atroposlib.weight_sync.disk_routes import WEIGHT_VERSION_ENVIRONMENT
 from example_trainer.config import TrainingConfig
 
 logger = logging.getLogger("example_trainer")
 
 RESTART_ATTEMPTS = 2
+EXIT_GRACE_S = 5.0
 
 
 def engine_log_name(index: int) -> str:
@@ -125,6 +127,20 @@ class Engine:
 
     def alive(self) -> bool:
         return self.process.alive()
+
+    def died(self) -> bool:
+        """Whether a push that just failed met a dead engine. A process killed mid-push
+        closes its sockets a moment before it can be reaped, so one that still looks
+        alive but does not answer /health gets `EXIT_GRACE_S` to finish exiting."""
+        if not self.alive():
+            return True
+        if self.process.healthy():
+            return False  # it answers: it refused the push
+        try:
+            poll_until(lambda: not self.alive(), EXIT_GRACE_S, "engine exit", interval_s=0.05)
+        except WaitTimeout:
+            return False  # alive and silent: restarted as a failed push
+        return True
 
     def log_tail(self, lines: int = 30) -> str:
         return self.process.log_tail(lines)

@@ -209,7 +209,7 @@ class PolicyServing:
 
     def _replace_refused(self, engine: Engine, error: WeightSyncError) -> float:
         """An engine that did not take a push restarts on the newest weights."""
-        if not engine.alive():  # it died, and the push found out first
+        if engine.died():  # it died, and the push found out first
             return self._revive(engine)
         logger.error(
             "weight push to engine %d at step %d failed (%s); restarting it",

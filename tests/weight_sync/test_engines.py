@@ -107,3 +107,45 @@ def test_the_cpu_engine_refuses_a_device_it_does_not_have(tiny_model_path, capsy
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert main(["--model", str(tiny_model_path), "--device", f"cuda:{count}"]) == 2
     assert f"--device cuda:{count}" in capsys.readouterr().err
+
+
+class ExitingProcess:
+    """An engine process as the trainer sees it: `alive()` for the first `polls` looks."""
+
+    def __init__(self, polls: int | None, answers_health: bool) -> None:
+        self.polls, self.answers_health = polls, answers_health
+
+    def alive(self) -> bool:
+        if self.polls is None:
+            return True
+        self.polls -= 1
+        return self.polls >= 0
+
+    def healthy(self) -> bool:
+        return self.answers_health
+
+
+@pytest.mark.parametrize(
+    ("polls", "answers", "died"),
+    [
+        (0, False, True),  # already reaped
+        (3, False, True),  # killed mid-push: sockets closed, not yet reaped (seen in CI)
+        (None, True, False),  # alive and answering: it refused the push
+        (None, False, False),  # alive and silent past the grace: a failed push
+    ],
+)
+def test_a_push_that_met_a_dying_engine_counts_as_its_death(
+    polls, answers, died, tmp_path, monkeypatch
+):
+    """An engine SIGKILLed during a push reset the push's connection while its process
+    still looked alive, so the trainer called it a refused push: the launcher then
+    counted no engine crash (test_faults, seen in CI)."""
+    from atroposlib.trainer_contract import RunRecords
+    from example_trainer import engine as engine_module
+    from example_trainer.config import TrainingConfig
+
+    monkeypatch.setattr(engine_module, "EXIT_GRACE_S", 0.5)
+    config = TrainingConfig(model_name="m", save_path=str(tmp_path), inference_engine="none")
+    engine = engine_module.Engine(config, RunRecords(tmp_path), kind="transformers")
+    engine.process = ExitingProcess(polls, answers)  # type: ignore[assignment]
+    assert engine.died() is died
