@@ -31,7 +31,8 @@ class TrainingConfig(BaseModel):
         None,
         ge=1,
         description="Cut micro-batches by size instead of count: length-sorted sequences, "
-        "each micro-batch at most this many tokens with padding (rows x longest row).",
+        "each micro-batch at most this many tokens: rows x longest row when padded, the sum "
+        "of its lengths when packed (--padding-free).",
     )
     padding_free: Literal["auto", "on", "off"] = Field(
         "auto",

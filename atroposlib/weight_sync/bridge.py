@@ -30,7 +30,6 @@ import copy
 import logging
 import secrets
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -213,13 +212,6 @@ class WeightBridge:
         """A restarted engine at `url` started on `engine_model`: push what that lacks
         (an adapter, shared memory); seconds spent. Never exports: rank 0 alone calls it."""
         return 0.0
-
-    def sync(self, model: torch.nn.Module, tokenizer, step: int, url: str) -> float:
-        """Export and push to the one engine at `url`; seconds spent."""
-        started = time.perf_counter()
-        self.push(self.export(model, tokenizer, step), step, url)
-        self.pushed()
-        return time.perf_counter() - started
 
     def close(self) -> None:
         """The run is over."""

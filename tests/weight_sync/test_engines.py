@@ -144,7 +144,7 @@ def test_a_push_that_met_a_dying_engine_counts_as_its_death(
     from example_trainer import engine as engine_module
     from example_trainer.config import TrainingConfig
 
-    monkeypatch.setattr(engine_module, "EXIT_GRACE_S", 0.5)
+    monkeypatch.setattr(engine_module, "EXIT_GRACE_S", 0.2)
     config = TrainingConfig(model_name="m", save_path=str(tmp_path), inference_engine="none")
     engine = engine_module.Engine(config, RunRecords(tmp_path), kind="transformers")
     engine.process = ExitingProcess(polls, answers)  # type: ignore[assignment]
