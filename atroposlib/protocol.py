@@ -67,6 +67,11 @@ class Registration(BaseModel):
     vocab_size: WholeInt | None = Field(default=None, gt=0)
     """Rows of the trainer's embedding: the API refuses a group with a token id at or
     above it. Not part of upstream's registration, which leaves it out (no check)."""
+    max_staleness: WholeInt | None = Field(default=None, ge=0)
+    """The trainer's `--max-staleness K`: it drops a sequence sampled more than K steps
+    before the step that trains it. `/status-env` tells environments K, so they admit no
+    more work than can still arrive within it (`atroposlib.envs.admission`). None: no
+    bound. Not part of upstream's registration; upstream's API ignores it."""
 
 
 class RegisterEnv(BaseModel):

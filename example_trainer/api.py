@@ -79,7 +79,9 @@ class TrajectoryAPI:
         self, config: TrainingConfig, starting_step: int, vocab_size: int | None = None
     ) -> None:
         """`vocab_size`: the rows of the model's embedding; the API then refuses a group
-        with a token id it cannot embed (upstream's API ignores the field)."""
+        with a token id it cannot embed (upstream's API ignores the field). The config's
+        `max_staleness`, when set, goes along: the API tells environments, which then
+        admit no more work than can arrive within it (upstream's ignores it too)."""
         payload = Registration(
             wandb_group=config.wandb_group,
             wandb_project=config.wandb_project,
@@ -91,6 +93,8 @@ class TrajectoryAPI:
             starting_step=starting_step,
             num_steps=config.training_steps,
             vocab_size=vocab_size,
+            # environments narrow their off-policy window to it (`/status-env`)
+            max_staleness=getattr(config, "max_staleness", None),
         ).model_dump(exclude_none=True)
         self.registered = (config, starting_step, vocab_size)
         delay = 0.5

@@ -12,8 +12,11 @@ from atroposlib.utils.exposure import engine_args_problem
 WeightBridgeMode = Literal[
     "none", "restart", "hot_reload", "lora_only", "lora_restart", "shared_vllm"
 ]
+LossType = Literal["grpo", "dapo", "dr_grpo", "cispo"]
 LORA_MODES = ("lora_only", "lora_restart")
 RESTART_MODES = ("none", "restart", "lora_restart")
+CISPO_DEFAULT_CAP = 5.0
+"""--loss-type cispo's IS weight cap without --clip-eps-high (ScaleRL, arXiv:2510.13786)."""
 HOT_MODE_CHECKPOINT_INTERVAL = 10
 """Steps between checkpoints in a hot mode by default: what a trainer crash re-trains."""
 
@@ -63,12 +66,78 @@ class TrainingConfig(BaseModel):
         0.2, gt=0, description="PPO clip range below 1 (and above, unless set)."
     )
     clip_eps_high: float | None = Field(None, gt=0, description="Clip range above 1 (asymmetric).")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to ref_logprobs.")
-    scale_advantages: Literal["group", "none"] = Field(
-        "group", description="Divide score - group mean by the group std (group) or not (none)."
+    loss_type: LossType = Field(
+        "dapo",
+        description="Policy loss, as TRL's loss_type: dapo (clipped ratio, averaged over all "
+        "trained tokens of the batch), grpo (each sequence's mean, averaged over sequences), "
+        "dr_grpo (summed, divided by sequences x --seq-len; no std scaling by default), cispo "
+        "(a clipped, stop-gradient IS weight on the log-likelihood, capped at --clip-eps-high, "
+        "default 5). See docs/trainer.md, Losses.",
     )
-    loss_normalization: Literal["token", "sequence"] = Field(
-        "token", description="Average over all trained tokens (token) or per sequence (sequence)."
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="The ratio per token, or per sequence as exp of the mean token log-ratio "
+        "(GSPO; TRL's importance_sampling_level).",
+    )
+    advantage_estimator: Literal["grpo", "rloo"] = Field(
+        "grpo",
+        description="Baseline of each score: the group mean (grpo) or the mean of the group's "
+        "other scores (rloo, leave-one-out).",
+    )
+    scale_advantages: Literal["group", "none"] | None = Field(
+        None,
+        description="Divide the centred scores by the group std (group) or not (none). "
+        "Default: none for dr_grpo and rloo (as their papers and TRL), group otherwise.",
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Entropy bonus: subtract this times the mean per-token entropy of the "
+        "trained tokens (TRL's entropy_coef).",
+    )
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference.")
+    kl_reference: Literal["env", "model"] = Field(
+        "env",
+        description="Where the KL's reference logprobs come from: the environments' "
+        "ref_logprobs (env), or the trainer computes them (model): the base model under LoRA, "
+        "else a frozen copy of --model-name.",
+    )
+    loss_normalization: Literal["token", "sequence"] | None = Field(
+        None,
+        description="Earlier spelling of --loss-type: token is dapo, sequence is grpo.",
+    )
+    ratio_reference: Literal["inference", "trainer"] | None = Field(
+        None,
+        description="The PPO ratio's denominator: the rollout's inference_logprobs (inference, "
+        "upstream's) or the trainer's own logprobs before the update (trainer, TRL's and "
+        "verl's). Default: trainer with --vllm-importance-sampling-correction, else inference.",
+    )
+    vllm_importance_sampling_correction: bool = Field(
+        False,
+        description="Weight each token's loss by the trainer's (before the update) over the "
+        "rollout's probability of the sampled tokens, bounded by the mode (TRL's flag).",
+    )
+    vllm_importance_sampling_mode: Literal[
+        "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = Field(
+        "sequence_mask",
+        description="token_* weigh each token, sequence_* each sequence by exp of its summed "
+        "log-ratio; *_truncate clamps the weight to [clip-min, clip-max], *_mask zeroes it "
+        "outside (TRL's modes and default).",
+    )
+    vllm_importance_sampling_clip_max: float | None = Field(
+        3.0, gt=0, description="Upper bound of the IS weight (TRL's C_max)."
+    )
+    vllm_importance_sampling_clip_min: float | None = Field(
+        None, ge=0, description="Lower bound of the IS weight (TRL's C_min; none by default)."
+    )
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="Train no sequence sampled more than K versions before the step that "
+        "trains it: such sequences are dropped and counted (stale_sequences_dropped), and "
+        "environments start no rollout that would arrive staler (docs/trainer.md, Staleness). "
+        "Default: no bound, as upstream.",
     )
     require_inference_logprobs: bool = Field(
         False,
@@ -209,6 +278,56 @@ class TrainingConfig(BaseModel):
                 "--micro-batch-tokens and --gradient-accumulation-steps both decide the "
                 "micro-batches; give one"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _loss_choice(self) -> TrainingConfig:
+        """Resolve the defaults that depend on the loss, and refuse what contradicts it."""
+        if self.loss_normalization is not None:
+            implied: LossType = "dapo" if self.loss_normalization == "token" else "grpo"
+            if "loss_type" in self.model_fields_set and self.loss_type != implied:
+                raise ValueError(
+                    f"--loss-normalization {self.loss_normalization} is --loss-type {implied}, "
+                    f"but --loss-type {self.loss_type} was given; give one"
+                )
+            self.loss_type = implied
+            self.loss_normalization = None
+        if self.scale_advantages is None:
+            plain = self.loss_type == "dr_grpo" or self.advantage_estimator == "rloo"
+            self.scale_advantages = "none" if plain else "group"
+        if self.loss_type == "cispo":
+            if self.clip_eps_high is None:
+                self.clip_eps_high = CISPO_DEFAULT_CAP
+            elif self.clip_eps_high < 1:
+                raise ValueError(
+                    f"--loss-type cispo caps the IS weight at --clip-eps-high itself (as TRL's "
+                    f"epsilon_high), so {self.clip_eps_high} would shrink every token's "
+                    f"gradient; give a cap of at least 1 (ScaleRL uses {CISPO_DEFAULT_CAP})"
+                )
+        correcting = self.vllm_importance_sampling_correction
+        if self.ratio_reference is None:
+            self.ratio_reference = "trainer" if correcting else "inference"
+        elif correcting and self.ratio_reference == "inference":
+            raise ValueError(
+                "--vllm-importance-sampling-correction already weighs each token by the "
+                "trainer's over the rollout's probability; a PPO ratio against the rollout "
+                "(--ratio-reference inference) would count that gap twice. Use "
+                "--ratio-reference trainer"
+            )
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if low is not None and high is not None and low >= high:
+            raise ValueError(
+                f"--vllm-importance-sampling-clip-min ({low}) must be below "
+                f"--vllm-importance-sampling-clip-max ({high})"
+            )
+        truncating = self.vllm_importance_sampling_mode.endswith("truncate")
+        if correcting and truncating and low is None and high is None:
+            raise ValueError(
+                f"--vllm-importance-sampling-mode {self.vllm_importance_sampling_mode} needs "
+                "--vllm-importance-sampling-clip-min or --vllm-importance-sampling-clip-max"
+            )
+        if self.kl_reference == "model" and self.kl_coef == 0:
+            raise ValueError("--kl-reference model computes a reference for a KL: set --kl-coef")
         return self
 
     @model_validator(mode="after")

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from atroposlib.protocol import GROUPS, WEIGHT_VERSIONS_FIELD, ScoredData, group_problems
-from example_trainer.loss import group_advantages
+from example_trainer.advantages import AdvantageEstimator, AdvantageScale, group_advantages
 
 BatchGroups = Iterable[ScoredData | Mapping[str, Any]]
 """A step's groups, as `/batch` gives them (`ScoredData`) or as plain dicts."""
@@ -40,6 +40,7 @@ class MicroBatch:
     # Untrained positions may hold anything; the loss masks them before use
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
+    segments: torch.Tensor  # [B, T-1] long: each label position's sequence in the micro-batch
 
 
 @dataclass
@@ -50,13 +51,18 @@ class Sequence:
     advantages: list[float]
     inference_logprobs: list[float] | None
     ref_logprobs: list[float] | None
+    group: int = 0
+    """Its group's index in the groups `flatten` was given."""
+    version: int | None = None
+    """The trainer step whose weights sampled it (`weight_versions`), if the engine said."""
 
 
 def flatten(
     batch: BatchGroups,
-    scale: Literal["group", "none"],
+    scale: AdvantageScale,
     seq_len: int,
     require_inference_logprobs: bool = False,
+    estimator: AdvantageEstimator = "grpo",
 ) -> list[Sequence]:
     """One `Sequence` per rollout; groups may come as `ScoredData` or as plain dicts.
 
@@ -74,7 +80,8 @@ def flatten(
                 "logprobs of the policy that sampled it (ManagedServer sends them)"
             )
         scores = torch.tensor(group.scores, dtype=torch.float64)
-        centred = group_advantages(scores, scale)
+        centred = group_advantages(scores, scale, estimator)
+        versions = sampled_versions(group)
         for i, tokens in enumerate(group.tokens):
             tokens = tokens[:seq_len]
             advantages = (
@@ -92,6 +99,8 @@ def flatten(
                     advantages=advantages,
                     inference_logprobs=_row(group.inference_logprobs, i, len(tokens)),
                     ref_logprobs=_row(group.ref_logprobs, i, len(tokens)),
+                    group=index,
+                    version=versions[i] if i < len(versions) else None,
                 )
             )
     return sequences
@@ -185,6 +194,9 @@ def _packed(chunk: list[Sequence]) -> MicroBatch:
         old = torch.cat([row for rows in shifted for row in (rows[2], _GAP_NAN)])[:-1]
     if any(s.ref_logprobs is not None for s in chunk):
         ref = torch.cat([row for rows in shifted for row in (rows[3], _GAP_NAN)])[:-1]
+    segments = torch.cat(
+        [torch.full((len(s.tokens),), n, dtype=torch.long) for n, s in enumerate(chunk)]
+    )[:-1]  # label position t belongs to token t's sequence (a gap: never trained)
     return MicroBatch(
         ids,
         None,
@@ -193,6 +205,7 @@ def _packed(chunk: list[Sequence]) -> MicroBatch:
         advantages[None],
         None if old is None else old[None],
         None if ref is None else ref[None],
+        segments[None],
     )
 
 
@@ -235,7 +248,8 @@ def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:
             old[r, : n - 1] = torch.tensor(seq.inference_logprobs[1:])
         if ref is not None and seq.ref_logprobs is not None:
             ref[r, : n - 1] = torch.tensor(seq.ref_logprobs[1:])
-    return MicroBatch(ids, attention, None, loss_mask, advantages, old, ref)
+    segments = torch.arange(rows)[:, None].expand(rows, width - 1)
+    return MicroBatch(ids, attention, None, loss_mask, advantages, old, ref, segments)
 
 
 def trained_tokens(sequence: Sequence) -> int:
@@ -243,16 +257,29 @@ def trained_tokens(sequence: Sequence) -> int:
     return sum(1 for m in sequence.masks[1:] if m != -100)
 
 
-def staleness(batch: list[ScoredData], step: int) -> dict[str, float]:
-    """How many steps behind `step` the weights that sampled the batch were.
+def sampled_versions(group: ScoredData) -> list[int | None]:
+    """Per sequence, the trainer step whose weights sampled it, from the group's
+    `weight_versions` (see `atroposlib.protocol`); None where the engine gave no number."""
+    versions = (group.model_extra or {}).get(WEIGHT_VERSIONS_FIELD) or []
+    return [int(v) if isinstance(v, str) and v.isdigit() else None for v in versions]
 
-    From each group's `weight_versions` (see `atroposlib.protocol`); empty when no
-    sequence carries a numeric version (an engine that labels nothing).
-    """
-    lags = []
-    for group in batch:
-        versions = (group.model_extra or {}).get(WEIGHT_VERSIONS_FIELD) or []
-        lags += [step - int(v) for v in versions if isinstance(v, str) and v.isdigit()]
+
+def drop_stale(
+    sequences: list[Sequence], version: int, max_staleness: int | None
+) -> tuple[list[Sequence], int]:
+    """The sequences sampled at most `max_staleness` versions before `version` (the
+    weights the trainer holds when it trains them), and how many were older. A sequence
+    without a version is kept: nothing says how old it is."""
+    if max_staleness is None:
+        return sequences, 0
+    kept = [s for s in sequences if s.version is None or version - s.version <= max_staleness]
+    return kept, len(sequences) - len(kept)
+
+
+def staleness(sequences: list[Sequence], version: int) -> dict[str, float]:
+    """How many versions behind `version` the weights that sampled `sequences` were;
+    empty when no sequence carries a version (an engine that labels nothing)."""
+    lags = [version - s.version for s in sequences if s.version is not None]
     if not lags:
         return {}
     return {"staleness_mean": sum(lags) / len(lags), "staleness_max": float(max(lags))}

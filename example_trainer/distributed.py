@@ -50,11 +50,18 @@ class DataParallel:
         return box[0]
 
     def sum(self, values: dict[str, float]) -> dict[str, float]:
-        if not self.enabled:
+        return self._reduce(values, dist.ReduceOp.SUM)
+
+    def max(self, values: dict[str, float]) -> dict[str, float]:
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def _reduce(self, values: dict[str, float], op: Any) -> dict[str, float]:
+        """Every rank's `values` (the same keys on each) joined by `op`."""
+        if not self.enabled or not values:
             return values
         keys = sorted(values)
         tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=op)
         return dict(zip(keys, tensor.tolist(), strict=True))
 
     def shard(self, items: list[T], length) -> list[T]:

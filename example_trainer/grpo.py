@@ -40,6 +40,8 @@ from example_trainer.checkpoint import (
 from example_trainer.config import TrainingConfig
 from example_trainer.data import (
     BatchGroups,
+    Sequence,
+    drop_stale,
     flatten,
     micro_batches,
     split_trainable,
@@ -49,7 +51,6 @@ from example_trainer.data import (
 from example_trainer.distributed import init_data_parallel
 from example_trainer.interrupts import StepInterrupts
 from example_trainer.logprobs import PolicyLogprobs, packs_micro_batches
-from example_trainer.loss import LossSettings, grpo_loss
 from example_trainer.model import (
     MasterWeights,
     build_optimizer,
@@ -57,6 +58,8 @@ from example_trainer.model import (
     enable_gradient_checkpointing,
     load_policy,
 )
+from example_trainer.objective import Objective, StepMetrics, forward_inputs
+from example_trainer.reference import ReferencePolicy
 from example_trainer.serving import PolicyServing
 from example_trainer.sharding import padded_micro_batch_count, shard
 
@@ -68,7 +71,8 @@ NOTHING_TRAINED = dict.fromkeys(
     ),
     0.0,
 )
-"""The metrics of a step whose every group was skipped as untrainable."""
+"""The metrics of a step that trained nothing: every group was skipped as untrainable,
+or every sequence was too stale (--max-staleness)."""
 
 logger = logging.getLogger("example_trainer")
 
@@ -82,12 +86,15 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def fill_missing(values: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor:
-    """Rows a sequence came without (NaN, or all when None) take the detached current logprobs."""
-    if values is None:
-        return logp.detach()
-    values = values.to(logp.device)
-    return torch.where(torch.isnan(values), logp.detach(), values)
+def score_numbers(sequences: list[Sequence]) -> dict[str, float]:
+    """The batch's scores, stale sequences included: what the environments achieved."""
+    if not sequences:
+        return {}
+    scores = torch.tensor([s.score for s in sequences])
+    return {
+        "score_mean": float(scores.mean()),
+        "score_std": float(scores.std()) if len(scores) > 1 else 0.0,
+    }
 
 
 class Trainer(PolicyServing):
@@ -119,7 +126,9 @@ class Trainer(PolicyServing):
         # before sharding: every rank probes its whole model
         self.packs = packs_micro_batches(self.model, config.micro_batch_tokens, config.padding_free)
         # what the loss calls: the policy answering token logprobs (chunked or whole)
-        policy_logprobs = PolicyLogprobs(self.model, config.logprob_chunk_tokens)
+        policy_logprobs = PolicyLogprobs(
+            self.model, config.logprob_chunk_tokens, with_entropy=config.entropy_coef > 0
+        )
         self.ddp = None
         self.fsdp: Any = None  # the sharded root (an FSDPModule) under --parallelism fsdp
         if self.sharded:
@@ -132,6 +141,12 @@ class Trainer(PolicyServing):
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(policy_logprobs, device_ids=device_ids)
         self.forward_model = self.ddp or policy_logprobs
+        reference = (
+            ReferencePolicy(config, self.model, self.forward_model, self.device)
+            if config.kl_reference == "model"
+            else None
+        )
+        self.objective = Objective(config, reference)
         self.master = MasterWeights(self.model)
         self.optimizer = build_optimizer(self.master.params, config)
         warmup = max(1, config.warmup_steps)
@@ -148,12 +163,6 @@ class Trainer(PolicyServing):
         self.latest_checkpoint = config.resume or config.model_name
         # the newest step a checkpoint holds: the API keeps later batches for a resume
         self.committed_step = self.step
-        self.loss_settings = LossSettings(
-            clip_eps=config.clip_eps,
-            clip_eps_high=config.clip_eps_high,
-            kl_coef=config.kl_coef,
-            normalization=config.loss_normalization,
-        )
         self.records = RunRecords(config.save_path)
         self.engines = []  # started by start_engines (serving.py), on rank 0
         self.bridge = None  # hot modes only (atroposlib.weight_sync.bridge)
@@ -182,38 +191,56 @@ class Trainer(PolicyServing):
                 delay = min(delay * 2, self.config.batch_poll_s)
 
     def train_step(self, batch: BatchGroups) -> dict[str, float]:
+        """One optimizer step on `batch`, less the groups it cannot train on and, with
+        --max-staleness, the sequences sampled too many versions ago (both counted)."""
+        config = self.config
         groups, skipped = split_trainable(batch, self.vocab_size)
-        self.skipped_groups = set(skipped)
         for reason in skipped.values():
             logger.warning(
                 "step %d: skipping a group it cannot train on: %s", self.step + 1, reason
             )
+        sequences = self.sequences(groups)
+        fresh, dropped = drop_stale(sequences, self.step, config.max_staleness)
+        # a group none of whose sequences is fresh enough was consumed, not trained
+        trainable = [n for n in range(len(groups) + len(skipped)) if n not in skipped]
+        trained_groups = {s.group for s in fresh}
+        stale_groups = [trainable[g] for g in range(len(groups)) if g not in trained_groups]
+        self.skipped_groups = set(skipped) | set(stale_groups if dropped else [])
+        counts = {
+            **score_numbers(sequences),
+            "skipped_groups": float(len(skipped)),
+            "stale_sequences_dropped": float(dropped),
+            **staleness(fresh, self.step),
+        }
         lr = float(self.scheduler.get_last_lr()[0])  # a float: the optimizer is given one
-        if not groups:  # nothing to learn from; the step still counts, as the API's does
+        if not fresh:  # nothing to learn from; the step still counts, as the API's does
             self.scheduler.step()
-            return {**NOTHING_TRAINED, "lr": lr, "skipped_groups": float(len(skipped))}
-        metrics = self.accumulate_gradients(groups)
+            return {**NOTHING_TRAINED, **counts, "lr": lr}
+        metrics = self.accumulate_gradients(fresh)
         self.master.take_grads()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.master.params, self.config.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.master.params, config.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a norm over every rank's shards
             grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.master.publish()
         self.scheduler.step()  # lr above was this step's; this moves to the next
         self.optimizer.zero_grad(set_to_none=True)
-        return {
-            **metrics,
-            "grad_norm": float(grad_norm),
-            "lr": lr,
-            "skipped_groups": float(len(skipped)),
-        }
+        return {**metrics, **counts, "grad_norm": float(grad_norm), "lr": lr}
 
-    def accumulate_gradients(self, batch: BatchGroups) -> dict[str, float]:
+    def sequences(self, groups: BatchGroups) -> list[Sequence]:
+        """The groups' rollouts with their advantages, as the flags say (`data.flatten`)."""
+        config = self.config
+        return flatten(
+            groups,
+            config.scale_advantages or "group",
+            config.seq_len,
+            config.require_inference_logprobs,
+            config.advantage_estimator,
+        )
+
+    def accumulate_gradients(self, sequences: list[Sequence]) -> dict[str, float]:
         """Backward over this rank's share of the batch; gradients are the whole batch's."""
         config = self.config
-        sequences = flatten(
-            batch, config.scale_advantages, config.seq_len, config.require_inference_logprobs
-        )
         without_old = sum(s.inference_logprobs is None for s in sequences)
         if without_old and not self._warned_missing_logprobs:
             self._warned_missing_logprobs = True
@@ -234,7 +261,7 @@ class Trainer(PolicyServing):
             config.micro_batch_tokens,
             self.packs,
         )
-        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_fraction", "logprob_mismatch"), 0.0)
+        step_metrics = StepMetrics(self.objective.settings, total_tokens)
         count = padded_micro_batch_count(len(chunks), self.sharded and self.parallel.enabled)
         for index in range(count):
             last = index == count - 1
@@ -243,39 +270,13 @@ class Trainer(PolicyServing):
                 continue
             chunk = chunks[index]
             with self.gradient_sync(last):
-                logp = self.forward_model(
-                    chunk.input_ids.to(self.device),
-                    None if chunk.attention_mask is None else chunk.attention_mask.to(self.device),
-                    None if chunk.position_ids is None else chunk.position_ids.to(self.device),
-                )
-                old = fill_missing(chunk.old_logprobs, logp)
-                ref = (
-                    fill_missing(chunk.ref_logprobs, logp)
-                    if chunk.ref_logprobs is not None
-                    else None
-                )
-                loss, metrics = grpo_loss(
-                    logp,
-                    old,
-                    chunk.advantages.to(self.device),
-                    chunk.loss_mask.to(self.device),
-                    self.loss_settings,
-                    total_tokens,
-                    len(sequences),
-                    ref_logprobs=ref,
-                )
+                output = self.forward_model(*forward_inputs(chunk, self.device))
+                loss, metrics = self.objective.loss(chunk, output, total_tokens, len(sequences))
                 (loss * self.parallel.world_size).backward()
-            sums["loss"] += loss.detach().item()
-            sums["pg_loss"] += metrics["pg_loss"]
-            weight = metrics["tokens"] / max(total_tokens, 1)
-            for key in ("kl", "clip_fraction", "logprob_mismatch"):
-                sums[key] += metrics[key] * weight
-        sums = self.parallel.sum(sums)
-        scores = torch.tensor([s.score for s in sequences])
+            step_metrics.add(loss.detach().item(), metrics)
+        joined = {**self.parallel.sum(step_metrics.sums), **self.parallel.max(step_metrics.maxima)}
         return {
-            **sums,
-            "score_mean": float(scores.mean()),
-            "score_std": float(scores.std()) if len(scores) > 1 else 0.0,
+            **joined,
             "advantage_mean": float(
                 sum(sum(s.advantages) / max(len(s.advantages), 1) for s in sequences)
                 / len(sequences)
@@ -298,7 +299,10 @@ class Trainer(PolicyServing):
         so a rank with fewer micro-batches than another still runs as many passes."""
         with self.gradient_sync(last):
             ids = torch.full((1, 2), self.tokenizer.pad_token_id or 0, device=self.device)
-            logp = self.forward_model(ids, torch.ones_like(ids))
+            output = self.forward_model(ids, torch.ones_like(ids))
+            if self.objective.reference is not None:
+                self.objective.reference.logprobs(ids, torch.ones_like(ids))
+            logp = output[0] if isinstance(output, tuple) else output
             (logp.sum() * 0.0).backward()
 
     def save(self) -> Path:
@@ -351,9 +355,10 @@ class Trainer(PolicyServing):
         self.records.metrics(self.step, metrics)
         if self.config.use_wandb:
             self._wandb().log({f"train/{k}": v for k, v in metrics.items()}, step=self.step)
+        dropped = int(metrics.get("stale_sequences_dropped", 0))
         logger.info(
             "step %d/%d loss %.4f score %.3f clip %.3f mismatch %.4f grad %.3f %.0f tok/s "
-            "(wait %.1fs train %.1fs sync %.2fs)",
+            "(wait %.1fs train %.1fs sync %.2fs)%s",
             self.step,
             self.config.training_steps,
             metrics["loss"],
@@ -365,6 +370,7 @@ class Trainer(PolicyServing):
             metrics["wait_s"],
             metrics["train_s"],
             metrics.get("sync_s", 0.0),
+            f"; dropped {dropped} stale sequences" if dropped else "",
         )
 
     def _wandb(self):
@@ -430,7 +436,6 @@ class Trainer(PolicyServing):
                             train_s=trained,
                             sync_s=synced,
                             tokens_per_s=metrics["tokens"] / max(trained, 1e-9),
-                            **staleness(batch, self.step - 1),
                         )
                         self.log(metrics)
                     if hands_over:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from example_trainer.loss import token_logprobs
+from example_trainer.loss import token_entropy, token_logprobs
 
 logger = logging.getLogger("example_trainer")
 
@@ -40,32 +40,43 @@ def _label_logprobs(
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+def _label_logprobs_and_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logprobs = torch.log_softmax(F.linear(hidden, weight, bias).float(), dim=-1)
+    picked = logprobs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked, -(logprobs.exp() * logprobs).sum(-1)
+
+
 def chunked_token_logprobs(
-    hidden: torch.Tensor, head: nn.Linear, input_ids: torch.Tensor, chunk_tokens: int
-) -> torch.Tensor:
+    hidden: torch.Tensor,
+    head: nn.Linear,
+    input_ids: torch.Tensor,
+    chunk_tokens: int,
+    with_entropy: bool = False,
+) -> Any:
     """log p(input_ids[:, t] | input_ids[:, :t]) for t >= 1, shape [B, T-1], as
-    `token_logprobs(head(hidden), input_ids)` gives it, `chunk_tokens` positions at a time."""
+    `token_logprobs(head(hidden), input_ids)` gives it, `chunk_tokens` positions at a time;
+    with `with_entropy`, also each position's entropy (`loss.token_entropy`)."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
     batch, length, width = hidden.shape
     flat = hidden[:, :-1].reshape(-1, width)
     labels = input_ids[:, 1:].reshape(-1)
+    compute = _label_logprobs_and_entropy if with_entropy else _label_logprobs
     pieces = []
     for start in range(0, flat.shape[0], chunk_tokens):
         end = start + chunk_tokens
+        parts = (flat[start:end], head.weight, head.bias, labels[start:end])
         if torch.is_grad_enabled() and (flat.requires_grad or head.weight.requires_grad):
-            piece = checkpoint(
-                _label_logprobs,
-                flat[start:end],
-                head.weight,
-                head.bias,
-                labels[start:end],
-                use_reentrant=False,
-            )
+            pieces.append(checkpoint(compute, *parts, use_reentrant=False))
         else:
-            piece = _label_logprobs(flat[start:end], head.weight, head.bias, labels[start:end])
-        pieces.append(piece)
-    return torch.cat(pieces).view(batch, length - 1)
+            pieces.append(compute(*parts))
+    if not with_entropy:
+        return torch.cat(pieces).view(batch, length - 1)
+    logprobs = torch.cat([piece[0] for piece in pieces]).view(batch, length - 1)
+    entropy = torch.cat([piece[1] for piece in pieces]).view(batch, length - 1)
+    return logprobs, entropy
 
 
 def head_is_plain_linear(model: Any) -> bool:
@@ -79,11 +90,13 @@ def head_is_plain_linear(model: Any) -> bool:
 class PolicyLogprobs(nn.Module):
     """The policy whose forward answers token logprobs (see the module docstring)."""
 
-    def __init__(self, model: Any, chunk_tokens: int = 0) -> None:
-        """`model`: a transformers causal LM (or a peft model around one)."""
+    def __init__(self, model: Any, chunk_tokens: int = 0, with_entropy: bool = False) -> None:
+        """`model`: a transformers causal LM (or a peft model around one); `with_entropy`:
+        forward answers (logprobs, entropy), for an entropy bonus."""
         super().__init__()
         self.model: Any = model
         self.chunk_tokens = chunk_tokens
+        self.with_entropy = with_entropy
         if chunk_tokens and not head_is_plain_linear(model):
             logger.warning(
                 "--logprob-chunk-tokens %d: this model's logits are more than its output "
@@ -97,9 +110,10 @@ class PolicyLogprobs(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """[B, T-1] token logprobs; a tensor of its own, not a view (FSDP2 hooks its
-        backward onto the output, and warns that an in-place change to a view skips it).
+    ) -> Any:
+        """[B, T-1] token logprobs (and entropies, `with_entropy`): tensors of their own,
+        not views (FSDP2 hooks its backward onto the output, and warns that an in-place
+        change to a view skips it).
         Packed rows come with `position_ids` and no mask (`data.py`). No KV cache: a
         training forward never reads one back, and a cache would hide the packing."""
         inputs = {
@@ -110,10 +124,15 @@ class PolicyLogprobs(nn.Module):
         }
         if not self.chunk_tokens:
             logits = self.model(**inputs).logits
-            return token_logprobs(logits, input_ids).clone()
+            logprobs = token_logprobs(logits, input_ids).clone()
+            return (logprobs, token_entropy(logits)) if self.with_entropy else logprobs
         hidden = self.model.get_decoder()(**inputs).last_hidden_state
         head = self.model.get_output_embeddings()
-        return chunked_token_logprobs(hidden, head, input_ids, self.chunk_tokens).clone()
+        chunk = self.chunk_tokens
+        if self.with_entropy:
+            both = chunked_token_logprobs(hidden, head, input_ids, chunk, with_entropy=True)
+            return tuple(part.clone() for part in both)
+        return chunked_token_logprobs(hidden, head, input_ids, chunk).clone()
 
 
 @torch.no_grad()

@@ -1,24 +1,39 @@
-"""The GRPO objective, written out so that each term can be checked by hand.
+"""The policy losses, written out so that each term can be checked by hand.
 
-Per trained token t of sequence i, with ratio r = exp(logp - logp_old) against
-the policy that sampled the rollout (the inference logprobs when the batch has
-them) and advantage A:
+Per trained token t of sequence i, with advantage A and log-ratio
+l_t = logp_t - logp_old_t against the ratio's reference (`--ratio-reference`: the
+rollout's inference logprobs, as upstream, or the trainer's own before the update,
+as TRL and verl):
 
-    loss_t = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) + kl_coef * k3_t
-    k3_t   = exp(logp_ref - logp) - (logp_ref - logp) - 1
+    r_t = exp(l_t)                            importance_sampling_level "token"
+    r_t = exp(mean_{t in i} l_t)               "sequence": GSPO (arXiv:2507.18071)
 
-`min` is what makes the clip one-sided in the right direction for both signs
-of A: for A > 0 the gradient vanishes once r > 1 + eps_high, for A < 0 once
-r < 1 - eps_low, and in every other case it flows. (Taking the max for A < 0,
-as the Atropos example trainer does, un-clips harmful updates and zeroes
-useful ones.)
+    grpo, dapo, dr_grpo:  loss_t = -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)
+    cispo:                loss_t = -sg(min(r_t, eps_high)) A logp_t   (MiniMax-M1,
+                          arXiv:2506.13585; sg = stop-gradient; eps_high is the weight's
+                          absolute cap, as TRL's epsilon_high is for cispo)
 
-Normalisation is over the whole accumulated batch, never per micro-batch:
-"token" (DAPO-style, the default) divides the sum over all trained tokens of
-all micro-batches by their total count; "sequence" averages each sequence over
-its own tokens and divides by the total number of sequences. Callers pass those
-totals, so gradient accumulation gives the same gradient however the batch is
-split.
+then, in this order: times the importance-sampling correction weight w_t
+(`importance.py`), plus kl_coef * k3_t with k3_t = exp(ref_t - logp_t) - (ref_t -
+logp_t) - 1 against the reference logprobs.
+
+`min` is what makes the clip one-sided in the right direction for both signs of A:
+for A > 0 the gradient vanishes once r > 1 + eps_high, for A < 0 once r < 1 - eps_low,
+and in every other case it flows. (Taking the max for A < 0, as the Atropos example
+trainer does, un-clips harmful updates and zeroes useful ones.)
+
+The loss type decides the normaliser, always over the whole accumulated batch, never
+per micro-batch (callers pass the batch's totals, so gradient accumulation gives the
+same gradient however the batch is split):
+
+    dapo, cispo:  sum over all trained tokens / their count       (DAPO, arXiv:2503.14476)
+    grpo:         each sequence's mean over its tokens / sequences (DeepSeekMath)
+    dr_grpo:      sum / (sequences x max_length), a constant       (Dr. GRPO, arXiv:2503.20783)
+
+An entropy bonus subtracts entropy_coef times the mean per-token entropy of the
+trained tokens, whatever the loss type (as TRL's entropy_coef). These are TRL's
+GRPOTrainer formulas (trl/trainer/grpo_trainer.py `_compute_loss`), and
+tests/example_trainer/test_losses_vs_trl.py checks them against it.
 """
 
 from __future__ import annotations
@@ -28,18 +43,50 @@ from typing import Literal
 
 import torch
 
+from example_trainer.config import LossType
+from example_trainer.importance import (
+    ImportanceSamplingMode,
+    correction_weights,
+    mismatch_kl,
+    segment_sums,
+)
+
 # A log-ratio (or KL log-ratio) beyond +-20 (a factor of 5e8) is clamped, and its
 # gradient stops there: exp() of it would overflow float32 at 88, and one such token
 # would otherwise decide the whole clipped gradient of the step.
 LOG_RATIO_LIMIT = 20.0
 
 
+METRIC_REDUCTIONS = {
+    "pg_loss": "sum",
+    "kl": "mean",
+    "clip_fraction": "mean",
+    "logprob_mismatch": "mean",
+    "ratio_mean": "mean",
+    "entropy": "mean",
+    "mismatch_kl": "mean",
+    "is_weight_mean": "mean",
+    "is_weight_max": "max",
+    "is_clip_fraction": "mean",
+}
+"""How a micro-batch's metric joins the step's: summed, averaged over trained tokens, or
+the largest. Metrics a micro-batch does not compute are absent from its dict."""
+
+
 @dataclass
 class LossSettings:
+    loss_type: LossType = "dapo"
+    importance_sampling_level: Literal["token", "sequence"] = "token"
     clip_eps: float = 0.2
-    clip_eps_high: float | None = None  # asymmetric clipping (DAPO's clip-higher)
+    clip_eps_high: float | None = None  # asymmetric clipping (DAPO's clip-higher); cispo's cap
     kl_coef: float = 0.0
-    normalization: Literal["token", "sequence"] = "token"
+    entropy_coef: float = 0.0
+    max_length: int = 1
+    """Dr. GRPO's constant: the longest sequence trained (--seq-len)."""
+    is_mode: ImportanceSamplingMode | None = None
+    """Importance-sampling correction against the rollout's logprobs (None: off)."""
+    is_clip_min: float | None = None
+    is_clip_max: float | None = 3.0
 
     @property
     def eps_high(self) -> float:
@@ -52,29 +99,19 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
-def group_advantages(
-    scores: torch.Tensor, scale: Literal["group", "none"] = "group"
-) -> torch.Tensor:
-    """Score minus the group mean, divided by the group std when `scale == "group"`.
-
-    Computed in float64 with two exact cases, because float32 rounding of the mean
-    divided by a std of ~0 turned equal scores into a systematic push (`[0.9] * 16`
-    gave -0.056 each): equal scores carry no signal and give exactly 0, and a group
-    of one keeps its raw score (there is nothing to compare it with; upstream's
-    trainer does the same).
-    """
-    wide = scores.to(torch.float64)
-    if wide.numel() == 1:
-        return scores.clone()
-    if bool((wide == wide[0]).all()):
-        return torch.zeros_like(scores)
-    centred = wide - wide.mean()
-    if scale == "group":
-        centred = centred / (wide.std() + 1e-6)
-    return centred.to(scores.dtype)
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of each position's next-token distribution, [B, T-1] like `token_logprobs`."""
+    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return -(logprobs.exp() * logprobs).sum(-1)
 
 
-def grpo_loss(
+def row_segments(mask: torch.Tensor) -> torch.Tensor:
+    """Sequence numbers of padded rows: row r is sequence r."""
+    rows = torch.arange(mask.shape[0], device=mask.device)[:, None]
+    return rows.expand(mask.shape)
+
+
+def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
@@ -82,24 +119,73 @@ def grpo_loss(
     settings: LossSettings,
     total_tokens: int,
     total_sequences: int,
+    *,
+    segments: torch.Tensor | None = None,
+    behaviour_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one micro-batch ([B, T] tensors; `mask` marks trained tokens).
 
     `total_tokens` / `total_sequences` count the whole accumulated batch, so the
-    micro-batch losses add up to the batch loss.
+    micro-batch losses add up to the batch loss. `segments` numbers each position's
+    sequence (packed rows hold several; default: one per row). `behaviour_logprobs`
+    are the rollout's, for the correction weight and the mismatch metrics; `entropy`
+    the policy's per-token entropy, for the bonus.
     """
     trained = mask.bool()
     mask = trained.to(logprobs.dtype)
+    segments = row_segments(trained) if segments is None else segments
+    count = int(segments.max()) + 1 if segments.numel() else 0
+    lengths = segment_sums(mask, segments, trained, count).clamp(min=1.0)
     # untrained positions hold placeholders (1.0, NaN, -inf, vLLM's -9999): they are
     # replaced before exp(), since inf * 0 weight would still be NaN in loss and grad
     advantages = torch.where(trained, advantages, 0.0)
     log_ratio = torch.where(trained, logprobs - old_logprobs.detach(), 0.0)
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    if settings.importance_sampling_level == "sequence":
+        mean_log_ratio = segment_sums(log_ratio, segments, trained, count) / lengths
+        log_weight = mean_log_ratio[segments.clamp(min=0)]
+    else:
+        log_weight = log_ratio
+    ratio = torch.exp(log_weight.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     low, high = 1.0 - settings.clip_eps, 1.0 + settings.eps_high
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, low, high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
+    if settings.loss_type == "cispo":
+        capped = torch.clamp(ratio, max=settings.eps_high).detach()
+        safe_logprobs = torch.where(trained, logprobs, 0.0)
+        per_token = -capped * advantages * safe_logprobs
+        gradient_cut = (ratio > settings.eps_high) & (advantages > 0)
+    else:
+        unclipped = ratio * advantages
+        clipped = torch.clamp(ratio, low, high) * advantages
+        per_token = -torch.minimum(unclipped, clipped)
+        gradient_cut = ((advantages > 0) & (ratio > high)) | ((advantages < 0) & (ratio < low))
+
+    metrics: dict[str, float] = {}
+    tokens = mask.sum().clamp(min=1.0)
+    if behaviour_logprobs is not None:
+        behaviour = torch.where(trained, behaviour_logprobs, logprobs.detach())
+        with torch.no_grad():
+            gap = torch.where(trained, logprobs.detach() - behaviour, 0.0)
+            metrics["logprob_mismatch"] = float(gap.abs().sum() / tokens)
+            kl_gap = torch.where(trained, mismatch_kl(logprobs.detach(), behaviour), 0.0)
+            metrics["mismatch_kl"] = float(kl_gap.sum() / tokens)
+        if settings.is_mode is not None:
+            weights, cut = correction_weights(
+                logprobs.detach(),
+                behaviour,
+                trained,
+                segments,
+                count,
+                settings.is_mode,
+                settings.is_clip_min,
+                settings.is_clip_max,
+            )
+            per_token = per_token * weights
+            metrics["is_weight_mean"] = float((weights * mask).sum() / tokens)
+            metrics["is_weight_max"] = float(weights.max()) if weights.numel() else 0.0
+            metrics["is_clip_fraction"] = float(cut.to(mask.dtype).sum() / tokens)
+    else:
+        metrics["logprob_mismatch"] = float(log_ratio.detach().abs().sum() / tokens)
     pg_per_token = per_token
     kl_per_token = torch.zeros_like(per_token)
     if settings.kl_coef > 0 and ref_logprobs is not None:
@@ -108,22 +194,36 @@ def grpo_loss(
         kl_per_token = torch.exp(delta) - delta - 1.0
         per_token = per_token + settings.kl_coef * kl_per_token
 
-    if settings.normalization == "token":
-        weights = mask / max(total_tokens, 1)
-    else:
-        lengths = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
-        weights = mask / lengths / max(total_sequences, 1)
+    weights = _normaliser(settings, mask, segments, lengths, total_tokens, total_sequences)
     loss = (per_token * weights).sum()
+    if entropy is not None:
+        entropy_sum = torch.where(trained, entropy, 0.0).sum()
+        if settings.entropy_coef:
+            loss = loss - settings.entropy_coef * entropy_sum / max(total_tokens, 1)
+        metrics["entropy"] = float(entropy_sum.detach() / tokens)
 
     with torch.no_grad():
-        count = mask.sum().clamp(min=1.0)
-        gradient_cut = ((advantages > 0) & (ratio > high)) | ((advantages < 0) & (ratio < low))
-        metrics = {
-            "pg_loss": float((pg_per_token * weights).sum()),
-            "kl": float((kl_per_token * mask).sum() / count),
-            "clip_fraction": float((gradient_cut.to(mask.dtype) * mask).sum() / count),
-            "logprob_mismatch": float(log_ratio.abs().sum() / count),
-            "ratio_mean": float((ratio * mask).sum() / count),
-            "tokens": float(mask.sum()),
-        }
+        metrics.update(
+            pg_loss=float((pg_per_token * weights).sum()),
+            kl=float((kl_per_token * mask).sum() / tokens),
+            clip_fraction=float((gradient_cut.to(mask.dtype) * mask).sum() / tokens),
+            ratio_mean=float((ratio * mask).sum() / tokens),
+            tokens=float(mask.sum()),
+        )
     return loss, metrics
+
+
+def _normaliser(
+    settings: LossSettings,
+    mask: torch.Tensor,
+    segments: torch.Tensor,
+    lengths: torch.Tensor,
+    total_tokens: int,
+    total_sequences: int,
+) -> torch.Tensor:
+    """Each token's weight in the batch loss (see the module docstring)."""
+    if settings.loss_type == "grpo":
+        return mask / lengths[segments.clamp(min=0)] / max(total_sequences, 1)
+    if settings.loss_type == "dr_grpo":
+        return mask / (max(total_sequences, 1) * max(settings.max_length, 1))
+    return mask / max(total_tokens, 1)

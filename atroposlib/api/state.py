@@ -176,6 +176,7 @@ class RunState(BatchServing):
                     "max_token_len": registration.max_token_len,
                     "num_steps": registration.num_steps,
                     "vocab_size": registration.vocab_size,
+                    "max_staleness": registration.max_staleness,
                     "starting_step": step,
                 }
             )
@@ -410,6 +411,8 @@ class RunState(BatchServing):
             **self.envs.status_numbers(
                 env_id, self.size_counts, self.env_sizes, self.min_sequences_by_env()
             ),
+            # ours: the trainer's bound on staleness, which narrows the env's window
+            "max_staleness": None if self.registration is None else self.registration.max_staleness,
         }
 
     def info(self) -> dict[str, int]:

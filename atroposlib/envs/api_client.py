@@ -19,6 +19,10 @@ when it is spooled, and every post the API acknowledged is appended to a ledger
 beside the spool (`atroposlib.delivery_ledger`: the key and its group ids) before the spool
 file goes, so a run can count what was acknowledged against what was trained.
 
+`newest_weight_version` is the highest weight version (`WEIGHT_VERSIONS_FIELD`) among
+the groups sent so far: the newest weights this env's engine is known to sample with,
+which the serve loop's admission control reads (`atroposlib.envs.admission`).
+
 The plain calls speak both dialects: `/status-env` carries `env_id` in a JSON body
 (what upstream's server reads) and in the query (which it ignores). Upstream's
 server also ignores the `Idempotency-Key` header. A 4xx on a plain call raises
@@ -42,7 +46,7 @@ from typing import Any
 import httpx
 
 from atroposlib.delivery_ledger import ledger_path, record_delivered
-from atroposlib.protocol import GROUP_ID_FIELD
+from atroposlib.protocol import GROUP_ID_FIELD, WEIGHT_VERSIONS_FIELD
 from atroposlib.utils.durable import fsync_dir
 
 logger = logging.getLogger("atroposlib.envs")
@@ -100,6 +104,8 @@ class TrajectoryClient:
         self.max_backoff_s = max_backoff_s
         self.counters: Counter[str] = Counter()
         self.records_delivered = 0  # posts answered, accepted or refused
+        self.newest_weight_version: int | None = None
+        """The highest numeric weight version in the groups sent; None before any."""
         existing = sorted(self.spool.glob("*.json"))
         self._next = int(existing[-1].stem) + 1 if existing else 0
         self._wake = asyncio.Event()
@@ -213,6 +219,7 @@ class TrajectoryClient:
             group if GROUP_ID_FIELD in group else {**group, GROUP_ID_FIELD: uuid.uuid4().hex}
             for group in groups
         ]
+        self._note_weight_versions(groups)
         payload = groups[0] if len(groups) == 1 else groups
         record = {"path": path, "key": uuid.uuid4().hex, "payload": payload}
         target = self.spool / f"{self._next:012d}.json"
@@ -227,6 +234,19 @@ class TrajectoryClient:
         self._wake.set()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
+
+    def _note_weight_versions(self, groups: Sequence[Mapping[str, Any]]) -> None:
+        """Raise `newest_weight_version` to the groups' newest numeric version label
+        (a digit string, as the trainer reads them); None and other labels are ignored."""
+        for group in groups:
+            versions = group.get(WEIGHT_VERSIONS_FIELD)
+            if not isinstance(versions, list):
+                continue
+            for label in versions:
+                if isinstance(label, str) and label.isascii() and label.isdigit():
+                    version = int(label)
+                    if self.newest_weight_version is None or version > self.newest_weight_version:
+                        self.newest_weight_version = version
 
     def pending(self) -> int:
         return len(list(self.spool.glob("*.json")))

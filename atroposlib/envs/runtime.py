@@ -6,8 +6,9 @@ trainer) -> get_server_info -> loop: get_status (/status-env);
 env_step_checks, whose base runs evaluations and env checkpoints when the
 trainer step crosses steps_per_eval / checkpoint_interval; stop once the trainer step plus
   queued work reaches total_steps; keep at most max_batches_offpolicy batches of
-  this env's work queued, spooled or in flight (cancelling surplus workers back
-  to the backlog); start workers up to max_num_workers scaled by the env weight;
+  this env's work queued, spooled or in flight, fewer when the trainer bounds
+  staleness (admission.py), cancelling surplus workers back to the backlog;
+  start workers up to max_num_workers scaled by the env weight;
   abandon workers after worker_timeout (<= 0: never, upstream's -1).
 
 Failures in user code (collect_trajectories, evaluate, ...) are logged with the
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from atroposlib.envs.admission import offpolicy_window
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import EvalHandlingEnum
 
@@ -54,6 +56,9 @@ class EnvRuntime:
     which upstream environments read and extend; everything else stays here. What it
     reads, calls and sets on the env is `ServedEnv` (served_env.py), which BaseEnv meets.
     """
+
+    window_narrowed_logged = False
+    """True once the INFO line that the trainer's max_staleness narrowed the window went out."""
 
     def __init__(self, env: ServedEnv, state_dir: Path | None = None) -> None:
         self.env = env
@@ -180,11 +185,14 @@ class EnvRuntime:
     def _worker_budget(self, status: dict[str, Any], in_transit: int) -> int:
         config = self.env.config
         weight = status.get("env_weight", 1.0)
-        allowed_groups = math.floor(
-            config.max_batches_offpolicy * config.batch_size * weight / config.group_size
-        )
+        window = self._offpolicy_window(status)
+        allowed_groups = math.floor(window * config.batch_size * weight / config.group_size)
+        if window > 0 or window >= config.max_batches_offpolicy:
+            # a diluted weight still leaves one group; a window the trainer's
+            # max_staleness closed leaves none (but for the liveness rule below)
+            allowed_groups = max(1, allowed_groups)
         on_the_way = in_transit + self.client.pending()
-        room = max(1, allowed_groups) - status["self_queue_size"] - on_the_way
+        room = allowed_groups - status["self_queue_size"] - on_the_way
         if (status["queue_size"] + on_the_way) * config.group_size < config.batch_size:
             # the queue cannot make a batch, so the trainer waits: whatever the weights
             # say (envs that crashed and registered again dilute them until they time
@@ -200,6 +208,33 @@ class EnvRuntime:
             if config.eval_handling == EvalHandlingEnum.LIMIT_TRAIN:
                 cap = max(1, int(cap * config.eval_limit_ratio))
         return max(0, min(room, cap))
+
+    def _offpolicy_window(self, status: dict[str, Any]) -> int:
+        """The batches of this env's work allowed in the system: `max_batches_offpolicy`,
+        narrowed by the trainer's `max_staleness` from /status-env (admission.py)."""
+        config = self.env.config
+        bound = status.get("max_staleness")
+        if not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
+            return config.max_batches_offpolicy  # upstream's API sends none: no bound
+        window = offpolicy_window(
+            config.max_batches_offpolicy,
+            bound,
+            status["current_step"],
+            self.client.newest_weight_version,
+        )
+        if window < config.max_batches_offpolicy and not self.window_narrowed_logged:
+            self.window_narrowed_logged = True
+            logger.info(
+                "the trainer's max_staleness %d narrows this env's off-policy window from "
+                "%d to %d batches (trainer step %s, newest weight version sent %s); "
+                "logged once",
+                bound,
+                config.max_batches_offpolicy,
+                window,
+                status["current_step"],
+                self.client.newest_weight_version,
+            )
+        return window
 
     def _cancel_surplus(self, budget: int) -> None:
         surplus = len(self.workers) - budget

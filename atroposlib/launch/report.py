@@ -140,7 +140,24 @@ def summary(rows: list[MetricsRow]) -> dict[str, Any]:
         "last_10_mean_score": last,
         "learned": learned,
         "verdict": verdict,
+        **off_policy_numbers(rows),
     }
+
+
+def off_policy_numbers(rows: list[MetricsRow]) -> dict[str, Any]:
+    """How stale the trained samples were, and how many a --max-staleness bound dropped
+    (absent when the trainer reported neither)."""
+    numbers: dict[str, Any] = {}
+    extras = [row.model_extra or {} for row in rows]
+    lags = [extra["staleness_max"] for extra in extras if "staleness_max" in extra]
+    if lags:
+        numbers["staleness_max"] = int(max(lags))
+    dropped = [
+        extra["stale_sequences_dropped"] for extra in extras if "stale_sequences_dropped" in extra
+    ]
+    if dropped:
+        numbers["stale_sequences_dropped"] = int(sum(dropped))
+    return numbers
 
 
 def event_counts(events: list[TrainerEvent]) -> dict[str, int]:

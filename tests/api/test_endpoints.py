@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from atroposlib.api.settings import APISettings
 from tests.support.groups import (
+    REGISTRATION,
     drain_batches,
     make_group,
     register,
@@ -201,6 +202,7 @@ def test_status_env_fields(client):
         "self_queue_size": 3,
         "max_group_size": 4,
         "env_weight": 0.25,
+        "max_staleness": None,  # ours: the trainer registered no bound
     }
     # Env 1 owns 1 queued group of 2, and every one of env 0's 12 sequences counts
     # against it (env 0 reserves nothing): 14 sequences = 7 groups of 2.
@@ -225,6 +227,30 @@ def test_status_env_fields(client):
     client.post("/disconnect-env", json={"env_id": 1})
     alone = client.get("/status-env", params={"env_id": 0}).json()
     assert alone["env_weight"] == 1.0 and alone["unallocated_fraction"] == 1.0
+
+
+def test_status_env_tells_envs_the_trainers_max_staleness(tmp_path):
+    """The bound a trainer registers reaches every env's /status-env; a trainer that
+    registers again (resumed, with another bound or none) replaces it, and a restarted
+    API still knows it."""
+    with inprocess_api(tmp_path / "state") as client:
+        start_trainer(client, max_staleness=2)
+        env_id = register_env(client)["env_id"]
+
+        def bound() -> int | None:
+            return client.get("/status-env", params={"env_id": env_id}).json()["max_staleness"]
+
+        assert bound() == 2
+        register(client, max_staleness=0)
+        assert bound() == 0
+        register(client)  # no bound this time
+        assert bound() is None
+        register(client, max_staleness=5)
+        refused = client.post("/register", json={**REGISTRATION, "max_staleness": -1})
+        assert refused.status_code == 422
+        assert bound() == 5
+    with inprocess_api(tmp_path / "state") as client:
+        assert client.get("/status-env", params={"env_id": env_id}).json()["max_staleness"] == 5
 
 
 def test_posts_before_register_count_after_registration(client):

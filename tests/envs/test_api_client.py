@@ -10,7 +10,7 @@ import pytest
 
 from atroposlib.delivery_ledger import DELIVERED_LEDGER
 from atroposlib.envs.api_client import APIRefusedError, TrajectoryClient
-from atroposlib.protocol import GROUP_ID_FIELD
+from atroposlib.protocol import GROUP_ID_FIELD, WEIGHT_VERSIONS_FIELD
 from tests.support.groups import make_group, register_env, start_trainer
 
 
@@ -176,3 +176,31 @@ def test_an_unreadable_spool_file_is_dead_lettered_and_delivery_goes_on(
     assert dead["spool_file"] == f"{0:012d}.json" and dead["raw"] == ""
     assert "unreadable spool file" in dead["error"]
     assert wire_client.get("/status").json()["queued_sequences"] == 4
+
+
+def test_the_client_remembers_the_newest_weight_version_it_sent(tmp_path):
+    """Numeric labels only (digit strings, as the trainer reads them): None, other labels
+    and groups without versions leave it as it was; it never goes down."""
+
+    async def send_all() -> list[int | None]:
+        trajectories = TrajectoryClient("http://127.0.0.1:9", tmp_path / "spool")
+        seen = [trajectories.newest_weight_version]
+        for groups in (
+            [make_group(2, tag=1)],
+            [{**make_group(2, tag=2), WEIGHT_VERSIONS_FIELD: [None, "base"]}],
+            [{**make_group(2, tag=3), WEIGHT_VERSIONS_FIELD: ["3", None]}],
+            [
+                {**make_group(2, tag=4), WEIGHT_VERSIONS_FIELD: ["12", "7"]},
+                {**make_group(2, tag=5), WEIGHT_VERSIONS_FIELD: ["9", "-1"]},
+            ],
+            [{**make_group(2, tag=6), WEIGHT_VERSIONS_FIELD: ["10", "²"]}],
+        ):
+            trajectories.send(groups)
+            assert trajectories._flusher is not None
+            trajectories._flusher.cancel()  # unit tier: nothing is posted
+            seen.append(trajectories.newest_weight_version)
+        await trajectories.http.aclose()
+        assert trajectories.pending() == 5
+        return seen
+
+    assert asyncio.run(send_all()) == [None, None, None, 3, 12, 12]

@@ -64,7 +64,9 @@ def main(model_dir: str, out: str, grad_accum: int, parallelism: str = "ddp", *l
         **adapters,
     )
     trainer = Trainer(config)
-    metrics = trainer.accumulate_gradients(fixed_batch(trainer.model.config.vocab_size))
+    metrics = trainer.accumulate_gradients(
+        trainer.sequences(fixed_batch(trainer.model.config.vocab_size))
+    )
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.grad is not None]
     grads = {n: full(p.grad) for n, p in named}
     before = {n: full(p) for n, p in named}

@@ -109,7 +109,7 @@ def test_sentinels_at_untrained_positions_leave_the_step_as_clean(tiny_model_pat
 
     def step(batch: dict) -> tuple[dict, dict]:
         trainer.optimizer.zero_grad(set_to_none=True)
-        metrics = trainer.accumulate_gradients([batch])
+        metrics = trainer.accumulate_gradients(trainer.sequences([batch]))
         grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
         return metrics, grads
 

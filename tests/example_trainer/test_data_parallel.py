@@ -61,8 +61,8 @@ def test_two_ranks_match_one_process(run_worker):
     # the same sums in another order: equal up to float32 rounding (tests/support/tolerances.py)
     for name, grad in single["grads"].items():
         assert_close_to_scale(double["grads"][name], grad, GRADIENT_REL_TO_SCALE, name)
-    # means of per-token terms of order 1 (log-ratios, fractions, scores): their scale is 1
-    for key in ("loss", "pg_loss", "clip_fraction", "logprob_mismatch", "score_mean"):
+    # means of per-token terms of order 1 (log-ratios, fractions, ratios): their scale is 1
+    for key in ("loss", "pg_loss", "clip_fraction", "logprob_mismatch", "ratio_mean"):
         assert double["metrics"][key] == pytest.approx(
             single["metrics"][key], rel=GRADIENT_REL_TO_SCALE, abs=GRADIENT_REL_TO_SCALE
         ), key

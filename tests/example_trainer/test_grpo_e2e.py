@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -117,6 +118,32 @@ def metric_steps(save: Path) -> list[int]:
 
 def restarts(save: Path) -> list:
     return [e for e in read_events(save / "events.jsonl") if e.kind.value == "engine_restarted"]
+
+
+@pytest.mark.e2e
+def test_max_staleness_trains_nothing_older_and_counts_what_it_dropped(
+    api_factory, tiny_model_path, tmp_path
+):
+    """The engine is held behind: it gets new weights only every 4 steps, so by the
+    third step after a push everything it samples is 2 or more versions old."""
+    api = api_factory()
+    port = free_port()
+    save = tmp_path / "ckpt"
+    command = trainer_cmd(tiny_model_path, api.url, port, save)
+    command += ["--training-steps", "9", "--weight-bridge-mode", "hot_reload"]
+    command += ["--weight-sync-interval", "4", "--max-staleness", "1"]
+    text = train_beside_env(command, api.url, port, tmp_path, "trainer.log")
+    rows = [row.model_extra or {} for row in read_metrics(save / "metrics.jsonl")]
+    assert len(rows) == 9
+    lags = [row["staleness_max"] for row in rows if "staleness_max" in row]
+    assert lags and max(lags) <= 1, lags
+    dropped = sum(row["stale_sequences_dropped"] for row in rows)
+    assert dropped > 0, rows
+    assert "stale sequences" in text  # the step's log line says it dropped them
+    # a step whose whole batch was too stale consumed its groups without training them
+    ledger = [json.loads(line) for line in (save / "trained_groups.jsonl").read_text().splitlines()]
+    skipped = sum(len(entry["skipped_ids"]) for entry in ledger)
+    assert skipped <= dropped, "a group is skipped only when all its sequences are dropped"
 
 
 @pytest.mark.e2e

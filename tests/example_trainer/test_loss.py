@@ -8,7 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from example_trainer.loss import LossSettings, group_advantages, grpo_loss, token_logprobs  # noqa: E402
+from example_trainer.advantages import group_advantages  # noqa: E402
+from example_trainer.loss import LossSettings, policy_loss, token_logprobs  # noqa: E402
 from tests.support.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance  # noqa: E402
 
 EPS = 0.2
@@ -18,7 +19,7 @@ def one_token(ratio: float, advantage: float, settings: LossSettings | None = No
     """Loss and d loss / d logp for a single trained token with the given ratio."""
     logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
     old = torch.zeros(1, 1)
-    loss, metrics = grpo_loss(
+    loss, metrics = policy_loss(
         logp,
         old,
         torch.tensor([[advantage]]),
@@ -69,11 +70,9 @@ def test_token_and_sequence_normalisation():
     logp = torch.zeros(2, 3)
     advantages = torch.tensor([[1.0, 1.0, 1.0], [4.0, 4.0, 4.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)  # 2 + 1 trained tokens
-    token, _ = grpo_loss(logp, logp, advantages, mask, LossSettings(), 3, 2)
+    token, _ = policy_loss(logp, logp, advantages, mask, LossSettings(), 3, 2)
     assert token.item() == pytest.approx(-(1 + 1 + 4) / 3)
-    sequence, _ = grpo_loss(
-        logp, logp, advantages, mask, LossSettings(normalization="sequence"), 3, 2
-    )
+    sequence, _ = policy_loss(logp, logp, advantages, mask, LossSettings(loss_type="grpo"), 3, 2)
     assert sequence.item() == pytest.approx(-((1 + 1) / 2 + 4 / 1) / 2)
 
 
@@ -81,7 +80,7 @@ def test_kl_term_is_k3():
     logp = torch.tensor([[math.log(0.5)]])
     ref = torch.tensor([[math.log(0.25)]])
     settings = LossSettings(kl_coef=0.1)
-    loss, metrics = grpo_loss(
+    loss, metrics = policy_loss(
         logp,
         logp,
         torch.zeros(1, 1),
@@ -94,7 +93,7 @@ def test_kl_term_is_k3():
     delta = math.log(0.25) - math.log(0.5)
     k3 = math.exp(delta) - delta - 1
     assert metrics["kl"] == pytest.approx(k3) and loss.item() == pytest.approx(0.1 * k3)
-    without, _ = grpo_loss(
+    without, _ = policy_loss(
         logp,
         logp,
         torch.zeros(1, 1),
@@ -111,7 +110,7 @@ def test_masked_and_padded_positions_contribute_nothing():
     logp = torch.tensor([[0.1, -5.0, 3.0]], requires_grad=True)
     advantages = torch.tensor([[1.0, 100.0, -100.0]])
     mask = torch.tensor([[1, 0, 0]], dtype=torch.bool)
-    loss, _ = grpo_loss(logp, logp.detach(), advantages, mask, LossSettings(), 1, 1)
+    loss, _ = policy_loss(logp, logp.detach(), advantages, mask, LossSettings(), 1, 1)
     loss.backward()
     assert loss.item() == pytest.approx(-1.0)
     assert logp.grad[0, 1].item() == 0.0 and logp.grad[0, 2].item() == 0.0
@@ -139,19 +138,19 @@ def test_gradient_accumulation_invariance():
         model.zero_grad()
         for part in torch.arange(8).chunk(splits):
             logp = token_logprobs(model(ids[part]), ids[part])
-            loss, _ = grpo_loss(
+            loss, _ = policy_loss(
                 logp,
                 old[part],
                 advantages[part],
                 mask[part],
-                LossSettings(normalization=normalization),
+                LossSettings(loss_type=normalization),
                 total_tokens,
                 total_sequences,
             )
             loss.backward()
         return [p.grad.clone() for p in model.parameters()]
 
-    for normalization in ("token", "sequence"):
+    for normalization in ("dapo", "grpo", "dr_grpo", "cispo"):
         whole, split = grads(1, normalization), grads(4, normalization)
         assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split, strict=True))
 
@@ -201,7 +200,7 @@ def test_grpo_steps_raise_the_rewarded_completion(tiny_model_path):
     before = sequence_logprobs()
     for _ in range(20):
         logp = token_logprobs(model(ids).logits, ids)
-        loss, _ = grpo_loss(
+        loss, _ = policy_loss(
             logp, logp.detach(), advantages, mask, LossSettings(), int(mask.sum()), 4
         )
         optimizer.zero_grad()
@@ -232,7 +231,7 @@ def test_extreme_values_at_masked_positions_change_nothing(sentinel):
     def run(old: torch.Tensor, ref: torch.Tensor):
         logp = torch.tensor([[-95.0, -0.6, -1.8, -0.2], [-0.3, -88.0, -0.2, -2.5]])
         logp.requires_grad_(True)
-        loss, metrics = grpo_loss(logp, old, advantages, mask, settings, 4, 2, ref_logprobs=ref)
+        loss, metrics = policy_loss(logp, old, advantages, mask, settings, 4, 2, ref_logprobs=ref)
         loss.backward()
         return loss, logp.grad, metrics
 

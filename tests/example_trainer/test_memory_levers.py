@@ -130,7 +130,7 @@ def test_a_trainer_step_with_chunked_logprobs_matches_the_whole_one(tiny_model_p
         assert trainer.forward_model.chunk_tokens == chunk
         groups, skipped = split_trainable(batch, trainer.vocab_size)
         assert not skipped
-        metrics = trainer.accumulate_gradients(groups)
+        metrics = trainer.accumulate_gradients(trainer.sequences(groups))
         steps[chunk] = metrics, [p.grad.clone() for p in trainer.model.parameters()]
     (whole, whole_grads), (chunked, chunked_grads) = steps[0], steps[3]
     for key in ("loss", "pg_loss", "logprob_mismatch"):
@@ -153,7 +153,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_path, tmp_pa
         checkpointing = getattr(model, "is_activation_checkpointing", None)
         assert (model.is_gradient_checkpointing if checkpointing is None else checkpointing) == on
         groups, _ = split_trainable(batch, trainer.vocab_size)
-        trainer.accumulate_gradients(groups)
+        trainer.accumulate_gradients(trainer.sequences(groups))
         grads[on] = [p.grad.clone() for p in trainer.model.parameters()]
     assert any(g.abs().max() > 0 for g in grads[False])
     for got, want in zip(grads[True], grads[False], strict=True):
@@ -276,7 +276,7 @@ def test_micro_batches_cut_by_tokens_give_the_gradients_of_one(
         assert trainer.packs == (padding_free == "on" and budget is not None)
         groups, skipped = split_trainable(batch, trainer.vocab_size)
         assert not skipped
-        trainer.accumulate_gradients(groups)
+        trainer.accumulate_gradients(trainer.sequences(groups))
         grads[budget] = [p.grad.clone() for p in trainer.model.parameters()]
     assert any(g.abs().max() > 0 for g in grads[None])
     for got, want in zip(grads[12], grads[None], strict=True):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
+import httpx
 import pytest
 
 from atroposlib.utils.ports import free_port
@@ -65,3 +67,20 @@ def test_a_trainer_the_api_forgot_registers_again_at_its_step(api_factory, tmp_p
         assert client.http.post("/scored_data", json=make_group(4, tag=tag)).status_code == 200
     served = client.batch(step=2, committed=1)
     assert served is not None and [g.tokens[0][0] for g in served] == [3, 4]
+
+
+def test_the_registration_carries_max_staleness_only_when_set(tmp_path):
+    """In-process (a mock transport): the bound goes to /register for environments to
+    read from /status-env; without one the field is left out, as upstream's API expects."""
+    sent: list[dict] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"uuid": 1})
+
+    client = TrajectoryAPI("http://api.invalid")
+    client.http = httpx.Client(base_url="http://api.invalid", transport=httpx.MockTransport(answer))
+    client.register(config(tmp_path).model_copy(update={"max_staleness": 2}), starting_step=0)
+    client.register(config(tmp_path), starting_step=0)
+    assert sent[0]["max_staleness"] == 2
+    assert "max_staleness" not in sent[1]

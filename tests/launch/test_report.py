@@ -53,6 +53,18 @@ def test_summary_carries_the_verdict():
     assert summary([]) == {"steps": 0}
 
 
+def test_summary_counts_what_the_staleness_bound_dropped():
+    rows = [
+        MetricsRow(step=1, score_mean=0.1, loss=0.0, staleness_max=0.0, stale_sequences_dropped=0),
+        MetricsRow(step=2, score_mean=0.1, loss=0.0, staleness_max=1.0, stale_sequences_dropped=5),
+        MetricsRow(step=3, score_mean=0.1, loss=0.0, stale_sequences_dropped=8),
+    ]
+    numbers = summary(rows)
+    assert numbers["stale_sequences_dropped"] == 13 and numbers["staleness_max"] == 1
+    plain = summary([MetricsRow(step=1, score_mean=0.1, loss=0.0)])
+    assert "stale_sequences_dropped" not in plain and "staleness_max" not in plain
+
+
 def test_sample_rollouts_are_drawn_by_the_rollout_viewer(tmp_path):
     import json
 

@@ -34,7 +34,7 @@ from atroposlib.weight_sync.versions import (  # noqa: E402
     weight_version_of,
 )
 from example_trainer.config import HOT_MODE_CHECKPOINT_INTERVAL, TrainingConfig  # noqa: E402
-from example_trainer.data import staleness  # noqa: E402
+from example_trainer.data import flatten, staleness  # noqa: E402
 from example_trainer.engine import Engine  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
 from tests.support.trainer_batches import hot_trainer, post_groups, rollout_group  # noqa: E402
@@ -270,11 +270,14 @@ def scored(**fields) -> ScoredData:
 
 
 def test_staleness_counts_steps_behind_from_numeric_versions():
+    def lag(groups: list[ScoredData], version: int) -> dict[str, float]:
+        return staleness(flatten(groups, "group", 100), version)
+
     batch = [scored(weight_versions=["3", "5"]), scored(weight_versions=["5", None])]
-    assert staleness(batch, 5) == {"staleness_mean": 2 / 3, "staleness_max": 2.0}
-    assert staleness([scored(), scored(weight_versions=[None, None])], 5) == {}
-    assert staleness([scored(weight_versions=["base", "x1"])], 5) == {}, "labels, not steps"
-    assert staleness([scored(weight_versions=["5", "5"])], 5) == {
+    assert lag(batch, 5) == {"staleness_mean": 2 / 3, "staleness_max": 2.0}
+    assert lag([scored(), scored(weight_versions=[None, None])], 5) == {}
+    assert lag([scored(weight_versions=["base", "x1"])], 5) == {}, "labels, not steps"
+    assert lag([scored(weight_versions=["5", "5"])], 5) == {
         "staleness_mean": 0.0,
         "staleness_max": 0.0,
     }
