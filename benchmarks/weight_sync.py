@@ -34,19 +34,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import yaml
+from quickstart_runs import REPO, launch, quickstart_config, read_jsonl
 
-REPO = Path(__file__).resolve().parent.parent
-QUICKSTART = REPO / "configs" / "quickstart_cpu.yaml"
 DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 MODES = {
     "restart": {"weight_bridge_mode": "none", "vllm_restart_interval": 10},
@@ -56,54 +52,10 @@ MODES = {
 }
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def mode_config(mode: str, steps: int, seed: int) -> dict:
-    config = yaml.safe_load(QUICKSTART.read_text())
-    config["seed"] = seed
-    args = config["trainer"]["args"]
-    for key in (
-        "weight_bridge_mode",
-        "vllm_restart_interval",
-        "weight_sync_interval",
-        "batch_wait_s",
-    ):
-        args.pop(key, None)
-    args.update(MODES[mode], training_steps=steps)
-    for env in config["environments"]:  # the YAML's relative paths, made absolute
-        env["script"] = str((QUICKSTART.parent / env["script"]).resolve())
-    return config
-
-
 def run_mode(mode: str, steps: int, seed: int, workdir: Path) -> dict:
-    run_dir = workdir / mode
-    config_path = workdir / f"{mode}.yaml"
-    config_path.write_text(yaml.safe_dump(mode_config(mode, steps, seed)))
-    log = workdir / f"{mode}.log"
-    print(f"[{mode}] atropos-launch ({steps} steps), log: {log}", flush=True)
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        code = subprocess.call(
-            [
-                sys.executable,
-                "-m",
-                "atroposlib.cli.launch",
-                str(config_path),
-                "--run-dir",
-                str(run_dir),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    wall = time.perf_counter() - started
-    if code != 0:
-        tail = "\n".join(log.read_text().splitlines()[-20:])
-        raise SystemExit(f"[{mode}] atropos-launch exited {code}; last lines:\n{tail}")
+    replaced = ("weight_bridge_mode", "vllm_restart_interval", "weight_sync_interval")
+    config = quickstart_config(MODES[mode], steps, seed, (*replaced, "batch_wait_s"))
+    run_dir, wall = launch(mode, config, workdir)
     events = read_jsonl(run_dir / "events.jsonl")
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     engine_up = next(e["time"] for e in events if e["kind"] == "engine_started")

@@ -299,3 +299,45 @@ def test_several_engines_reach_every_environment_as_one_openai_list(tmp_path, ca
     config["engine"] = {"engine": "transformers"}
     code, err = run_main(tmp_path, config, capsys)
     assert code == 2 and "num_engines" in err and "engine:" in err
+
+
+LOSS_AND_OFF_POLICY_ARGS = {
+    "loss_type": "cispo",
+    "importance_sampling_level": "sequence",
+    "advantage_estimator": "rloo",
+    "entropy_coef": 0.01,
+    "kl_coef": 0.05,
+    "kl_reference": "model",
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "token_truncate",
+    "vllm_importance_sampling_clip_max": 2.0,
+    "max_staleness": 1,
+}
+
+
+@pytest.mark.integration
+def test_every_loss_and_off_policy_flag_reaches_the_trainer_from_the_yaml(tmp_path):
+    import argparse
+
+    from atroposlib.utils.flags import add_model_flags, parse_settings
+    from example_trainer.config import TrainingConfig
+
+    config = launch_config(tmp_path / "run")
+    config["trainer"]["args"].update(LOSS_AND_OFF_POLICY_ARGS)
+    resolved = plan(load_config(write_config(tmp_path / "c.yaml", config)), tmp_path / "c.yaml")
+    command = resolved.trainer.command
+    parser = argparse.ArgumentParser()
+    add_model_flags(parser, TrainingConfig)
+    start = command.index("--model-name")
+    parsed, _ = parse_settings(parser, TrainingConfig, command[start:])
+    for key, value in LOSS_AND_OFF_POLICY_ARGS.items():
+        assert getattr(parsed, key) == value, key
+    assert parsed.ratio_reference == "trainer", "IS correction takes the trainer's ratio"
+
+
+@pytest.mark.integration
+def test_a_loss_setting_that_contradicts_itself_is_refused_before_the_run(tmp_path, capsys):
+    config = launch_config(tmp_path / "r")
+    config["trainer"]["args"].update(loss_type="cispo", clip_eps_high=0.28)
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and "cap of at least 1" in err
