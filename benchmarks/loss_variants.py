@@ -1,4 +1,5 @@
-"""Which losses learn: the CPU quickstart once per loss and importance-sampling mode.
+"""Which losses learn: the CPU quickstart once per loss and importance-sampling mode,
+and once with a staleness bound.
 
 Each variant runs `atropos-launch configs/quickstart_cpu.yaml` with the same seed and
 steps, one after the other, and differs from the quickstart only by the trainer flags
@@ -47,6 +48,7 @@ VARIANTS: dict[str, dict] = {
     "is token_mask": {**IS, "vllm_importance_sampling_mode": "token_mask"},
     "is sequence_truncate": {**IS, "vllm_importance_sampling_mode": "sequence_truncate"},
     "is sequence_mask": {**IS, "vllm_importance_sampling_mode": "sequence_mask"},
+    "max-staleness 1": {"max_staleness": 1},
 }
 
 

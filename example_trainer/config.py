@@ -65,14 +65,19 @@ class TrainingConfig(BaseModel):
     clip_eps: float = Field(
         0.2, gt=0, description="PPO clip range below 1 (and above, unless set)."
     )
-    clip_eps_high: float | None = Field(None, gt=0, description="Clip range above 1 (asymmetric).")
+    clip_eps_high: float | None = Field(
+        None,
+        gt=0,
+        description="Clip range above 1 (asymmetric); with --loss-type cispo, the IS "
+        "weight's absolute cap (default 5).",
+    )
     loss_type: LossType = Field(
         "dapo",
         description="Policy loss, as TRL's loss_type: dapo (clipped ratio, averaged over all "
         "trained tokens of the batch), grpo (each sequence's mean, averaged over sequences), "
         "dr_grpo (summed, divided by sequences x --seq-len; no std scaling by default), cispo "
         "(a clipped, stop-gradient IS weight on the log-likelihood, capped at --clip-eps-high, "
-        "default 5). See docs/trainer.md, Losses.",
+        "default 5). See docs/trainer.md, The loss.",
     )
     importance_sampling_level: Literal["token", "sequence"] = Field(
         "token",
@@ -136,8 +141,8 @@ class TrainingConfig(BaseModel):
         ge=0,
         description="Train no sequence sampled more than K versions before the step that "
         "trains it: such sequences are dropped and counted (stale_sequences_dropped), and "
-        "environments start no rollout that would arrive staler (docs/trainer.md, Staleness). "
-        "Default: no bound, as upstream.",
+        "environments start no rollout that would arrive staler (docs/trainer.md, "
+        "Off-policy control). Default: no bound, as upstream.",
     )
     require_inference_logprobs: bool = Field(
         False,

@@ -205,7 +205,7 @@ class Trainer(PolicyServing):
         trainable = [n for n in range(len(groups) + len(skipped)) if n not in skipped]
         trained_groups = {s.group for s in fresh}
         stale_groups = [trainable[g] for g in range(len(groups)) if g not in trained_groups]
-        self.skipped_groups = set(skipped) | set(stale_groups if dropped else [])
+        self.skipped_groups = set(skipped) | set(stale_groups)
         counts = {
             **score_numbers(sequences),
             "skipped_groups": float(len(skipped)),
