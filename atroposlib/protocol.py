@@ -38,6 +38,11 @@ def _whole_number(value: Any) -> Any:
 
 WholeInt = Annotated[int, BeforeValidator(_whole_number)]
 """A strict int field that also takes a whole JSON number written `3.0`."""
+PositiveWholeInt = Annotated[int, Field(gt=0), BeforeValidator(_whole_number)]
+NonNegativeWholeInt = Annotated[int, Field(ge=0), BeforeValidator(_whole_number)]
+"""WholeInts with their bound where an optional field's JSON schema shows it: a bound
+given after the validator, or on the `| None` union, is published as "ge"/"gt", which
+JSON Schema does not know, so clients (and the fuzz test) took -1 for valid."""
 
 
 MAX_NAME_LENGTH = 256
@@ -64,10 +69,10 @@ class Registration(BaseModel):
     save_checkpoint_interval: WholeInt
     starting_step: WholeInt = Field(ge=0)
     num_steps: WholeInt
-    vocab_size: WholeInt | None = Field(default=None, gt=0)
+    vocab_size: PositiveWholeInt | None = None
     """Rows of the trainer's embedding: the API refuses a group with a token id at or
     above it. Not part of upstream's registration, which leaves it out (no check)."""
-    max_staleness: WholeInt | None = Field(default=None, ge=0)
+    max_staleness: NonNegativeWholeInt | None = None
     """The trainer's `--max-staleness K`: it drops a sequence sampled more than K steps
     before the step that trains it. `/status-env` tells environments K, so they admit no
     more work than can still arrive within it (`atroposlib.envs.admission`). None: no

@@ -87,3 +87,24 @@ def test_a_group_that_breaks_the_types_is_refused_by_the_reader_too():
         Batch.model_validate_json(
             b'{"batch": [{"tokens": [["5"]], "masks": [[1]], "scores": [1.0]}]}'
         )
+
+
+def test_every_bound_is_published_in_json_schemas_own_words():
+    """pydantic writes a bound it cannot map as "ge"/"gt", which JSON Schema ignores, so
+    clients (and the fuzz test) took max_staleness -1 for valid and got a 422."""
+    import json
+
+    from pydantic import BaseModel
+
+    from atroposlib import protocol
+
+    models = [
+        value
+        for value in vars(protocol).values()
+        if isinstance(value, type) and issubclass(value, BaseModel) and value is not BaseModel
+    ]
+    assert any(m.__name__ == "Registration" for m in models)
+    for model in models:
+        text = json.dumps(model.model_json_schema())
+        for keyword in ('"ge"', '"gt"', '"le"', '"lt"'):
+            assert keyword not in text, f"{model.__name__} publishes {keyword}"
