@@ -7,6 +7,7 @@ A check may raise to stop the wait early (a process that died while starting).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -34,6 +35,20 @@ def poll_until(
         if time.monotonic() >= deadline:
             raise WaitTimeout(f"{what} after {timeout_s:.0f}s")
         time.sleep(interval_s)
+
+
+async def poll_until_async(
+    check: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05
+) -> T:
+    """`poll_until` for a coroutine: the event loop runs on between polls."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"{what} after {timeout_s:.0f}s")
+        await asyncio.sleep(interval_s)
 
 
 def answers_200(url: str, timeout_s: float = 2.0) -> bool:

@@ -152,6 +152,28 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     assert run.leftovers() == []
 
 
+@pytest.mark.learning
+def test_a_black_box_agent_learns_through_the_proxy(launch, tmp_path):
+    """configs/agent_proxy_cpu.yaml as shipped: an agent that knows only the openai SDK
+    answers through the environment's proxy sessions, and the score rises by the
+    quickstart's margin (test_the_cpu_quickstart_learns says why 0.15)."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "configs" / "agent_proxy_cpu.yaml").read_text())
+    script = REPO / "environments" / "agent_mod_arithmetic.py"
+    config["environments"][0]["script"] = str(script)
+    config["run_dir"] = str(tmp_path / "run")
+    run = launch(config)
+    assert run.wait(600) == 0, run.output()[-4000:]
+    numbers = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert numbers["steps"] == config["trainer"]["args"]["training_steps"]
+    assert numbers["groups"]["lost"] == 0
+    assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
+    assert numbers["learned"] is True
+    assert "Traceback" not in run.output(), "the env's proxy must stop cleanly"
+    assert run.leftovers() == []
+
+
 def test_a_standalone_engine_serves_the_environments(launch, tmp_path):
     """With an `engine:` section the trainer starts none; envs sample from that engine."""
     run_dir = tmp_path / "run"

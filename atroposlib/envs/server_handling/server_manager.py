@@ -65,8 +65,8 @@ class ServerManagerConfig(BaseModel):
     max_n_completions: int = Field(8, ge=1, description="Split larger n across requests.")
     proxy_url: str | None = Field(
         None,
-        description="URL of a ManagedServer OpenAI proxy for managed_server(); also read "
-        f"from {PROXY_URL_ENV}. Not supported by this package: managed_server() raises.",
+        description="URL of a ManagedServer OpenAI proxy (atropos-proxy): managed_server() "
+        f"then opens a session there; also read from {PROXY_URL_ENV}.",
     )
 
 
@@ -119,8 +119,8 @@ class ServerManager:
         upstream, waits until one is); `wait_log_interval_s`, seconds between the notes
         logged while waiting. `server_class` None or abstract picks the client by each
         config's `server_type`. `tool_parser` is handed to `managed_server()`'s
-        ManagedServer; `proxy_url` / `use_proxy` (or ATROPOS_PROXY_URL) are accepted,
-        but the proxy is not supported here and `managed_server()` then raises."""
+        ManagedServer; with `proxy_url` (or ATROPOS_PROXY_URL) `managed_server()` opens a
+        session on that ManagedServer proxy instead (`proxy_client.py`)."""
         self.max_n_completions = max_n_completions
         self.reasoning_config = reasoning_config
         self.proxy_url = proxy_url or os.environ.get(PROXY_URL_ENV)
@@ -272,6 +272,7 @@ class ServerManager:
         tokenizer: Any = None,
         base_url: str | None = None,
         preserve_think_blocks: bool = False,
+        use_proxy: bool | None = None,
     ) -> AsyncIterator[Any]:
         """A `ManagedServer` for one rollout; its recorded nodes are cleared on exit, as
         upstream does (read `get_state()` inside).
@@ -281,12 +282,16 @@ class ServerManager:
         Over text-only OpenAI endpoints it raises NotImplementedError unless
         ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1, which gives a DummyManagedServer
         (placeholder tokens, never for training), as upstream.
+
+        Through the proxy (`proxy_url` / ATROPOS_PROXY_URL at init, or `use_proxy=True`
+        here) it yields a `ProxyManagedServer`: a session on the proxy whose `get_url()`
+        an OpenAI-only agent can use; `await managed.fetch_state()` reads its nodes, and
+        the session is deleted on exit, as upstream.
         """
-        if self.use_proxy:
-            raise NotImplementedError(
-                f"the ManagedServer OpenAI proxy (proxy_url / use_proxy / {PROXY_URL_ENV}) is "
-                "not supported by this package; unset it to use the in-process ManagedServer"
-            )
+        if self.use_proxy if use_proxy is None else use_proxy:
+            async with self._proxy_session(base_url) as proxied:
+                yield proxied
+            return
         target: Any = self
         if base_url is not None:
             pinned = [s for s in self.servers if s.config.base_url == base_url]
@@ -303,6 +308,27 @@ class ServerManager:
             yield managed
         finally:
             managed.reset()
+
+    @asynccontextmanager
+    async def _proxy_session(self, base_url: str | None) -> AsyncIterator[Any]:
+        if not self.proxy_url:
+            raise ValueError(
+                f"use_proxy=True requires proxy_url or the {PROXY_URL_ENV} environment "
+                "variable at ServerManager init"
+            )
+        from atroposlib.envs.server_handling.proxy_client import create_proxy_session
+
+        model_name = self.servers[0].config.model_name if self.servers else "unknown"
+        session = await create_proxy_session(
+            self.proxy_url,
+            base_url=base_url,
+            tool_parser=self.tool_parser or "hermes",
+            model_name=model_name,
+        )
+        try:
+            yield session
+        finally:
+            await session.cleanup()
 
     def _managed_server(self, target: Any, tokenizer: Any, preserve_think_blocks: bool) -> Any:
         tokenizer = tokenizer if tokenizer is not None else target.tokenizer

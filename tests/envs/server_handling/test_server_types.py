@@ -46,13 +46,15 @@ def test_upstream_manager_arguments_and_config_fields(monkeypatch):
     assert str(server.openai.base_url).startswith("https://api.openai.com/v1")
     assert manager._get_server_base_url() is None
     proxied = ServerManager([config], proxy_url="http://127.0.0.1:9100")
-    assert proxied.use_proxy
+    assert proxied.use_proxy and proxied.proxy_url == "http://127.0.0.1:9100"
+    monkeypatch.setenv("ATROPOS_PROXY_URL", "http://127.0.0.1:9200")
+    assert ServerManager([config]).proxy_url == "http://127.0.0.1:9200"
 
     async def open_proxied():
-        async with proxied.managed_server():
+        async with manager.managed_server(use_proxy=True):
             pass
 
-    with pytest.raises(NotImplementedError, match="proxy"):
+    with pytest.raises(ValueError, match="requires proxy_url or the ATROPOS_PROXY_URL"):
         asyncio.run(open_proxied())
 
 
