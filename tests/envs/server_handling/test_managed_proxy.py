@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import httpx
@@ -77,9 +78,10 @@ def scripted(tiny_model_path, tmp_path):
     """`scripted(*replies)`: a proxy over a TokenScriptServer giving those replies."""
     made: list = []
 
-    def start(*replies, extra=()):
+    def start(*replies, extra=(), env=None):
         backend = TokenScriptServer(list(replies))
-        proxy = ProxyProcess(proxy_config(tiny_model_path, backend.url), tmp_path, *extra)
+        config = proxy_config(tiny_model_path, backend.url)
+        proxy = ProxyProcess(config, tmp_path, *extra, env=env)
         made.extend([backend, proxy])
         return backend, proxy
 
@@ -350,3 +352,40 @@ def test_two_hundred_concurrent_sessions_never_see_each_others_turns(proxy, infe
         assert f"Session {index} says hello." in text
         assert sum(f"Session {k} says" in text for k in range(200)) == 1
     assert httpx.get(f"{proxy.url}/health").json()["sessions"] == 0
+
+
+# ---------------------------------------------------------------- exposure
+def test_the_proxy_wants_its_key_and_refuses_an_open_address_without_one(
+    scripted, tiny_model_path, tmp_path
+):
+    import subprocess
+    import sys
+
+    from tests.support.proxy import PROXY_MODULE
+
+    _, proxy = scripted(env={"ATROPOS_PROXY_API_KEY": "sesame"})
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        assert http.get("/health").status_code == 200, "health stays open"
+        refused = http.post("/sessions/create", json={})
+        assert refused.status_code == 401 and "Bearer" in refused.json()["error"]["message"]
+        keyed = {"Authorization": "Bearer sesame"}
+        assert http.post("/sessions/create", json={}, headers=keyed).status_code == 200
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps(proxy_config(tiny_model_path, "http://127.0.0.1:1")))
+    done = subprocess.run(
+        [sys.executable, "-m", PROXY_MODULE, "--config", str(config), "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "ATROPOS_PROXY_API_KEY"},
+    )
+    assert done.returncode == 2 and "refusing to bind 0.0.0.0" in done.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"servers": []}')
+    done = subprocess.run(
+        [sys.executable, "-m", PROXY_MODULE, "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "model_name" in done.stderr and "Traceback" not in done.stderr
