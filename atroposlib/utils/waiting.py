@@ -28,13 +28,9 @@ def poll_until(
 ) -> T:
     """The first truthy result of `check()`, polled every `interval_s` until `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise WaitTimeout(f"{what} after {timeout_s:.0f}s")
+    while (result := _poll_once(check, deadline, timeout_s, what)) is None:
         time.sleep(interval_s)
+    return result
 
 
 async def poll_until_async(
@@ -42,13 +38,21 @@ async def poll_until_async(
 ) -> T:
     """`poll_until` for a coroutine: the event loop runs on between polls."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise WaitTimeout(f"{what} after {timeout_s:.0f}s")
+    while (result := _poll_once(check, deadline, timeout_s, what)) is None:
         await asyncio.sleep(interval_s)
+    return result
+
+
+def _poll_once(
+    check: Callable[[], T | None], deadline: float, timeout_s: float, what: str
+) -> T | None:
+    """`check()`'s result when truthy, else None; WaitTimeout once past `deadline`."""
+    result = check()
+    if result:
+        return result
+    if time.monotonic() >= deadline:
+        raise WaitTimeout(f"{what} after {timeout_s:.0f}s")
+    return None
 
 
 def answers_200(url: str, timeout_s: float = 2.0) -> bool:

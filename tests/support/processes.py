@@ -74,7 +74,42 @@ class ApiProcess:
                 self.kill()
 
 
-class InferenceProcess:
+class ServerProcess:
+    """A server subprocess logging to `log_path`, up once its /health answers."""
+
+    url: str
+    log_path: Path
+    proc: subprocess.Popen
+
+    def start(
+        self, command: list[str], what: str, timeout_s: float, env: dict | None = None
+    ) -> None:
+        self.proc = subprocess.Popen(
+            command, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT, env=env
+        )
+        try:
+            wait_until(
+                lambda: answers_health(self.url, self.proc, self.log, what),
+                timeout_s,
+                f"{what} not healthy",
+            )
+        except (AssertionError, RuntimeError) as failure:
+            self.stop()
+            raise AssertionError(f"{failure}:\n{self.log()}") from None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class InferenceProcess(ServerProcess):
     """An `atropos-inference-server` subprocess serving a local model."""
 
     def __init__(
@@ -98,29 +133,7 @@ class InferenceProcess:
             "1",
             *extra,
         ]
-        self.proc = subprocess.Popen(
-            cmd, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT
-        )
-        try:
-            wait_until(
-                lambda: answers_health(self.url, self.proc, self.log, "inference server"),
-                120,
-                "inference server not healthy",
-            )
-        except AssertionError as failure:
-            self.stop()
-            raise AssertionError(f"{failure}:\n{self.log()}") from None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        self.start(cmd, "inference server", 120)
 
 
 class EnvProcess:
