@@ -3,8 +3,8 @@
 Upstream keeps every session until it is deleted, so an agent that crashes leaks its
 session and its tokens for the life of the proxy. Here a session
 
-- expires after `idle_timeout_s` without a request (checked on every create and
-  lookup, and by the proxy's reaper every few seconds);
+- expires after `idle_timeout_s` without a request (checked on every create, on a
+  lookup of that session, and by the proxy's reaper every few seconds);
 - records at most `token_budget` tokens: a request's `max_tokens` is cut to what is
   left, and a session that has spent it is refused with an OpenAI error;
 - is one of at most `max_sessions`: creating one more first drops expired ones, then
@@ -91,11 +91,19 @@ class SessionTable:
         self._sessions[session.uuid] = session
 
     def get(self, uuid: str) -> SessionState | None:
-        """The live session `uuid`, now counted as used; None if unknown or expired."""
-        self.expire()
+        """The live session `uuid`, now counted as used; None if unknown or expired.
+        Only this session's age is checked (a request must not scan every session;
+        the reaper and `add` sweep the rest)."""
         session = self._sessions.get(uuid)
-        if session is not None:
-            session.last_accessed = time.time()
+        if session is None:
+            return None
+        now = time.time()
+        idle = now - session.last_accessed >= self.limits.idle_timeout_s
+        if idle and not session.lock.locked():
+            self._sessions.pop(uuid).managed_server.reset()
+            self.expired_total += 1
+            return None
+        session.last_accessed = now
         return session
 
     def pop(self, uuid: str) -> SessionState | None:
