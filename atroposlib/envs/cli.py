@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 from atroposlib.envs.api_client import APIRefusedError
 from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.process import NothingProcessed
+from atroposlib.envs.reporting import keep_full_metrics
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.utils.flags import add_model_flags, given_flags, parse_bool
 from atroposlib.utils.logging import configure_logging
@@ -268,6 +269,7 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
         sys.exit(2)
     configure_logging("info")
+    keep_full_metrics()
     if args.command == "evaluate":
         save_evaluate_config(resolved)
     env = env_cls(

@@ -23,6 +23,7 @@ import numpy as np
 from tqdm.asyncio import tqdm_asyncio
 
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.utils.metrics import plain_numbers
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def evaluate_log(
     if eval_dir is None:
         logger.warning("eval_dir is not set, skipping evaluation logging")
         return
+    metrics = plain_numbers(metrics)  # json cannot write numpy's ints, nor its float32
     os.makedirs(eval_dir, exist_ok=True)
     now = time.time()
     start_time = now if start_time is None else start_time
@@ -87,7 +89,7 @@ def evaluate_log(
         samples_path = os.path.join(eval_dir, "samples.jsonl")
         with open(samples_path, "w") as out:
             for sample in samples:
-                out.write(json.dumps(sample, ensure_ascii=False) + "\n")
+                out.write(json.dumps(plain_numbers(sample), ensure_ascii=False) + "\n")
         print(f"Evaluation samples saved to {samples_path}")
 
 
@@ -150,7 +152,7 @@ class EvalBase(ABC):
             for key in per_item[0]
         }
         task_name = self._task_name()
-        print(f"{task_name} metrics: {metrics}")
+        print(f"{task_name} metrics: {plain_numbers(metrics)}")
         evaluate_log(
             metrics,
             eval_dir=getattr(self, "eval_dir", None),

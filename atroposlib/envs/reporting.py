@@ -13,14 +13,19 @@ sees them called as it expects. Differences, on purpose:
 - `setup_wandb` waits, as upstream, for the trainer to say its project and
   group on the API's `/wandb_info`; a trainer that registered without one gives
   `WANDB_PROJECT` or "atropos-environments" instead of a wait for ever.
+- The console gets one short line per step (`step_line`); the whole metrics dict,
+  as JSON, is logged at DEBUG on `METRICS_LOGGER`, which `keep_full_metrics` turns
+  on where the log is a file or a pipe (a launcher's log file), not a terminal.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import string
+import sys
 import time
 from collections import Counter
 from datetime import datetime
@@ -28,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atroposlib.utils.metrics import get_std_min_max_avg
+from atroposlib.utils.metrics import get_std_min_max_avg, plain_numbers
 
 if TYPE_CHECKING:
     from atroposlib.envs.api_client import TrajectoryClient
@@ -36,8 +41,49 @@ if TYPE_CHECKING:
     from atroposlib.envs.server_handling.server_manager import ServerManager
 
 logger = logging.getLogger("atroposlib.envs")
+METRICS_LOGGER = "atroposlib.envs.metrics"
+metrics_logger = logging.getLogger(METRICS_LOGGER)
 
 DEFAULT_WANDB_PROJECT = "atropos-environments"
+# the share of right answers, under the names environments log it
+SCORE_KEYS = ("train/accuracy", "train/percent_correct")
+SCORE_WORDS = ("accuracy", "correct", "score", "reward")
+FAILURE_STATS = ("env/rollout_errors", "env/worker_timeouts")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float | np.number) and not isinstance(value, bool)
+
+
+def step_line(step: int, metrics: dict[str, Any]) -> str:
+    """One console line for a step: its score, groups/min and rollouts failed so far.
+
+    The score is `train/accuracy` or `train/percent_correct`, else the first `train/`
+    number named like a score; a step without one leaves it out.
+    """
+    numbers = {key: float(value) for key, value in metrics.items() if _number(value)}
+    scores = [key for key in SCORE_KEYS if key in numbers] + [
+        key for key in numbers if key.startswith("train/") and any(w in key for w in SCORE_WORDS)
+    ]
+    parts = [f"step {step}:"]
+    if scores:
+        parts.append(f"{scores[0].removeprefix('train/')} {numbers[scores[0]]:.3f},")
+    if "env/groups_per_minute" in numbers:
+        parts.append(f"{numbers['env/groups_per_minute']:.1f} groups/min,")
+    failed = sum(numbers.get(key, 0) for key in FAILURE_STATS)
+    parts.append(f"{failed:.0f} failed")
+    dropped = sum(v for key, v in numbers.items() if key.startswith("env/dropped_"))
+    if dropped:
+        parts[-1] += f", {dropped:.0f} dropped"
+    return " ".join(parts)
+
+
+def keep_full_metrics(stream: Any = None) -> None:
+    """Log each step's whole metrics dict where the log is not a terminal: a file or a
+    pipe (the launcher's log file) keeps everything; a person reads `step_line`."""
+    stream = sys.stderr if stream is None else stream
+    if not stream.isatty():
+        metrics_logger.setLevel(logging.DEBUG)
 
 
 def _wandb():
@@ -175,20 +221,20 @@ class ReportingHooks:
         metrics = self.perf_stats(metrics)
         self.rollouts_for_wandb = []
         self.completion_lengths = []
+        logger.info("%s", step_line(self.curr_step, metrics))
+        if metrics_logger.isEnabledFor(logging.DEBUG):
+            shown = {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in plain_numbers({**metrics, **server_metrics}).items()
+                if isinstance(v, int | float | str | None)
+            }
+            metrics_logger.debug("step %d metrics: %s", self.curr_step, json.dumps(shown))
         run = getattr(self, "_wandb_run", None)
         if self.config.use_wandb and run is not None:
             if self.wandb_prepend is not None:
                 metrics = {f"{self.wandb_prepend}_{k}": v for k, v in metrics.items()}
             metrics.update(server_metrics)
             run.log(metrics, step=self.curr_step)
-            return
-        metrics.update(server_metrics)
-        shown = {
-            k: round(v, 4) if isinstance(v, float) else v
-            for k, v in metrics.items()
-            if isinstance(v, int | float | str)
-        }
-        logger.info("step %d metrics: %s", self.curr_step, shown)
 
     async def evaluate_log(
         self,
@@ -208,7 +254,7 @@ class ReportingHooks:
         from atroposlib.envs.eval import evaluate_log
 
         task = task_name or f"{self.name or type(self).__name__}_eval"
-        logger.info("eval %s: %s", task, metrics)
+        logger.info("eval %s: %s", task, plain_numbers(metrics))
         if not self.config.data_dir_to_save_evals:
             logger.warning("data_dir_to_save_evals is not set; evaluation results not saved")
             return

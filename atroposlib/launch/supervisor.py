@@ -39,6 +39,7 @@ from rich.text import Text
 
 from atroposlib.launch.children import Child
 from atroposlib.launch.config import redacted_text
+from atroposlib.launch.console import console_text
 from atroposlib.launch.plan import KEY_FILE, Plan
 from atroposlib.launch.report import run_numbers, write_report
 from atroposlib.launch.status import StatusReader
@@ -49,6 +50,7 @@ from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan"]
 STATUS_EVERY_S = 1.0
 PLAIN_STATUS_EVERY_S = 15.0
+SAID = "[launch] "
 
 
 class RunFailed(Exception):
@@ -106,11 +108,14 @@ class Launcher:
 
     # ----------------------------------------------------------------- output
     def _print_line(self, child: Child, line: str) -> None:
+        shown = console_text(line)
+        if shown is None:
+            return
         prefix = Text(f"{child.name:<{self.width}} | ", style=child.color)
-        self.console.print(prefix + Text(line), soft_wrap=True)
+        self.console.print(prefix + Text(shown), soft_wrap=True)
 
     def say(self, message: str, style: str = "bold") -> None:
-        self.console.print(Text(f"[launch] {message}", style=style), soft_wrap=True)
+        self.console.print(Text(f"{SAID}{message}", style=style), soft_wrap=True)
 
     # ------------------------------------------------------------------- run
     def run(self) -> int:
@@ -192,7 +197,7 @@ class Launcher:
             now = time.monotonic()
             if now >= next_status:
                 next_status = now + STATUS_EVERY_S
-                line = self._status_line()
+                line = self._status_line(self.console.width - (0 if self.live else len(SAID)))
                 if self.live is not None:
                     self.live.update(Text(line, style="bold"))
                 elif now >= next_plain:
@@ -286,11 +291,11 @@ class Launcher:
             counts["engine"] = counts.get("engine", 0) + recovered
         return counts
 
-    def _status_line(self) -> str:
+    def _status_line(self, width: int) -> str:
         snap = self.status.read({child.name: child.restarts for child in self.children})
         for step in snap.new_engine_recoveries:
             self.say(f"the trainer restarted its crashed engine (step {step})", "bold yellow")
-        return snap.line()
+        return snap.line(width)
 
     # ------------------------------------------------------------------ stop
     def _stop_all(self) -> None:

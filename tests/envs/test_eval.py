@@ -76,6 +76,25 @@ def test_evaluate_log_without_a_directory_writes_nothing(tmp_path, monkeypatch):
     assert written["config_general"]["generation_parameters"] == {}
 
 
+def test_evaluate_log_writes_numpy_numbers_as_plain_json(tmp_path, capsys):
+    """numpy's int64 and float32 are no Python numbers: json.dump raised on them."""
+    import numpy as np
+
+    metrics = {"eval/accuracy": np.float32(0.5), "eval/correct": np.int64(3)}
+    evaluate_log(
+        metrics,
+        eval_dir=str(tmp_path),
+        task_name="t",
+        samples=[{"score": np.float64(1.0), "tokens": np.array([1, 2])}],
+        verbose=True,
+    )
+    document = json.loads((tmp_path / "metrics.json").read_text())
+    assert document["results"]["all"] == {"eval/accuracy": 0.5, "eval/correct": 3}
+    sample = json.loads((tmp_path / "samples.jsonl").read_text())
+    assert sample == {"score": 1.0, "tokens": [1, 2]}
+    assert "0.5000" in capsys.readouterr().out
+
+
 def parity(text: str) -> float:
     """A deterministic score that differs between samples of the tiny model."""
     return 1.0 if len(text) % 2 == 0 else 0.0

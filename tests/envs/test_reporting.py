@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 
+import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
@@ -64,20 +67,31 @@ def test_hooks_run_at_upstreams_points_and_the_log_has_upstreams_keys(tiny_model
     asyncio.run(env.handle_send_to_api(group(scores=(1.0, 1.0)), item="same-scores"))
     assert env.calls == ["add_rollouts:item-7"], "a dropped group reached add_rollouts_for_wandb"
     env.task_duration = [0.5, 1.5]
-    with caplog.at_level("INFO", logger="atroposlib.envs"):
+    env.train_scores = [[1.0, 0.0]]  # as collect_trajectories keeps them
+    with (
+        caplog.at_level("INFO", logger="atroposlib.envs"),
+        caplog.at_level("DEBUG", logger="atroposlib.envs.metrics"),
+    ):
         asyncio.run(env.wandb_log())
     assert env.calls[1:] == ["create_rollout_table", "perf_stats"]
     assert env.tables == [{"rows": 1}]
-    line = next(r.getMessage() for r in caplog.records if "metrics:" in r.getMessage())
+    (full,) = [r for r in caplog.records if r.name == "atroposlib.envs.metrics"]
+    assert full.levelname == "DEBUG" and full.getMessage().startswith("step 0 metrics: {")
+    logged = json.loads(full.getMessage().removeprefix("step 0 metrics: "))
     for key in (
         "train/mine",
         "train/custom_table_rows",
         "train/completion_lengths",
         "train/completion_lengths_std",
         "train/completion_lengths_p95",
-        "train_perf/task_duration_mean",
     ):
-        assert f"'{key}'" in line, (key, line)
+        assert key in logged, (key, logged)
+    assert logged["train_perf/task_duration_mean"] == 1.0  # numpy's mean, as a plain number
+    assert "np.float64" not in full.getMessage()
+    (short,) = [r.getMessage() for r in caplog.records if r.name == "atroposlib.envs"]
+    assert re.fullmatch(
+        r"step 0: accuracy 0\.500, [0-9.]+ groups/min, 0 failed, 1 dropped", short
+    ), short
     assert env.completion_lengths == [] and env.task_duration == []
 
 
@@ -128,3 +142,51 @@ def test_without_wandb_the_rollout_table_is_not_built(tiny_model_path, monkeypat
     env.config.use_wandb = True
     monkeypatch.setattr(reporting, "_wandb", lambda: None)  # on, but not installed
     assert asyncio.run(env.create_rollout_table({})) == {}
+
+
+def test_a_step_is_one_short_line_with_plain_numbers():
+    """The console's line per step: what a person watches, from upstream's metric keys."""
+    from atroposlib.envs.reporting import step_line
+    from atroposlib.utils.metrics import get_std_min_max_avg
+
+    metrics = get_std_min_max_avg("train_perf/task_duration", [0.1, 0.3], {})
+    metrics.update(
+        {
+            "train/percent_correct": np.float64(0.3125),
+            "env/groups_per_minute": 143.98,
+            "env/rollout_errors": np.int64(2),
+            "env/worker_timeouts": 1,
+            "train/completion_lengths": 2.0,
+        }
+    )
+    line = step_line(12, metrics)
+    assert line == "step 12: percent_correct 0.312, 144.0 groups/min, 3 failed"
+    metrics |= {"train/accuracy": 0.75, "env/dropped_same_scores": 4, "env/dropped_none": 1}
+    assert step_line(100, metrics) == (
+        "step 100: accuracy 0.750, 144.0 groups/min, 3 failed, 5 dropped"
+    )
+    # an env of its own: a score-like train/ number, else no score at all
+    assert step_line(3, {"train/mean_reward": 0.5}) == "step 3: mean_reward 0.500, 0 failed"
+    assert step_line(3, {"train/samples": 8}) == "step 3: 0 failed"
+
+
+def test_the_whole_dict_is_logged_where_the_log_is_a_file_not_a_terminal():
+    import io
+    import logging
+
+    from atroposlib.envs.reporting import METRICS_LOGGER, keep_full_metrics
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    metrics = logging.getLogger(METRICS_LOGGER)
+    before = metrics.level
+    try:
+        metrics.setLevel(logging.INFO)
+        keep_full_metrics(Terminal())
+        assert not metrics.isEnabledFor(logging.DEBUG)
+        keep_full_metrics(io.StringIO())  # a pipe, or the launcher's log file
+        assert metrics.isEnabledFor(logging.DEBUG)
+    finally:
+        metrics.setLevel(before)

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from atroposlib.trainer_contract import read_metrics
-from tests.support.launch import launch_config
+from tests.support.launch import check_the_console, launch_config
 from tests.support.source import REPO
 
 pytestmark = pytest.mark.e2e
@@ -39,6 +39,12 @@ def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
     for name in ("api", "trainer", "arith_env"):
         assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0
         assert f"{name} " in out  # prefixed lines streamed to the console
+    check_the_console(out, "arith_env", steps=4)
+    # the env's whole metrics dict of each step: in its log file as JSON, not on the console
+    env_log = (run_dir / "logs" / "arith_env.log").read_text()
+    full = re.findall(r"DEBUG atroposlib\.envs\.metrics: step \d+ metrics: (.*)", env_log)
+    assert full and all("train/accuracy" in json.loads(d) for d in full), env_log[-3000:]
+    assert "np.float64" not in env_log
     assert (run_dir / "checkpoints" / "step-2" / "model.safetensors").exists()
     assert (run_dir / "checkpoints" / "step-4" / "trainer_state.pt").exists()
     assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
@@ -149,6 +155,9 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     assert rewards_per_mean == 640 and 0.15 > 5 * chance_sd
     assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
     assert numbers["learned"] is True and numbers["verdict"].startswith("the score rose by")
+    # the console a new user reads: mostly step and status lines, each env's on one row
+    share = check_the_console(run.output(), "mod_arithmetic", steps=100)
+    assert share >= 0.8, (share, run.output()[-4000:])
     assert run.leftovers() == []
 
 

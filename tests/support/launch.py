@@ -1,8 +1,11 @@
-"""`atropos-launch` in tests: configs for the arith env on the tiny model, and a watched run."""
+"""`atropos-launch` in tests: configs for the arith env on the tiny model, a watched run,
+and its console as a person reads it in an 80-column terminal."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +22,11 @@ from tests.support.waiting import wait_until
 
 # how long the launcher's children may take to exit after it returned
 LEFTOVER_GRACE_S = 10.0
+COLUMNS = 80
+# a child's step line ("arith_env | step 3: accuracy ...", "trainer | step 3/4 loss ...")
+# and the launcher's status line ("[launch] step 3/4 | ETA 5s | ...")
+STEP_LINE = re.compile(r"^(?P<child>\S+)\s+\| step \d+(?::|/\d+ )")
+STATUS_LINE = re.compile(r"^\[launch\] step (?:\d+|-)/\d+ \| ETA ")
 
 
 def launch_config(run_dir: Path, steps: int = 4, **overrides: Any) -> dict[str, Any]:
@@ -105,3 +113,26 @@ class LaunchRun:
         except AssertionError:
             pass
         return sorted(pid for pid in self.seen if alive(pid))
+
+
+def console_rows(line: str, columns: int = COLUMNS) -> int:
+    """Rows `line` takes in a terminal `columns` wide (the launcher never wraps a line)."""
+    return max(1, math.ceil(len(line) / columns))
+
+
+def check_the_console(output: str, env: str, steps: int) -> float:
+    """The console of a finished run reads as one line per event: every environment
+    step line fits one 80-column row, the trainer printed one line per step, no numpy
+    reprs or whole metrics dicts. Returns the share of rows, up to the final panel,
+    that step and status lines take."""
+    lines = output.splitlines()
+    scrolled = lines[: next((i for i, x in enumerate(lines) if x.startswith("╭")), len(lines))]
+    found = [(line, STEP_LINE.match(line)) for line in scrolled]
+    env_steps = [line for line, m in found if m and m["child"] == env]
+    trainer_steps = [line for line, m in found if m and m["child"] == "trainer"]
+    assert env_steps, f"no step line of {env}:\n{output[-3000:]}"
+    assert all(console_rows(line) == 1 for line in env_steps), env_steps
+    assert len(trainer_steps) == steps, trainer_steps
+    assert "np.float64" not in output and "metrics: {" not in output, output[-3000:]
+    counted = [line for line, m in found if m or STATUS_LINE.match(line)]
+    return sum(map(console_rows, counted)) / sum(map(console_rows, scrolled))

@@ -1,13 +1,15 @@
-"""get_std_min_max_avg: the four statistics upstream's BaseEnv.perf_stats logs per series."""
+"""get_std_min_max_avg: the four statistics upstream's BaseEnv.perf_stats logs per series;
+plain_numbers: those numpy values as Python numbers where a dict is printed or written."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 
-from atroposlib.utils.metrics import get_std_min_max_avg
+from atroposlib.utils.metrics import get_std_min_max_avg, plain_numbers
 
 
 def test_adds_the_four_statistics_in_place():
@@ -43,3 +45,22 @@ def test_empty_data_is_a_clear_error():
     with pytest.raises(ValueError, match="'latency'"):
         get_std_min_max_avg("latency", [], metrics)
     assert metrics == {}
+
+
+def test_plain_numbers_turns_numpy_into_what_json_and_a_log_line_show():
+    metrics = get_std_min_max_avg("t", [0.25, 0.75], {"n": np.int64(3), "ok": np.bool_(True)})
+    metrics["nested"] = {"f32": np.float32(0.5), "list": (np.int32(1), np.array([2, 3]))}
+    plain = plain_numbers(metrics)
+    assert plain == {
+        "n": 3,
+        "ok": True,
+        "t_mean": 0.5,
+        "t_std": 0.25,
+        "t_max": 0.75,
+        "t_min": 0.25,
+        "nested": {"f32": 0.5, "list": [1, [2, 3]]},
+    }
+    assert "np." not in repr(plain) and "array" not in repr(plain)
+    assert json.loads(json.dumps(plain)) == plain  # numpy's int64 and float32 would raise
+    assert type(plain["t_mean"]) is float and type(plain["n"]) is int
+    assert plain_numbers("text") == "text" and plain_numbers(None) is None
