@@ -13,24 +13,35 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=${1:?usage: bash scripts/install_venv.sh EXTRAS}
-[ -x .venv/bin/python ] || python3 -m venv .venv
+# pip runs quietly; one line before each phase says what the wait is for
+say() { echo "[install] $*"; }
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv"
+    python3 -m venv .venv
+fi
 PYTHON=.venv/bin/python
 if "$PYTHON" scripts/venv_matches.py "$EXTRAS"; then
-    echo "install_venv: .venv matches scripts/constraints.txt; no pip install"
+    say ".venv matches scripts/constraints.txt; nothing to install"
     exit 0
 fi
+SECONDS=0
+say "installing into .venv (first run: about 2 minutes)..."
 PIP=("$PYTHON" -m pip install -q --disable-pip-version-check --no-compile)
 # exact versions from scripts/constraints.txt: what the README's numbers were measured with
 PIN=(-c scripts/constraints.txt)
+say "pip itself"
 "${PIP[@]}" --upgrade pip "${PIN[@]}"
 # torch first and pinned: the CPU build on local disk (an unpinned torch pulls a CUDA build)
+say "torch 2.13.0, the CPU build (the largest download)"
 "${PIP[@]}" torch==2.13.0 "${PIN[@]}"
+say "atroposlib[$EXTRAS] and its dependencies"
 "${PIP[@]}" -e ".[$EXTRAS]" "${PIN[@]}"
 # The tests grade IFEval with lm-eval's own checkers (the `ifeval` extra). Its harness
 # pulls scikit-learn and scipy, and with scipy installed every transformers model load
 # imports scipy.optimize (1 s of CPU, in each of the suite's hundreds of processes). The
 # IFEval modules need only these, so the dev venv takes them without their dependencies.
 if [[ ",$EXTRAS," == *",dev,"* ]]; then
+    say "the dev extras: lm-eval's IFEval checkers, upstream's rewards in .venv/reference"
     "${PIP[@]}" --no-deps lm-eval langdetect immutabledict sacrebleu portalocker colorama \
         lxml tabulate "${PIN[@]}"
     # upstream Atropos's rewards, the reference for the upstream-named ones (see the file)
@@ -38,6 +49,7 @@ if [[ ",$EXTRAS," == *",dev,"* ]]; then
     "${PIP[@]}" --no-deps --target .venv/reference -r scripts/constraints-reference.txt \
         "${PIN[@]}"
 fi
+say "caching the bytecode of the modules every run imports"
 env -u PYTHONDONTWRITEBYTECODE "$PYTHON" -c '
 import importlib
 for name in ("atroposlib.cli.launch", "atroposlib.cli.run_api", "atroposlib.envs.base",
@@ -46,3 +58,4 @@ for name in ("atroposlib.cli.launch", "atroposlib.cli.run_api", "atroposlib.envs
     importlib.import_module(name)
 '
 "$PYTHON" scripts/venv_matches.py "$EXTRAS" --write
+say "done in ${SECONDS}s"

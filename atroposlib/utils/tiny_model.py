@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,6 +182,7 @@ def build_tiny_model(
     from transformers import LlamaConfig, LlamaForCausalLM
 
     spec = spec or TinyModelSpec()
+    started = time.monotonic()
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -210,6 +213,7 @@ def build_tiny_model(
         "steps": training.steps,
         "converged": training.converged,
         "seconds": round(training.seconds, 1),
+        "build_seconds": round(time.monotonic() - started, 1),
         "reading": reading.model_dump(),
         "machine": machine_facts(),
     }
@@ -244,6 +248,28 @@ def read_build_record(model_dir: str | os.PathLike[str]) -> dict[str, Any] | Non
         return json.loads((Path(model_dir) / BUILD_RECORD).read_text())
     except (OSError, ValueError):
         return None
+
+
+def parameter_count(model_dir: str | os.PathLike[str]) -> int:
+    """Parameters in `model.safetensors`, read from its header alone (no torch import)."""
+    with open(Path(model_dir) / "model.safetensors", "rb") as weights:
+        header = json.loads(weights.read(int.from_bytes(weights.read(8), "little")))
+    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+
+
+def describe_tiny_model(model_dir: str | os.PathLike[str]) -> str:
+    """Its figures in one line: parameters, vocabulary, context, and how its build went."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    line = (
+        f"{parameter_count(model_dir):,} parameters, vocab {config['vocab_size']}, "
+        f"context {config['max_position_embeddings']}"
+    )
+    record = read_build_record(model_dir)
+    if record is not None:
+        seconds = record.get("build_seconds", record["seconds"])  # builds before it: training
+        greedy = record["reading"]["greedy_accuracy"]
+        line += f" (build: {seconds:.0f} s, {record['steps']} steps, greedy accuracy {greedy:.2f})"
+    return line
 
 
 def _render(conversation: list[dict[str, str]]) -> str:

@@ -115,6 +115,29 @@ def test_the_cache_is_built_once_and_keyed_by_kit_version(tiny_model_path):
     assert not [p for p in default_cache_dir().iterdir() if p.name.startswith(".building-")]
 
 
+def test_without_a_directory_the_command_shows_the_cached_models_figures(tiny_model_path):
+    """What the quickstart prints before its run: the session's model, found, not rebuilt."""
+    stamp = os.stat(tiny_model_path / "model.safetensors").st_mtime_ns
+    result = subprocess.run(
+        [sys.executable, "-m", "atroposlib.cli.make_tiny_model"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    _, model = load(tiny_model_path)
+    record = read_build_record(tiny_model_path)
+    assert result.stdout.splitlines() == [
+        f"tiny model found: {model.num_parameters():,} parameters, vocab "
+        f"{model.config.vocab_size}, context {model.config.max_position_embeddings} (build: "
+        f"{record['build_seconds']:.0f} s, {record['steps']} steps, greedy accuracy "
+        f"{record['reading']['greedy_accuracy']:.2f})",
+        f"  {tiny_model_path}",
+    ]
+    assert 0 < record["seconds"] <= record["build_seconds"]
+    assert os.stat(tiny_model_path / "model.safetensors").st_mtime_ns == stamp
+
+
 @pytest.mark.integration
 def test_command_line(tmp_path):
     result = subprocess.run(
