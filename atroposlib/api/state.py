@@ -411,8 +411,10 @@ class RunState(BatchServing):
             **self.envs.status_numbers(
                 env_id, self.size_counts, self.env_sizes, self.min_sequences_by_env()
             ),
-            # ours: the trainer's bound on staleness, which narrows the env's window
+            # ours: the trainer's bound on staleness, which narrows the env's window, and
+            # its batch size, so an env sees a trainer that registered again with another
             "max_staleness": None if self.registration is None else self.registration.max_staleness,
+            "batch_size": None if self.registration is None else self.registration.batch_size,
         }
 
     def info(self) -> dict[str, int]:

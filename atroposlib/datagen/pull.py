@@ -5,7 +5,10 @@ without training on them. A tool joins the run at the API's current step (it kee
 checkpoints), so stopping it and starting it again on the same API resumes instead of
 being refused as a fresh trainer. It never calls `/reset_data`: pulling data must not
 wipe queued groups. Transport errors and 5xx answers are asked again with exponential
-back-off for `retry_s` seconds (run-api may be starting or restarting); a 4xx is final.
+back-off for `retry_s` seconds (run-api may be starting or restarting; `on_retry` hears
+of the first failed try of each outage, so a tool can say what it waits for); a 4xx is
+final. An API that answers that no trainer registered (restarted without its state)
+gets this tool's registration again, with its batch size, and the pull goes on.
 (No tenacity: it is not a core dependency, and the data tools run on a plain install.) Every failure
 is one `PullError` whose message says what to do, and whose `status` is the API's HTTP
 answer (None when it did not answer).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -63,6 +67,7 @@ class BatchPuller:
         tool: str = "atropos-datagen",
         retry_s: float = 10.0,
         timeout_s: float = 30.0,
+        on_retry: Callable[[str], None] | None = None,
     ) -> None:
         self.api_url = api_url.rstrip("/")
         self.batch_size = batch_size
@@ -70,6 +75,9 @@ class BatchPuller:
         self.num_steps = num_steps
         self.tool = tool
         self.retry_s = retry_s
+        self.on_retry = on_retry
+        self.registrations = 0
+        """How often this tool registered: more than once after an API forgot it."""
         key = api_key if api_key is not None else os.environ.get("ATROPOS_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.Client(base_url=self.api_url, headers=headers, timeout=timeout_s)
@@ -98,6 +106,11 @@ class BatchPuller:
                 response = self._once(method, path, **kwargs)
                 break
             except _Transient as error:
+                if delay == 0.25 and self.on_retry is not None:
+                    self.on_retry(
+                        f"the trajectory API at {self.api_url} does not answer ({method} "
+                        f"{path}: {error}); asking again for up to {self.retry_s:.0f} s"
+                    )
                 if time.monotonic() + delay > deadline:
                     raise PullError(
                         f"cannot use the trajectory API at {self.api_url}: is run-api running "
@@ -137,16 +150,16 @@ class BatchPuller:
             num_steps=self.num_steps,
         )
         self._call("POST", "/register", json=registration.model_dump())
+        self.registrations += 1
 
     def next_batch(self) -> list[ScoredData] | None:
         """The groups of one batch, or None while the API has no batch ready."""
         answer = self._call("GET", "/batch")
         if isinstance(answer, dict) and answer.get("status") == "error":
-            raise PullError(
-                f"/batch at {self.api_url} answered an error: {answer.get('message')} "
-                "(was run-api restarted without its state? start the tool again)",
-                409,
-            )
+            # the only error /batch answers: no trainer registered, so run-api was
+            # restarted without its state; its queue starts empty, this tool goes on
+            self.register()
+            return None
         try:
             return Batch.model_validate(answer).batch
         except ValidationError as error:

@@ -30,6 +30,8 @@ from atroposlib.datagen.sft import keep_best, sft_record
 from atroposlib.datagen.writer import JsonlWriter, OutputError, check_output
 
 POLL_S = 1.0
+API_RETRY_S = 120.0
+"""How long a tool keeps asking an API that stopped answering (a run-api restart)."""
 
 
 class TokenizerError(ValueError):
@@ -112,6 +114,13 @@ class Tally:
         self.skipped[why] += 1
 
 
+def waiting_for(puller: BatchPuller) -> str:
+    """What a tool with no batch waits for, as the progress bar's postfix."""
+    status = puller.status()
+    queued = status.get("queued_sequences", 0)
+    return f"API holds {queued}/{puller.batch_size} sequences of the next batch"
+
+
 def run(tool: str, filepath: str, settings: GenSettings, rules: Rules, unit: str) -> int:
     """Run one data tool to completion; the exit status."""
     from tqdm import tqdm
@@ -132,6 +141,8 @@ def run(tool: str, filepath: str, settings: GenSettings, rules: Rules, unit: str
             settings.max_token_len,
             num_steps=settings.num_seqs_to_save * 2,
             tool=tool,
+            retry_s=API_RETRY_S,
+            on_retry=lambda said: print(f"{tool}: {said}", file=sys.stderr),
         )
         with puller:
             puller.register()
@@ -140,8 +151,17 @@ def run(tool: str, filepath: str, settings: GenSettings, rules: Rules, unit: str
                 goal = settings.num_seqs_to_save
                 with tqdm(total=goal, desc=tool, unit=unit, file=sys.stderr) as bar:
                     while writer.count < goal and not stopper.requested.is_set():
+                        registrations = puller.registrations
                         batch = puller.next_batch()
+                        if puller.registrations > registrations:
+                            bar.write(
+                                f"{tool}: the API at {settings.api_url} had forgotten this "
+                                "tool (restarted without its state); registered again",
+                                file=sys.stderr,
+                            )
                         if not batch:
+                            if (waiting := waiting_for(puller)) != bar.postfix:
+                                bar.set_postfix_str(waiting, refresh=True)
                             stopper.requested.wait(POLL_S)
                             continue
                         tally.batches += 1

@@ -45,6 +45,8 @@ class ServeHooks:
     checkpoint_interval: int
     status_dict: dict[str, Any]
     _runtime: EnvRuntime | None
+    _trainer_batch_seen: int | None = None
+    """The trainer's batch size as /status-env last gave it (ours; None before)."""
     load_checkpoint: Callable[[], None]
 
     def _trajectory_client(self) -> TrajectoryClient:
@@ -102,7 +104,10 @@ class ServeHooks:
         """Poll /status-env into `status_dict` (current_step, queue sizes, env_weight...).
 
         An API that no longer knows this env (restarted without its state) gets a new
-        registration, and the env goes on under the id it answers.
+        registration, and the env goes on under the id it answers, with the batch size
+        and token limit that API's trainer registered (`get_server_info` again). So does
+        an env whose trainer registered again with another batch size: pacing by the old
+        one would stall it at max_batches_offpolicy x the old batch.
         """
         client = self._trajectory_client()
         if self.env_id is None:
@@ -113,8 +118,24 @@ class ServeHooks:
             logger.warning("%s; registering again", exc)
             self.env_id = (await client.register_env(self._registration()))["env_id"]
             logger.warning("registered again as env_id %d", self.env_id)
+            await self._read_server_info_again()
             self.status_dict = await client.status_env(self.env_id)
+        trainer_batch = self.status_dict.get("batch_size")
+        if trainer_batch is not None and trainer_batch != self._trainer_batch_seen:
+            # once per change, so an override of get_server_info that sets its own
+            # batch size is not asked again at every poll
+            if self._trainer_batch_seen is not None or trainer_batch != self.config.batch_size:
+                await self._read_server_info_again()
+            self._trainer_batch_seen = trainer_batch
         return self.status_dict
+
+    async def _read_server_info_again(self) -> None:
+        before = self.config.batch_size
+        await self.get_server_info()
+        if self.config.batch_size != before:
+            logger.warning(
+                "the trainer's batch size is now %d (was %d)", self.config.batch_size, before
+            )
 
     async def env_step_checks(self) -> None:
         """After each status poll: evaluations and env checkpoints due, the step, metrics.

@@ -203,6 +203,7 @@ def test_status_env_fields(client):
         "max_group_size": 4,
         "env_weight": 0.25,
         "max_staleness": None,  # ours: the trainer registered no bound
+        "batch_size": 8,  # ours: the trainer's, so an env sees it change
     }
     # Env 1 owns 1 queued group of 2, and every one of env 0's 12 sequences counts
     # against it (env 0 reserves nothing): 14 sequences = 7 groups of 2.
@@ -251,6 +252,20 @@ def test_status_env_tells_envs_the_trainers_max_staleness(tmp_path):
         assert bound() == 5
     with inprocess_api(tmp_path / "state") as client:
         assert client.get("/status-env", params={"env_id": env_id}).json()["max_staleness"] == 5
+
+
+def test_status_env_tells_envs_the_trainers_batch_size(tmp_path):
+    """A trainer that registers again with another batch size shows in every env's poll."""
+    with inprocess_api(tmp_path / "state") as client:
+        start_trainer(client, batch_size=4)
+        env_id = register_env(client)["env_id"]
+
+        def batch_size() -> int | None:
+            return client.get("/status-env", params={"env_id": env_id}).json()["batch_size"]
+
+        assert batch_size() == 4
+        register(client, batch_size=16)
+        assert batch_size() == 16
 
 
 def test_posts_before_register_count_after_registration(client):

@@ -8,11 +8,12 @@ import httpx
 import pytest
 
 from atroposlib.datagen.groups import GroupProblem, Scored, sequences, text_sequences
+from atroposlib.datagen.pull import BatchPuller
 from atroposlib.datagen.sft import keep_best, sft_record
 from atroposlib.utils.ports import free_port
 from atroposlib.utils.tiny_model_training import SYSTEM_PROMPT
 from tests.support.datagen import DataTool, post_groups, read_jsonl, trl_sft_dataset
-from tests.support.processes import EnvProcess, serve_args
+from tests.support.processes import ApiProcess, EnvProcess, serve_args
 from tests.support.text_groups import text_group
 from tests.support.waiting import wait_until
 
@@ -368,3 +369,61 @@ def test_upstream_style_switches_before_the_path():
         "o",
     ]
     assert switches_first(["o", "--append-to-previous"], switches) == ["o", "--append-to-previous"]
+
+
+def test_run_api_restarted_under_a_serving_env_and_the_tool_stalls_neither(
+    api_factory, inference_server, tmp_path, tiny_model_path
+):
+    """An env paced by an earlier trainer's batch of 4, then sft-gen asking for 16, then
+    run-api killed and started again without its state: the env follows the new batch
+    size (from /status-env, then /info after it registers again), the tool registers
+    again, says what it waits for, and finishes. Before, the env kept the batch size it
+    first read and queued at most max_batches_offpolicy x 4 sequences: the tool sat at 0%."""
+    api = api_factory()
+    with BatchPuller(api.url, 4, 2048, tool="atropos-sft-gen") as earlier:
+        earlier.register()  # the earlier trainer, same run, batches of 4
+        assert earlier.next_batch() is None  # started: envs may register
+    env = EnvProcess(
+        tmp_path, "serve", *serve_args(api.url, inference_server.url, "--env.fixed_score", "1.0")
+    )
+    restarted = ApiProcess(tmp_path / "fresh-state", port=api.port)
+    out = tmp_path / "served.jsonl"
+    tool = None
+    try:
+        wait_until(
+            lambda: httpx.get(f"{api.url}/status").json()["queued_sequences"] >= 4,
+            180,
+            f"the env queued nothing:\n{env.log()}",
+        )
+        tool = sft_tool(
+            tmp_path,
+            out,
+            api.url,
+            "--group-size",
+            "4",
+            "--tasks-per-step",
+            "4",  # batches of 16
+            "--tokenizer",
+            tiny_model_path,
+            # 24 groups: more than the tool can have taken (2 batches) plus the env's
+            # window (3 batches) when the API is killed after the first one is written,
+            # so groups made after the restart are needed
+            "--num-seqs-to-save",
+            "48",
+            "--save-top-n-per-group",
+            "2",
+        )
+        wait_until(lambda: out.exists() and read_jsonl(out), 300, f"no batch:\n{tool.log()}")
+        api.kill()
+        restarted.start()
+        assert tool.wait(300) == 0, tool.log() + env.log()
+    finally:
+        if tool is not None:
+            tool.stop()
+        env.stop()
+        restarted.stop()
+    assert len(read_jsonl(out)) == 48
+    assert "API holds " in tool.log() and "/16 sequences of the next batch" in tool.log()
+    assert "registered again" in tool.log()
+    assert "the trainer's batch size is now 16 (was 4)" in env.log()
+    assert "registered again as env_id" in env.log()
