@@ -10,7 +10,9 @@ Design decisions:
 - Rating mode asks for a 1-10 rating of each completion, normalised to [0, 1].
 - A verdict the parser cannot read (garbled, or naming both sides) counts as a tie or a
   mid rating: a confused judge adds no signal, and never crashes a run. A judge that
-  cannot be reached raises `JudgeUnavailable`, and the env drops that group.
+  cannot be reached raises `JudgeUnavailable`, and the env drops that group. A judge
+  whose context cannot hold the question is no outage: its refusal is raised as it is,
+  so the rollout reports it once, as every context refusal is (`rollout_failures.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import re
 from typing import Any, Literal
+
+from atroposlib.envs.rollout_failures import context_refusal
 
 PAIRWISE_PROMPT = """You compare two assistant replies to the same conversation.
 
@@ -92,6 +96,8 @@ class GroupJudge:
                 split="eval",
             )
         except Exception as error:  # any transport failure: the judge is unavailable
+            if context_refusal(error) is not None:
+                raise
             raise JudgeUnavailable(f"the judge did not answer: {error}") from error
         return chat.choices[0].message.content or ""
 

@@ -7,8 +7,9 @@ with sending off, so the env's filters and `add_rollouts_for_wandb` run as in
 A step is one `collect_trajectories` call that gave something to keep, as
 upstream counts it: an env returning a list of groups (one per turn of a game,
 say) plays `total_steps` episodes.
-Unlike upstream, a failing rollout is logged and counted, and the loop gives up
-after 10 x total_steps attempts rather than retrying forever.
+Unlike upstream, a failing rollout is counted and logged (`rollout_failures.py`: a
+context refusal once, another error once per place it was raised), and the loop gives
+up after 10 x total_steps attempts rather than retrying forever.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
+
+from atroposlib.envs.rollout_failures import RolloutFailures
 
 logger = logging.getLogger("atroposlib.envs")
 
@@ -41,6 +44,7 @@ async def run_process(env: Any) -> Path:
     env.n_groups_to_process = env.config.total_steps
     env.group_size_to_process = env.config.group_size
     done, written, attempts = 0, 0, 0
+    failures = RolloutFailures(env)
     env.curr_step = 0
     with tqdm(total=env.config.total_steps, desc=f"{env.name or type(env).__name__}") as bar:
         while done < env.config.total_steps:
@@ -54,9 +58,8 @@ async def run_process(env: Any) -> Path:
             try:
                 groups, _ = await env.collect_trajectories(item)
                 groups = await env.postprocess_histories(groups)
-            except Exception:
-                env.stats["rollout_errors"] += 1
-                logger.exception("rollout of item %r failed", item)
+            except Exception as error:
+                failures.record(item, error)
                 continue
             before = env.stats["groups_sent"]
             await env.handle_send_to_api(
@@ -72,11 +75,10 @@ async def run_process(env: Any) -> Path:
     page = generate_html(str(out))
     print(f"wrote {written} groups to {out} and the viewer {page}")
     if not done and env.config.total_steps > 0:
-        failed = env.stats["rollout_errors"]
         dropped = {k: v for k, v in env.stats.items() if k.startswith("dropped_")}
         raise NothingProcessed(
-            f"no rollout was kept out of {attempts} items ({failed} failed with the errors "
-            f"logged above; dropped by the sending rules: {dropped or 'none'})"
+            f"no rollout was kept out of {attempts} items ({failures.summary()}, as logged "
+            f"above; dropped by the sending rules: {dropped or 'none'})"
         )
     return out
 

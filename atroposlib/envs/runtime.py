@@ -11,9 +11,10 @@ trainer step crosses steps_per_eval / checkpoint_interval; stop once the trainer
   start workers up to max_num_workers scaled by the env weight;
   abandon workers after worker_timeout (<= 0: never, upstream's -1).
 
-Failures in user code (collect_trajectories, evaluate, ...) are logged with the
-item and traceback and counted; the loop goes on. SIGINT/SIGTERM stop it
-cleanly: in-flight items go back to a backlog file that the next run reads
+Failures in user code (collect_trajectories, evaluate, ...) are counted and logged
+with the item and traceback, a rollout's once per place it was raised and a context
+refusal once as one line (`rollout_failures.py`); the loop goes on. SIGINT/SIGTERM
+stop it cleanly: in-flight items go back to a backlog file that the next run reads
 first, spooled groups are delivered (or kept for the next run), and the env
 disconnects. Whatever a run takes over from an earlier one (spool, backlog, env
 checkpoint) is logged as a WARNING with its count and path: state dirs are per
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from atroposlib.envs.admission import offpolicy_window
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import EvalHandlingEnum
+from atroposlib.envs.rollout_failures import RolloutFailures
 
 if TYPE_CHECKING:
     from atroposlib.envs.served_env import ServedEnv
@@ -76,6 +78,7 @@ class EnvRuntime:
         self.last_checkpoint_bucket = 0
         self.last_logged_step = -1
         self.finishing = False  # the last poll: no evaluation is started
+        self.failures = RolloutFailures(env)
 
     # ----------------------------------------------------------------- start
     async def run(self) -> None:
@@ -281,9 +284,8 @@ class EnvRuntime:
             logger.warning(
                 "rollout of item %r timed out after %ss", item, env.config.worker_timeout
             )
-        except Exception:
-            env.stats["rollout_errors"] += 1
-            logger.exception("rollout of item %r failed", item)
+        except Exception as error:
+            self.failures.record(item, error)
         finally:
             duration = time.monotonic() - started
             env.task_duration.append(duration)

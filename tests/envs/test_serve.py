@@ -112,8 +112,9 @@ def test_user_exceptions_are_logged_counted_and_survived(api_factory, inference_
             env.stop()
     assert len(groups) == 2
     log = env.log()
-    assert "rollout of item" in log and "deliberate failure on item 1" in log
-    assert "deliberate failure on item 2" in log and "Traceback" in log
+    # the same error raised at the same place: its traceback once, the repeat only counted
+    failed = [n for n in (1, 2) if f"deliberate failure on item {n}" in log]
+    assert "rollout of item" in log and len(failed) == 1 and log.count("Traceback") == 1, log
 
 
 def test_off_policy_bound_stops_generation(api_factory, inference_server, tmp_path):
