@@ -23,6 +23,12 @@ or beside a trajectory API and a trainer:
     python environments/agent_mod_arithmetic.py serve \
         --env.rollout_server_url http://127.0.0.1:8000 \
         --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny
+
+or offline, without a trainer (groups to jsonl plus an HTML viewer), on the tiny
+model (environments/README.md builds and serves it):
+
+    python environments/agent_mod_arithmetic.py process --env.total_steps 2 \
+        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny
 """
 
 from __future__ import annotations

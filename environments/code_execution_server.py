@@ -26,8 +26,16 @@ Upstream's code_execution_server trains on NousResearch/RLVR_Coding_Problems
 Evaluate: greedy pass@1 (every case passed) and the mean fraction of cases, one sample
 per problem with its case counts.
 
-Offline, on the shipped sample: `python environments/code_execution_server.py process`
-with the flags in environments/README.md.
+Offline, on the shipped sample and the tiny model (environments/README.md serves it). A
+prompt here takes 280-400 of the tiny model's 512 tokens of context, so `max_tokens`
+drops to 96; and as the tiny model knows only mod-10 arithmetic, the run checks the
+pipeline (data, prompt, sampling, the sandboxed tests, the groups file and its viewer),
+not the task:
+
+    python environments/code_execution_server.py process --env.total_steps 2 \\
+        --env.group_size 2 --env.max_tokens 96 --env.ensure_scores_are_not_same false \\
+        --env.use_wandb false --env.tokenizer_name ./tiny-model \\
+        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny
 """
 
 from __future__ import annotations

@@ -36,9 +36,27 @@ greedily), so it runs offline as is. `evaluate` reports the delivery (win) rate,
 mean return and score and the invalid-action rate, with one sample (seed, actions,
 return) per game.
 
-    python environments/gym_taxi.py process --env.total_steps 8 \
-        --env.data_path_to_save_groups taxi.jsonl \
+The first prompt holds the map, the rules and the tool's JSON schema, about 1,600 tokens
+with the tiny model's byte-level tokenizer, more than its 512-token context, so playing
+needs a larger model, such as its default on a vLLM server (GPU) at port 9001:
+
+    python environments/gym_taxi.py process --env.total_steps 8 \\
+        --env.data_path_to_save_groups taxi.jsonl \\
         --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name Qwen/Qwen2.5-1.5B-Instruct
+
+Offline, the tiny model (environments/README.md) served with a longer context, in place
+of the 512-token one, and with the episode's token budget (`max_token_length`) cut to
+that context, runs the pipeline (the game, the tool call parser, scoring, the groups file
+and its viewer); its replies are noise, so an episode mostly ends at its first action, an
+invalid one:
+
+    atropos-inference-server --model ./tiny-model --port 9001 --served-model-name tiny \\
+        --max-model-len 4096 &
+    python environments/gym_taxi.py process --env.total_steps 2 --env.group_size 2 \\
+        --env.max_tokens 64 --env.max_token_length 4096 \\
+        --env.ensure_scores_are_not_same false --env.use_wandb false \\
+        --env.tokenizer_name ./tiny-model --openai.base_url http://127.0.0.1:9001/v1 \\
+        --openai.model_name tiny
 """
 
 from __future__ import annotations

@@ -25,8 +25,15 @@ Evaluate: IFEval's four numbers: prompt-level and instruction-level accuracy, st
 (the response as written) and loose (also accepted when a variant passes: the first or
 last line dropped, or markdown asterisks removed), plus one sample per prompt.
 
-Offline, on the shipped sample: `python environments/instruction_following.py process`
-with the flags in environments/README.md.
+Offline, on the shipped sample and the tiny model (environments/README.md serves it). A
+prompt here takes 170-330 of the tiny model's 512 tokens of context, so `max_tokens`
+drops to 96; and as the tiny model knows only mod-10 arithmetic, the run checks the
+pipeline (data, prompt, sampling, scoring, the groups file and its viewer), not the task:
+
+    python environments/instruction_following.py process --env.total_steps 2 \\
+        --env.group_size 2 --env.max_tokens 96 --env.ensure_scores_are_not_same false \\
+        --env.use_wandb false --env.tokenizer_name ./tiny-model \\
+        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny
 """
 
 from __future__ import annotations

@@ -10,11 +10,15 @@ the word lacks: "0" must be learnt too. `--env.word_list_path` reads another lis
 Reward (`answer_tag`): 1.0 when the one `<answer>N</answer>` after any thinking is
 the count. `--env.answer_format bare` accepts the last integer of a short reply
 instead; that is the setting for the project's tiny model, which answers with a bare
-digit (`configs/mix_cpu.yaml`).
+digit (`configs/mix_cpu.yaml`). Offline, on the tiny model (environments/README.md
+serves it), with that format and its short replies (a prompt here takes up to 180 of
+the tiny model's 512 tokens of context; the default `max_tokens` of 512 does not fit):
 
-    python environments/letter_counting_environment.py process --env.total_steps 4 \\
-        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny \\
-        --openai.server_type vllm --env.tokenizer_name <tiny model dir>
+    python environments/letter_counting_environment.py process --env.total_steps 2 \\
+        --env.group_size 2 --env.answer_format bare --env.max_tokens 4 \\
+        --env.ensure_scores_are_not_same false --env.use_wandb false \\
+        --env.tokenizer_name ./tiny-model --openai.base_url http://127.0.0.1:9001/v1 \\
+        --openai.model_name tiny
 """
 
 from __future__ import annotations

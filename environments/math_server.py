@@ -28,8 +28,15 @@ Evaluate: greedy, `eval/math500_percent_correct` and `eval/overall_percent_corre
 (upstream's names), per subject and per level (`eval/math500_level_3_percent_correct`,
 `eval/math500_number_theory_percent_correct`), `eval/format_rate`, one sample per problem.
 
-Offline, on the shipped sample: `python environments/math_server.py process`
-with the flags in environments/README.md.
+Offline, on the shipped samples and the tiny model (environments/README.md serves it). A
+prompt here takes 250-350 of the tiny model's 512 tokens of context, so `max_tokens`
+drops to 96; and as the tiny model knows only mod-10 arithmetic, the run checks the
+pipeline (data, prompt, sampling, scoring, the groups file and its viewer), not the task:
+
+    python environments/math_server.py process --env.total_steps 2 --env.group_size 2 \
+        --env.max_tokens 96 --env.ensure_scores_are_not_same false --env.use_wandb false \
+        --env.tokenizer_name ./tiny-model --openai.base_url http://127.0.0.1:9001/v1 \
+        --openai.model_name tiny
 """
 
 from __future__ import annotations

@@ -15,6 +15,17 @@ overall and per subject, written as upstream's metrics.json and samples.jsonl.
 
     python environments/mcqa_thinking_env.py evaluate --env.data_dir_to_save_evals evals/ \\
         --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name <model>
+
+Offline, the same evaluation of four questions on the tiny model (environments/README.md
+serves it). A prompt here takes up to 240 of the tiny model's 512 tokens of context, so
+`max_tokens` drops from 2048 to 96; the tiny model knows only mod-10 arithmetic, so the
+run checks the pipeline (data, prompt, answers, grading, metrics.json and samples.jsonl),
+not the task:
+
+    python environments/mcqa_thinking_env.py evaluate --env.eval_size 4 \\
+        --env.max_tokens 96 --env.data_dir_to_save_evals evals/ --env.use_wandb false \\
+        --env.tokenizer_name ./tiny-model --openai.base_url http://127.0.0.1:9001/v1 \\
+        --openai.model_name tiny
 """
 
 from __future__ import annotations

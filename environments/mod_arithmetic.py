@@ -25,7 +25,11 @@ Run it beside the trajectory API and a trainer:
 
 or without an API (`process`: groups to jsonl plus an HTML viewer), or just
 its greedy evaluation (`evaluate`). `--help` lists every `--env.*` and
-`--openai.*` flag.
+`--openai.*` flag. Offline, on the tiny model (environments/README.md serves it;
+the env reads its tokenizer from the tiny model's cache, built on first use):
+
+    python environments/mod_arithmetic.py process --env.total_steps 2 \
+        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny
 """
 
 from __future__ import annotations

@@ -20,6 +20,18 @@ answer score 0.
 
     python environments/multimodal_counting.py process --env.total_steps 4 \\
         --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name Qwen/Qwen2.5-VL-3B-Instruct
+
+That needs a vision-language model (vLLM serving Qwen2.5-VL, say). Offline, the tiny
+model (environments/README.md serves it) reads text only (`atropos-inference-server`
+drops image parts), so it never sees the picture; the run checks the pipeline (drawing,
+the image message, scoring, the groups with their images, the viewer), not the task; it
+draws 8 training pictures instead of 5,000:
+
+    python environments/multimodal_counting.py process --env.total_steps 2 \\
+        --env.group_size 2 --env.train_size 8 --env.max_tokens 32 \\
+        --env.ensure_scores_are_not_same false --env.use_wandb false \\
+        --env.tokenizer_name ./tiny-model --openai.base_url http://127.0.0.1:9001/v1 \\
+        --openai.model_name tiny
 """
 
 from __future__ import annotations

@@ -16,6 +16,20 @@ drops the group with a log line; an unreadable verdict counts as a tie.
     python environments/rlaif_server.py process --env.total_steps 4 \\
         --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name <policy> \\
         --judge.base_url http://127.0.0.1:9002/v1 --judge.model_name <judge>
+
+Both need real models: the judge asks for verdicts of up to 512 tokens, which leave no
+room for a question in the tiny model's 512-token context. Offline, the tiny model
+(environments/README.md) served with a longer context, in place of the 512-token one,
+plays both parts and runs the pipeline (sampling, the judge's calls and parsing, the
+groups file and its viewer); its replies and verdicts are noise:
+
+    atropos-inference-server --model ./tiny-model --port 9001 --served-model-name tiny \\
+        --max-model-len 4096 &
+    python environments/rlaif_server.py process --env.total_steps 2 --env.group_size 2 \\
+        --env.max_tokens 64 --env.ensure_scores_are_not_same false --env.use_wandb false \\
+        --env.tokenizer_name ./tiny-model --openai.base_url http://127.0.0.1:9001/v1 \\
+        --openai.model_name tiny --judge.base_url http://127.0.0.1:9001/v1 \\
+        --judge.model_name tiny
 """
 
 from __future__ import annotations

@@ -26,8 +26,24 @@ same): only point this env at datasets you trust.
 Evaluate: greedy `eval/valid_rate` (answers scoring 1.0), `eval/json_rate` (parseable
 JSON) and `eval/mean_score`, with one sample per problem (its schema errors included).
 
-Offline, on the shipped sample: `python environments/structured_output.py process`
-with the flags in environments/README.md.
+Offline: a prompt here holds a whole JSON schema, 670-1,070 tokens with the tiny model's
+byte-level tokenizer, more than its 512-token context, so this env needs a larger model,
+such as its default on vLLM (GPU):
+
+    python -m vllm.entrypoints.openai.api_server --model Qwen/Qwen2.5-1.5B-Instruct \\
+        --port 9001 &
+    python environments/structured_output.py process --env.total_steps 4
+
+The tiny model (environments/README.md) cannot learn the task, but served with a longer
+context, in place of the 512-token one, it runs the pipeline (data, prompt, sampling,
+scoring, the groups file and its viewer); its replies are noise either way:
+
+    atropos-inference-server --model ./tiny-model --port 9001 --served-model-name tiny \\
+        --max-model-len 4096 &
+    python environments/structured_output.py process --env.total_steps 2 \\
+        --env.group_size 2 --env.max_tokens 64 --env.ensure_scores_are_not_same false \\
+        --env.use_wandb false --env.tokenizer_name ./tiny-model \\
+        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny
 """
 
 from __future__ import annotations

@@ -11,9 +11,16 @@ it is ever exact; no block, an unclosed `<think>`, or an answer padded beyond tw
 target's length scores 0. `--env.answer_format bare` takes the whole reply after
 thinking as the answer (for tiny and base models).
 
-    python environments/text_reversal_environment.py process --env.total_steps 4 \\
-        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny \\
-        --openai.server_type vllm --env.tokenizer_name <tiny model dir>
+Offline, on the shipped sample and the tiny model (environments/README.md serves it), with
+the bare answer format and the short replies of `configs/mix_cpu.yaml` (a prompt here
+takes up to 200 of the tiny model's 512 tokens of context; the default `max_tokens` of
+1024 does not fit):
+
+    python environments/text_reversal_environment.py process --env.total_steps 2 \\
+        --env.group_size 2 --env.answer_format bare --env.max_tokens 24 \\
+        --env.ensure_scores_are_not_same false --env.use_wandb false \\
+        --env.tokenizer_name ./tiny-model --openai.base_url http://127.0.0.1:9001/v1 \\
+        --openai.model_name tiny
 """
 
 from __future__ import annotations

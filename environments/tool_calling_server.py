@@ -34,8 +34,24 @@ parser, or blocks left in the text by one without); reports `eval/percent_correc
 (upstream's key), `eval/name_accuracy` (the right set of function names) and
 `eval/parse_rate`, with one sample per row.
 
-Offline, on the shipped sample: `python environments/tool_calling_server.py process`
-with the flags in environments/README.md.
+Offline: a prompt here holds the tools' JSON schemas, 900-1,500 tokens with the tiny
+model's byte-level tokenizer, more than its 512-token context, so this env needs a larger
+model, such as its default on vLLM (GPU; the env's default port is 9004):
+
+    python -m vllm.entrypoints.openai.api_server \\
+        --model NousResearch/DeepHermes-3-Llama-3-8B-Preview --port 9004 &
+    python environments/tool_calling_server.py process --env.total_steps 4
+
+The tiny model (environments/README.md) cannot learn the task, but served with a longer
+context, in place of the 512-token one, it runs the pipeline (data, tools in the prompt,
+sampling, scoring, the groups file and its viewer); its replies are noise either way:
+
+    atropos-inference-server --model ./tiny-model --port 9001 --served-model-name tiny \\
+        --max-model-len 4096 &
+    python environments/tool_calling_server.py process --env.total_steps 2 \\
+        --env.group_size 2 --env.max_tokens 64 --env.ensure_scores_are_not_same false \\
+        --env.use_wandb false --env.tokenizer_name ./tiny-model \\
+        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny
 """
 
 from __future__ import annotations

@@ -33,8 +33,27 @@ Design decisions:
   matching the recording. Evaluation plays the fixed tasks of `eval_seed`, greedily,
   through the same loop (a server with token ids, as for training).
 
-Offline, on the shipped sample: `python environments/tool_use_multiturn_server.py process`
-with the flags in environments/README.md.
+Offline: the first prompt holds the tools' JSON schemas, about 1,800 tokens with the tiny
+model's byte-level tokenizer, more than its 512-token context, and each turn adds to it, so
+this env needs a larger model, such as its default on vLLM (GPU; the env's default port is
+9004):
+
+    python -m vllm.entrypoints.openai.api_server \\
+        --model NousResearch/DeepHermes-3-Llama-3-8B-Preview --port 9004 &
+    python environments/tool_use_multiturn_server.py process --env.total_steps 4
+
+The tiny model (environments/README.md) cannot learn the task, but served with a longer
+context, in place of the 512-token one, and with the episode's token budget
+(`max_token_length`) cut to that context, it runs the pipeline (tools in the prompt, the
+turn loop, scoring, the groups file and its viewer); its replies are noise either way:
+
+    atropos-inference-server --model ./tiny-model --port 9001 --served-model-name tiny \\
+        --max-model-len 4096 &
+    python environments/tool_use_multiturn_server.py process --env.total_steps 2 \\
+        --env.group_size 2 --env.max_tokens 64 --env.max_token_length 4096 \\
+        --env.ensure_scores_are_not_same false --env.use_wandb false \\
+        --env.tokenizer_name ./tiny-model --openai.base_url http://127.0.0.1:9001/v1 \\
+        --openai.model_name tiny
 """
 
 from __future__ import annotations

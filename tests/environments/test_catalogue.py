@@ -17,20 +17,12 @@ import pytest
 
 from atroposlib.envs.base import BaseEnv
 from atroposlib.envs.data_source import DataSourceConfig
+from tests.support.library_envs import env_scripts
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "environments"
 SAMPLE_LIMIT_BYTES = 1 << 20
 COLUMNS = ["environment", "task", "reward", "turns", "tools", "data source", "offline sample"]
-
-
-def env_scripts() -> list[Path]:
-    """Scripts that end in `<Env>.cli()`: the runnable environments."""
-    return sorted(
-        path
-        for path in LIBRARY.glob("*.py")
-        if re.search(r"^\s+\w+\.cli\(\)", path.read_text(), re.MULTILINE)
-    )
 
 
 def catalogue() -> dict[str, list[str]]:

@@ -8,6 +8,7 @@ them so each test states only what differs.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,15 @@ from tests.support.compat_runs import failure, read_jsonl, run_env
 from tests.support.source import REPO
 
 LIBRARY = REPO / "environments"
+
+
+def env_scripts() -> list[Path]:
+    """Scripts that end in `<Env>.cli()`: the runnable environments."""
+    return sorted(
+        path
+        for path in LIBRARY.glob("*.py")
+        if re.search(r"^\s+\w+\.cli\(\)", path.read_text(), re.MULTILINE)
+    )
 
 
 def process_groups(
