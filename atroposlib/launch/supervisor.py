@@ -39,12 +39,11 @@ from rich.text import Text
 
 from atroposlib.launch.children import Child
 from atroposlib.launch.config import redacted_text
-from atroposlib.launch.console import console_text
+from atroposlib.launch.console import console_text, key_line
 from atroposlib.launch.plan import KEY_FILE, Plan
 from atroposlib.launch.report import run_numbers, write_report
 from atroposlib.launch.status import StatusReader
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, read_events, read_metrics
-from atroposlib.utils.exposure import API_KEY_ENVIRONMENT
 from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until
 
 COLORS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan"]
@@ -104,7 +103,7 @@ class Launcher:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as handle:
             handle.write(self.plan.key + "\n")
-        self.say(f"API key: {path} (clients: export {API_KEY_ENVIRONMENT}=$(cat {path}))")
+        self.say(key_line(path))
 
     # ----------------------------------------------------------------- output
     def _print_line(self, child: Child, line: str) -> None:

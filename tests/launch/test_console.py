@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from atroposlib.launch.console import console_text
+from pathlib import Path
+
+from atroposlib.launch.console import console_text, key_line
+from atroposlib.launch.supervisor import SAID
 
 
 def test_an_info_record_shows_its_message_and_debug_stays_in_the_log_file():
@@ -17,3 +20,13 @@ def test_an_info_record_shows_its_message_and_debug_stays_in_the_log_file():
     for other in ("Traceback (most recent call last):", "", "starting engine: (not really)"):
         assert console_text(other) == other
     assert console_text("INFO: 127.0.0.1 - GET /health") == "INFO: 127.0.0.1 - GET /health"
+
+
+def test_the_key_line_names_the_key_file_from_the_working_directory_in_80_columns():
+    project = Path("/home/someone/projects/atropos")
+    key = project / "runs/quickstart_cpu-20261127-120000/api-key"
+    line = key_line(key, cwd=project)
+    assert line == "ATROPOS_API_KEY is in runs/quickstart_cpu-20261127-120000/api-key"
+    assert len(SAID + line) <= 80
+    elsewhere = Path("/scratch/runs/quickstart_cpu-20261127-120000/api-key")
+    assert key_line(elsewhere, cwd=project) == f"ATROPOS_API_KEY is in {elsewhere}"
