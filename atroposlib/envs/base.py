@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
-from atroposlib.envs.reporting import ReportingHooks
+from atroposlib.envs.reporting import GROUPS_RATE_WINDOW_S, ReportingHooks
 from atroposlib.envs.scored_data import (
     ScoredDataGroup,
     ScoredDataItem,
@@ -55,6 +55,7 @@ from atroposlib.envs.server_handling.server_baseline import (
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.token_limit import exceeds_token_limit
 from atroposlib.type_definitions import Item
+from atroposlib.utils.metrics import RecentRate
 
 logger = logging.getLogger("atroposlib.envs")
 
@@ -119,6 +120,7 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
         self.stats: Counter[str] = Counter()
         self.items_sent_this_step = 0
         self.start_time = time.time()
+        self.groups_rate = RecentRate(GROUPS_RATE_WINDOW_S)  # env/groups_per_minute
         # upstream's attributes that envs read; the serve runtime keeps them current
         self.status_dict: dict[str, Any] = {}
         self.wandb_project: str | None = None
@@ -324,6 +326,7 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
                 for group in ready:
                     out.write(json.dumps(group) + "\n")
         self.stats["groups_sent"] += len(ready)
+        self.groups_rate.add(time.monotonic(), self.stats["groups_sent"])
         self.items_sent_this_step += len(ready)
         if do_send_to_api and self.client is not None:
             self.client.send(ready)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atroposlib.utils.metrics import get_std_min_max_avg, plain_numbers
+from atroposlib.utils.metrics import RecentRate, get_std_min_max_avg, plain_numbers
 
 if TYPE_CHECKING:
     from atroposlib.envs.api_client import TrajectoryClient
@@ -49,6 +49,9 @@ DEFAULT_WANDB_PROJECT = "atropos-environments"
 SCORE_KEYS = ("train/accuracy", "train/percent_correct")
 SCORE_WORDS = ("accuracy", "correct", "score", "reward")
 FAILURE_STATS = ("env/rollout_errors", "env/worker_timeouts")
+GROUPS_RATE_WINDOW_S = 60.0
+"""`env/groups_per_minute` is the rate of the last minute of sends and logs: a rate
+since the start would keep the wait for the trainer in it for the whole run."""
 
 
 def _number(value: Any) -> bool:
@@ -119,7 +122,7 @@ class ReportingHooks:
     curr_step: int
     max_token_len: int
     stats: Counter[str]
-    start_time: float
+    groups_rate: RecentRate
     completion_lengths: list[int]
     rollouts_for_wandb: list[list[tuple]]
 
@@ -215,8 +218,8 @@ class ReportingHooks:
                 )
         for key, value in self.stats.items():
             metrics[f"env/{key}"] = value
-        uptime = time.time() - self.start_time
-        metrics["env/groups_per_minute"] = 60 * self.stats["groups_sent"] / max(uptime, 1e-9)
+        rate = self.groups_rate.add(time.monotonic(), self.stats["groups_sent"])
+        metrics["env/groups_per_minute"] = 60 * (rate or 0.0)
         metrics = await self.create_rollout_table(metrics)
         metrics = self.perf_stats(metrics)
         self.rollouts_for_wandb = []

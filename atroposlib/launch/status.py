@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from atroposlib.trainer_contract import EventKind, MetricsRow, RecordTail, TrainerEvent
+from atroposlib.utils.metrics import RecentRate
 
 RATE_WINDOW_S = 10.0
 STATUS_WIDTH = 80
@@ -127,8 +128,8 @@ class StatusReader:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx.Client(base_url=api_url, timeout=1.0, headers=headers)
         self.total = total_steps
-        # (time, groups received) over the last RATE_WINDOW_S: groups arrive in bursts
-        self.counts: deque[tuple[float, float]] = deque()
+        # groups received over the last RATE_WINDOW_S: groups arrive in bursts
+        self.received = RecentRate(RATE_WINDOW_S)
         self.scores: deque[float] = deque(maxlen=10)
         self.clock = StepClock()
         self.engine_restarts = 0
@@ -144,13 +145,7 @@ class StatusReader:
             snap.step, snap.queue = status.get("current_step"), status.get("queue_size")
             found = GROUPS_RECEIVED.search(self.http.get("/metrics").text)
             if found:
-                now = time.monotonic()
-                self.counts.append((now, float(found.group(1))))
-                while now - self.counts[0][0] > RATE_WINDOW_S:
-                    self.counts.popleft()
-                (first_t, first_n), (last_t, last_n) = self.counts[0], self.counts[-1]
-                if last_t > first_t:
-                    snap.groups_per_s = (last_n - first_n) / (last_t - first_t)
+                snap.groups_per_s = self.received.add(time.monotonic(), float(found.group(1)))
         except (httpx.HTTPError, ValueError):
             pass
         self.scores.extend(row.score_mean for row in self.metrics.read_new())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -142,6 +143,27 @@ def test_without_wandb_the_rollout_table_is_not_built(tiny_model_path, monkeypat
     env.config.use_wandb = True
     monkeypatch.setattr(reporting, "_wandb", lambda: None)  # on, but not installed
     assert asyncio.run(env.create_rollout_table({})) == {}
+
+
+def test_groups_per_minute_is_the_last_minutes_rate_not_the_average_since_start(
+    tiny_model_path, caplog
+):
+    """An env started 1,000 s ago, waited for the trainer, then sent 60 groups in the
+    last minute: it says 60 groups/min (an average since its start said 4.2)."""
+    env = make_env(tiny_model_path, use_wandb=False)
+    asyncio.run(env.handle_send_to_api(group(), item="sent"))
+    assert env.stats["groups_sent"] == 1 and env.groups_rate.samples[-1][1] == 1
+    env.start_time -= 1000
+    now = time.monotonic()
+    env.groups_rate.samples.clear()
+    for seconds_ago, sent in ((1000, 0), (60, 10), (30, 40)):  # the start, then two sends
+        env.groups_rate.add(now - seconds_ago, sent)
+    env.stats["groups_sent"] = 70
+    with caplog.at_level("INFO", logger="atroposlib.envs"):
+        asyncio.run(env.wandb_log())
+    (short,) = [r.getMessage() for r in caplog.records if r.name == "atroposlib.envs"]
+    shown = re.fullmatch(r"step 0: ([0-9.]+) groups/min, 0 failed", short)
+    assert shown and 59.0 < float(shown[1]) <= 60.0, short  # 60 in 60 s and the log's moment
 
 
 def test_a_step_is_one_short_line_with_plain_numbers():

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from atroposlib.utils.metrics import get_std_min_max_avg, plain_numbers
+from atroposlib.utils.metrics import RecentRate, get_std_min_max_avg, plain_numbers
 
 
 def test_adds_the_four_statistics_in_place():
@@ -64,3 +64,33 @@ def test_plain_numbers_turns_numpy_into_what_json_and_a_log_line_show():
     assert json.loads(json.dumps(plain)) == plain  # numpy's int64 and float32 would raise
     assert type(plain["t_mean"]) is float and type(plain["n"]) is int
     assert plain_numbers("text") == "text" and plain_numbers(None) is None
+
+
+def test_a_recent_rate_forgets_a_slow_start_once_it_is_a_window_behind():
+    """The quickstart's shape: 100 s waiting for the trainer, then 10 groups a second."""
+    rate = RecentRate(window_s=60.0)
+    assert rate.add(0.0, 0) is None  # one sample: no rate yet
+    assert rate.add(100.0, 0) == 0.0
+    per_s = [rate.add(100.0 + t, 10.0 * t) for t in range(1, 181)]
+    assert per_s[29] == pytest.approx(300 / 130)  # 30 s in: the wait is still in the window
+    since_start = 1800 / 280  # what an average since the start would say at 180 s
+    assert per_s[-1] == pytest.approx(10.0) and since_start < 6.5
+    assert len(rate.samples) == 61  # the anchor and the last 60 s, not the whole run
+
+
+def test_a_recent_rate_spans_samples_further_apart_than_its_window():
+    rate = RecentRate(window_s=60.0)
+    rate.add(1000.0, 5)
+    assert rate.add(1300.0, 65) == pytest.approx(0.2)  # a 300 s step: the anchor stays
+    assert rate.add(1310.0, 75) == pytest.approx(70 / 310)
+    # the newest sample at least a window old anchors: 1310 s, not 1000 s or 1300 s
+    assert rate.add(1400.0, 85) == pytest.approx(10 / 90)
+
+
+def test_a_recent_rate_starts_over_when_the_count_or_clock_goes_back():
+    rate = RecentRate(window_s=10.0)
+    rate.add(0.0, 50)
+    rate.add(5.0, 100)
+    assert rate.add(6.0, 3) is None  # a restarted service counts from 0 again
+    assert rate.add(8.0, 7) == pytest.approx(2.0)
+    assert rate.add(7.0, 9) is None  # monotonic clocks do not, but a given time may
