@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import ClassVar
+from typing import Any, ClassVar
 
-import uvicorn
 from pydantic import BaseModel, Field
 
 from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, ExposureRule
 from atroposlib.utils.flags import add_model_flags, parse_settings
+from atroposlib.utils.listen import ListenError, listen_socket, serve
 from atroposlib.utils.logging import configure_logging
 from atroposlib.utils.model_files import local_model_problem
 from atroposlib.weight_sync.disk_routes import (
@@ -99,6 +99,27 @@ def main(argv: list[str] | None = None) -> int:
     if problem := local_model_problem(settings.model):  # before seconds of imports
         print(f"atropos-inference-server: cannot load model: {problem}", file=sys.stderr)
         return 1
+    try:  # before the model loads, so a busy port costs no time
+        sock = listen_socket(settings.host, settings.port)
+    except ListenError as error:
+        print(f"atropos-inference-server: {error}", file=sys.stderr)
+        return 2
+    with sock:
+        app = _load_app(settings)
+        if isinstance(app, int):
+            return app
+        return serve(
+            app,
+            sock,
+            "atropos-inference-server",
+            host=settings.host,
+            port=settings.port,
+            access_log=False,
+        )
+
+
+def _load_app(settings: InferenceServerSettings) -> Any:
+    """The server's app over the loaded model, or the exit code of a start that failed."""
     configure_logging(settings.log_level)
     import torch
 
@@ -124,15 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    app = create_inference_app(
+    return create_inference_app(
         engine,
         settings.served_model_name or settings.model,
         settings.max_batch_rows,
         api_key=settings.api_key,
         weight_sync_key=settings.weight_sync_key or os.environ.get(WEIGHT_SYNC_KEY_ENVIRONMENT),
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
-    return 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from atroposlib.api import SETTINGS_ENV
 from atroposlib.api.settings import APISettings
 from atroposlib.api.store import StateDirLocked, StateDirUnusable, check_state_dir
 from atroposlib.utils.flags import add_model_flags, parse_settings
+from atroposlib.utils.listen import ListenError, listen_problem, listen_socket, serve
 from atroposlib.utils.logging import configure_logging
 
 
@@ -43,9 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     problem = settings.exposure_problem()
     if warning := settings.exposure_warning():
         print(f"run-api: {warning}", file=sys.stderr)
+    sock = None
+    if problem is None and settings.reload:  # uvicorn's reloader binds the port itself
+        problem = listen_problem(settings.host, settings.port)
+    elif problem is None:
+        try:  # before the state dir, so a busy port leaves nothing behind
+            sock = listen_socket(settings.host, settings.port)
+        except ListenError as error:
+            problem = str(error)
     if problem is None and not settings.ephemeral:
         problem = state_dir_problem(settings.state_dir)
     if problem:
+        if sock is not None:
+            sock.close()
         print(f"run-api: {problem}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
@@ -56,14 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         log_config=None,
         timeout_graceful_shutdown=5,
     )
-    if settings.reload:
+    if sock is None:
         os.environ[SETTINGS_ENV] = settings.model_dump_json()
         uvicorn.run("atroposlib.api:app", reload=True, **common)
-    else:
-        from atroposlib.api.server import create_app
+        return 0
+    from atroposlib.api.server import create_app
 
-        uvicorn.run(create_app(settings), **common)
-    return 0
+    return serve(create_app(settings), sock, "run-api", **common)
 
 
 if __name__ == "__main__":

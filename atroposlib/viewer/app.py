@@ -15,10 +15,11 @@ page has a token, and `/health` answers for pollers; `share` is never possible.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from typing import Any
 
+from atroposlib.utils import listen
+from atroposlib.utils.listen import ListenError, listen_socket
 from atroposlib.utils.token_guard import TokenGuard
 from atroposlib.viewer.render import Decoder, render_batch, render_notice, scoped_css
 from atroposlib.viewer.settings import ViewRunSettings
@@ -117,23 +118,17 @@ def page_app(settings: ViewRunSettings, blocks: Any) -> Any:
     return app
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound here so a busy port is an error message, not a log line."""
-    bare = host.strip("[]")
-    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((bare, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def serve(settings: ViewRunSettings, multimodal: bool = False) -> int:
-    """Check the bind, load the tokenizer, then serve the page until interrupted."""
+    """Check the bind, load the tokenizer, then serve the page until stopped (Ctrl-C: 0)."""
     tool = "view-run-multimodal" if multimodal else "view-run"
+    try:
+        return _serve(settings, multimodal, tool)
+    except KeyboardInterrupt:  # while the tokenizer or Gradio loads
+        print(f"{tool}: stopped", file=sys.stderr)
+        return 0
+
+
+def _serve(settings: ViewRunSettings, multimodal: bool, tool: str) -> int:
     settings = settings.resolved()
     problem = settings.exposure_problem()
     if warning := settings.exposure_warning():
@@ -142,25 +137,29 @@ def serve(settings: ViewRunSettings, multimodal: bool = False) -> int:
         print(f"{tool}: {problem}", file=sys.stderr)
         return 2
     try:
-        _import_gradio()
-        decoder = load_tokenizer(settings.tokenizer)
-    except ViewerError as error:
-        print(f"error: {error}", file=sys.stderr)
+        sock = listen_socket(settings.host, settings.port)
+    except ListenError as error:
+        print(f"{tool}: {error}", file=sys.stderr)
         return 2
-    try:
-        sock = bind(settings.host, settings.port)
-    except OSError as error:
-        print(f"error: cannot serve on {settings.host}:{settings.port}: {error}", file=sys.stderr)
-        return 2
-    import uvicorn
-
-    source = GroupSource(settings.api_url, settings.batch_size, settings.max_token_len)
-    app = page_app(settings, build_app(settings, decoder, source, multimodal))
-    config = uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5)
-    print(f"{tool}: serving on http://{settings.host}:{settings.port}/", flush=True)
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        sock.close()
-        source.close()
-    return 0
+    with sock:
+        try:
+            _import_gradio()
+            decoder = load_tokenizer(settings.tokenizer)
+        except ViewerError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        source = GroupSource(settings.api_url, settings.batch_size, settings.max_token_len)
+        app = page_app(settings, build_app(settings, decoder, source, multimodal))
+        print(f"{tool}: serving on http://{settings.host}:{settings.port}/", flush=True)
+        try:
+            return listen.serve(
+                app,
+                sock,
+                tool,
+                host=settings.host,
+                port=settings.port,
+                access_log=False,
+                timeout_graceful_shutdown=5,
+            )
+        finally:
+            source.close()

@@ -20,6 +20,8 @@ PAGE_KEY_ENV = "ATROPOS_VIEW_API_KEY"
 
 DEFAULT_TOKENIZER = "NousResearch/DeepHermes-3-Llama-3-8B-Preview"
 DEFAULT_MULTIMODAL_TOKENIZER = "Qwen/Qwen2-VL-2B-Instruct"
+DEFAULT_PORT = 7860
+"""Gradio's own default; upstream's viewer used 9001, where the inference engine listens."""
 BATCHES_OF_GROUPS = 8
 """The viewer registers for batches of group_size * 8 sequences, as upstream does."""
 
@@ -30,7 +32,13 @@ class ViewRunSettings(ExposureRule, BaseModel):
 
     """Flags of `view-run`."""
 
-    port: int = Field(9001, ge=1, le=65535, description="Port of the web page.")
+    port: int = Field(
+        DEFAULT_PORT,
+        ge=1,
+        le=65535,
+        description="Port of the web page (Gradio's usual 7860: upstream's 9001 is the "
+        "inference engine's).",
+    )
     group_size: int = Field(
         2,
         gt=0,

@@ -14,7 +14,7 @@ from typing import Any
 from atroposlib.datagen.pull import BatchPuller, PullError
 
 KEY_HINT = "set ATROPOS_API_KEY to the key run-api was started with, then restart the viewer"
-WAITING = "No batch yet: is an environment serving?"
+WAITING = "No batch yet"
 
 
 @dataclass
@@ -56,6 +56,7 @@ class GroupSource:
             api_url, batch_size, max_token_len, api_key=api_key, tool="atropos-view-run", retry_s=0
         )
         self._registered = False
+        self.batches = 0  # served to this page so far
 
     def pull(self) -> Pulled:
         """Register if not yet done, then take one batch off the API's queue."""
@@ -68,19 +69,34 @@ class GroupSource:
             return Pulled(None, "error", explain(error, self.api_url))
         if not batch:
             return Pulled(None, "waiting", self._waiting_message())
+        self.batches += 1
         return Pulled(list(batch), "ok", "")
 
     def _waiting_message(self) -> str:
+        """What the page waits for: the environments, which start once a trainer (this
+        page, on its first press) asks for a batch, with the API's count when it has one."""
         needed = f"a batch needs {self.batch_size} sequences"
+        first = "the first batch (they start once the run's trainer, this page, asks for one)"
+        which = "the next batch" if self.batches else first
+        producing = f"{WAITING}: the environments are still producing {which}."
         try:
             status = self._puller.status()
         except PullError:
-            return f"{WAITING} ({needed})"
+            status = {}
         queued = status.get("queued_sequences")
         if queued is None:
-            return f"{WAITING} ({needed})"
+            return f"{producing} ({needed}) Press again in a moment."
         groups = status.get("queue_size", 0)
-        return f"{WAITING} The API holds {groups} group(s), {queued} sequence(s); {needed}."
+        held = f"The API holds {groups} group(s), {queued} sequence(s)"
+        if status.get("batch_blocked"):
+            return f"{WAITING}: {held} but cannot form a batch: {status.get('blocked_reason')}"
+        hint = (
+            " (if the count stays at 0, check that an environment is serving with "
+            f"--env.rollout_server_url {self.api_url})"
+            if queued == 0
+            else ""
+        )
+        return f"{producing} {held}; {needed}. Press again in a moment{hint}."
 
     def close(self) -> None:
         self._puller.close()

@@ -91,7 +91,7 @@ def test_view_run_shows_each_groups_prompt_completions_and_scores(
     )
     page = _open(chromium, viewer.url)
     # the viewer registers on the first click; nothing is queued yet
-    _click_and_expect(page, "No batch yet: is an environment serving?")
+    _click_and_expect(page, "No batch yet: the environments are still producing the first")
     expect(page.locator("#view-status")).to_contain_text("a batch needs 16 sequences")
 
     groups = [

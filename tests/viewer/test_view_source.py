@@ -21,12 +21,26 @@ def test_pull_waits_then_serves_a_full_batch(api, wire_client):
     try:
         first = source.pull()
         assert (first.groups, first.kind) == (None, "waiting")
-        assert "No batch yet: is an environment serving?" in first.message
+        # the first press is what lets the environments start: the page says so
+        assert first.message.startswith(
+            "No batch yet: the environments are still producing the first batch (they "
+            "start once the run's trainer, this page, asks for one)."
+        )
         assert "0 group(s), 0 sequence(s); a batch needs 4 sequences" in first.message
+        assert f"an environment is serving with --env.rollout_server_url {api.url}" in (
+            first.message
+        )
         _post_as_env(wire_client, [make_group(2, tag=7), make_group(2, tag=8)])
         second = source.pull()
         assert second.kind == "ok"
         assert sorted(g.tokens[0][0] for g in second.groups) == [7, 8]
+        _post_as_env(wire_client, [make_group(2, tag=9)])
+        third = source.pull()
+        assert third.kind == "waiting"
+        assert "still producing the next batch. The API holds 1 group(s), 2 sequence(s); " in (
+            third.message
+        )
+        assert "--env.rollout_server_url" not in third.message  # groups are arriving
     finally:
         source.close()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import ClassVar
@@ -24,6 +25,7 @@ from pydantic import Field
 from atroposlib.envs.server_handling.proxy_sessions import SessionLimits
 from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, ExposureRule, key_from_environment
 from atroposlib.utils.flags import add_model_flags, parse_settings
+from atroposlib.utils.listen import ListenError, listen_socket, serve
 from atroposlib.utils.logging import configure_logging
 
 PROXY_KEY_ENVIRONMENT = ("ATROPOS_PROXY_API_KEY",)
@@ -92,8 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"atropos-proxy: {exc}", file=sys.stderr)
         return 2
+    try:  # before the tokenizer loads, so a busy port costs no time
+        sock = listen_socket(settings.host, settings.port)
+    except ListenError as error:
+        print(f"atropos-proxy: {error}", file=sys.stderr)
+        return 2
+    with sock:
+        return _serve(settings, config, sock)
+
+
+def _serve(settings: ProxySettings, config: dict, sock: socket.socket) -> int:
+    """Load the tokenizer and the backends, then serve on the socket bound for them."""
     configure_logging(settings.log_level)
-    import uvicorn
     from transformers import AutoTokenizer
 
     from atroposlib.envs.server_handling.managed_server_proxy import (
@@ -116,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         f"atropos-proxy: {model_name} over {backends} on http://{settings.host}:{settings.port}",
         file=sys.stderr,
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
-    return 0
+    return serve(
+        app, sock, "atropos-proxy", host=settings.host, port=settings.port, access_log=False
+    )
 
 
 if __name__ == "__main__":
