@@ -8,11 +8,13 @@ nothing: delivery resumes in order when the API answers again, and a group
 that was delivered but not yet deleted is recognised by its key and not queued
 twice. Bodies of 1 KB or more are gzip-compressed; `ATROPOS_API_KEY` is sent as
 a bearer token when set. Connection errors, 5xx (503: queue full), 408 and 429
-are retried with exponential back-off. Any other 4xx is final: retrying the same
-body cannot succeed, and holding it would block every later group behind it. A
-refused record is therefore moved, with the API's answer, to a dead-letter file
-beside the spool (`dead-letter.jsonl`) and logged as an ERROR, so it can be
-inspected and re-posted by hand instead of vanishing.
+are retried with exponential back-off, for ever: an env outlives an API restart. The
+log names the URL and what to check at the first failure, then at a slowing pace
+(`atroposlib.utils.retry_notes`), and says when the API answers again. Any other 4xx
+is final: retrying the same body cannot succeed, and holding it would block every
+later group behind it. A refused record is therefore moved, with the API's answer,
+to a dead-letter file beside the spool (`dead-letter.jsonl`) and logged as an
+ERROR, so it can be inspected and re-posted by hand instead of vanishing.
 
 Each group is stamped with a `group_id` (`atroposlib.protocol.GROUP_ID_FIELD`)
 when it is spooled, and every post the API acknowledged is appended to a ledger
@@ -48,6 +50,7 @@ import httpx
 from atroposlib.delivery_ledger import ledger_path, record_delivered
 from atroposlib.protocol import GROUP_ID_FIELD, WEIGHT_VERSIONS_FIELD
 from atroposlib.utils.durable import fsync_dir
+from atroposlib.utils.retry_notes import RetryNotes
 
 logger = logging.getLogger("atroposlib.envs")
 
@@ -112,6 +115,7 @@ class TrajectoryClient:
         self._flush_lock = asyncio.Lock()
         self._flusher: asyncio.Task | None = None
         self._status_query = True  # False once the API refused /status-env?env_id=
+        self._retry_notes: dict[str, RetryNotes] = {}
         if existing:
             # a spool left by an earlier run is sent to whatever trainer is there now
             logger.warning(
@@ -123,18 +127,35 @@ class TrajectoryClient:
 
     # -- plain calls, retried until the API answers -------------------------
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        notes = self._notes(method, path)
         delay = 0.5
         while True:
             try:
                 response = await self.http.request(method, path, **kwargs)
                 if response.status_code < 500 and response.status_code not in RETRYABLE_4XX:
+                    notes.answered()
                     return response
-                logger.warning("%s %s answered %d; retrying", method, path, response.status_code)
+                notes.failed(
+                    f"HTTP {response.status_code}: {response.text[:200]}",
+                    "the API is up but cannot take it yet, as its answer says",
+                )
             except httpx.TransportError as exc:
-                why = "timed out" if isinstance(exc, httpx.TimeoutException) else exc
-                logger.warning("%s %s failed (%s); retrying in %.1fs", method, path, why, delay)
+                timed_out = isinstance(exc, httpx.TimeoutException)
+                notes.failed(
+                    "timed out" if timed_out else str(exc) or type(exc).__name__,
+                    f"check that run-api is running at {self.base_url} and that "
+                    "--env.rollout_server_url names it",
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_backoff_s)
+
+    def _notes(self, method: str, path: str) -> RetryNotes:
+        """The retry log of one call (an outage of another call is logged apart)."""
+        key = f"{method} {path}"
+        if key not in self._retry_notes:
+            where = f"{key} to the trajectory API at {self.base_url}"
+            self._retry_notes[key] = RetryNotes(logger, where)
+        return self._retry_notes[key]
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         """The JSON answer of a plain call; `APIRefusedError` for a 4xx or a non-JSON one."""

@@ -11,7 +11,10 @@ import pytest
 from atroposlib.delivery_ledger import DELIVERED_LEDGER
 from atroposlib.envs.api_client import APIRefusedError, TrajectoryClient
 from atroposlib.protocol import GROUP_ID_FIELD, WEIGHT_VERSIONS_FIELD
+from atroposlib.utils.ports import free_port
+from atroposlib.utils.waiting import poll_until_async
 from tests.support.groups import make_group, register_env, start_trainer
+from tests.support.processes import ApiProcess
 
 
 def test_close_while_the_background_flusher_runs(api, wire_client, tmp_path):
@@ -204,3 +207,38 @@ def test_the_client_remembers_the_newest_weight_version_it_sent(tmp_path):
         return seen
 
     assert asyncio.run(send_all()) == [None, None, None, 3, 12, 12]
+
+
+@pytest.mark.integration
+def test_a_dead_api_is_named_once_with_what_to_check_and_its_return_once(tmp_path, caplog):
+    """Not one line per try and not silent: the first failure names the URL and what to
+    check; the API that then starts there is reported once, with the tries it took."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    api = ApiProcess(tmp_path / "state", port=port)
+
+    async def scenario() -> tuple[dict, int]:
+        trajectories = TrajectoryClient(url, tmp_path / "spool", max_backoff_s=0.1)
+        asking = asyncio.create_task(trajectories.get_json("/info"))
+        notes = trajectories._notes("GET", "/info")
+        await poll_until_async(lambda: notes.failures >= 5, 60, "five failed tries")
+        failed = notes.failures
+        await asyncio.to_thread(api.start)
+        info = await asking
+        await trajectories.close()
+        return info, failed
+
+    try:
+        with caplog.at_level(logging.INFO, logger="atroposlib.envs"):
+            info, failed = asyncio.run(scenario())
+    finally:
+        api.stop()
+    assert info == {"batch_size": -1, "max_token_len": -1}
+    lines = [r for r in caplog.records if "GET /info" in r.getMessage()]
+    warning, back = (r.getMessage() for r in lines)  # exactly two lines for the outage
+    assert warning.startswith(f"GET /info to the trajectory API at {url} failed (")
+    assert f"check that run-api is running at {url}" in warning
+    assert "--env.rollout_server_url" in warning
+    assert back.startswith(f"GET /info to the trajectory API at {url} answered after ")
+    tries = int(back.split(" and ")[-1].split()[0])
+    assert tries >= failed >= 5
