@@ -9,7 +9,10 @@ crashes in a row, so a run of days is not ended by its fourth crash ever.
 Output is read line by line by a thread that appends it to the child's own
 log file in the run directory (kept whole) and hands it to a sink that prints
 it with the child's coloured prefix. The process itself comes from
-`atroposlib.utils.processes.spawn`, so it cannot outlive the launcher.
+`atroposlib.utils.processes.spawn`, so it cannot outlive the launcher. Its
+`WANDB_DIR` is the run directory (unless the launcher's own environment sets one),
+so an environment's or a trainer's wandb files stay with the run instead of landing
+in the working directory.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ STABLE_AFTER_S = 60.0
 MAX_BACKOFF_S = 30.0
 
 
+def child_environment(run_dir: Path, extra: dict[str, str]) -> dict[str, str]:
+    """A child's environment: the launcher's, with unbuffered output, wandb's files in
+    the run dir unless WANDB_DIR is set already, and the plan's own variables."""
+    return {"WANDB_DIR": str(run_dir), **os.environ, "PYTHONUNBUFFERED": "1", **extra}
+
+
 class Child:
     def __init__(self, plan: ProcessPlan, log_dir: Path, color: str, sink: Sink) -> None:
         self.plan = plan
@@ -37,6 +46,7 @@ class Child:
         self.color = color
         self.sink = sink
         self.log_path = log_dir / f"{plan.name}.log"
+        self.run_dir = log_dir.parent  # the launcher keeps the logs in <run_dir>/logs
         self.proc: subprocess.Popen | None = None
         self.reader: threading.Thread | None = None
         self.restarts = 0
@@ -56,7 +66,7 @@ class Child:
         self.proc = spawn(
             command,
             subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.plan.env},
+            env=child_environment(self.run_dir, self.plan.env),
         )
         self.reader = threading.Thread(target=self._pump, daemon=True, name=f"log-{self.name}")
         self.reader.start()
