@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 import shlex
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from atroposlib.utils.exposure import engine_args_problem
+from atroposlib.utils.flags import add_model_flags
 
 WeightBridgeMode = Literal[
     "none", "restart", "hot_reload", "lora_only", "lora_restart", "shared_vllm"
@@ -144,6 +147,12 @@ class TrainingConfig(BaseModel):
         "environments start no rollout that would arrive staler (docs/trainer.md, "
         "Off-policy control). Default: no bound, as upstream.",
     )
+    no_reference_logprobs: bool = Field(
+        False,
+        description="Upstream's flag: the rollout's inference_logprobs are not the ratio's "
+        "denominator. Here that is --ratio-reference trainer (ratio 1: a REINFORCE-style "
+        "step, as upstream described it).",
+    )
     require_inference_logprobs: bool = Field(
         False,
         description="Refuse groups without inference_logprobs, as upstream does "
@@ -213,6 +222,9 @@ class TrainingConfig(BaseModel):
         "GPU it finds).",
     )
     vllm_gpu_memory_utilization: float = Field(0.45, description="vLLM's GPU memory share.")
+    gpu_memory_utilization: float | None = Field(
+        None, description="Upstream's spelling of --vllm-gpu-memory-utilization."
+    )
     served_model_name: str | None = Field(
         None, description="Name environments use for the policy (default: --model-name)."
     )
@@ -242,7 +254,11 @@ class TrainingConfig(BaseModel):
     lora_r: int = Field(16, description="LoRA rank.")
     lora_alpha: int = Field(32, description="LoRA alpha.")
     lora_dropout: float = Field(0.05, description="LoRA dropout.")
-    lora_target_modules: str = Field("q_proj,v_proj", description="Comma-separated module names.")
+    lora_target_modules: str = Field(
+        "q_proj,v_proj",
+        description="Module names LoRA adapts: comma-separated, or space-separated as "
+        "upstream's (--lora-target-modules q_proj v_proj).",
+    )
     atropos_url: str = Field("http://localhost:8000", description="Trajectory API URL.")
     api_timeout_s: float = Field(
         60.0,
@@ -268,6 +284,18 @@ class TrainingConfig(BaseModel):
         "/batch open (ours does: Prefer: wait).",
     )
 
+    @field_validator("lora_target_modules", mode="before")
+    @classmethod
+    def _module_list(cls, value: Any) -> Any:
+        """Upstream's space-separated list (a list from the parser) or ours, comma-separated."""
+        parts = value if isinstance(value, list) else [value] if isinstance(value, str) else None
+        if parts is None:
+            return value
+        names = [name for part in parts for name in re.split(r"[,\s]+", str(part)) if name]
+        if not names:
+            raise ValueError("name at least one module, e.g. q_proj,v_proj")
+        return ",".join(names)
+
     @field_validator("engine_args")
     @classmethod
     def _engine_args_keep_loopback(cls, value: str) -> str:
@@ -288,6 +316,14 @@ class TrainingConfig(BaseModel):
     @model_validator(mode="after")
     def _loss_choice(self) -> TrainingConfig:
         """Resolve the defaults that depend on the loss, and refuse what contradicts it."""
+        if self.no_reference_logprobs:
+            if self.ratio_reference == "inference":
+                raise ValueError(
+                    "--no-reference-logprobs is --ratio-reference trainer, but --ratio-reference "
+                    "inference was given; give one"
+                )
+            self.ratio_reference = "trainer"
+            self.no_reference_logprobs = False
         if self.loss_normalization is not None:
             implied: LossType = "dapo" if self.loss_normalization == "token" else "grpo"
             if "loss_type" in self.model_fields_set and self.loss_type != implied:
@@ -356,6 +392,21 @@ class TrainingConfig(BaseModel):
         return devices[index % len(devices)]
 
     @model_validator(mode="after")
+    def _one_memory_share(self) -> TrainingConfig:
+        """Upstream's --gpu-memory-utilization is --vllm-gpu-memory-utilization."""
+        if self.gpu_memory_utilization is not None:
+            ours = self.vllm_gpu_memory_utilization
+            if "vllm_gpu_memory_utilization" in self.model_fields_set and (
+                ours != self.gpu_memory_utilization
+            ):
+                raise ValueError(
+                    "--gpu-memory-utilization and --vllm-gpu-memory-utilization disagree; give one"
+                )
+            self.vllm_gpu_memory_utilization = self.gpu_memory_utilization
+            self.gpu_memory_utilization = None
+        return self
+
+    @model_validator(mode="after")
     def _one_checkpoint_interval(self) -> TrainingConfig:
         """Upstream's --checkpoint-interval is --save-checkpoint-interval by another name."""
         if self.checkpoint_interval is not None:
@@ -376,3 +427,22 @@ class TrainingConfig(BaseModel):
     def restarts_engine(self) -> bool:
         """Whether new weights reach the engine by restarting it from a checkpoint."""
         return self.weight_bridge_mode in RESTART_MODES
+
+
+def build_parser(description: str = "") -> argparse.ArgumentParser:
+    """`atropos-grpo`'s flags: one per field, and --lora-target-modules also as upstream's
+    space-separated list (`q_proj v_proj`), which one value per flag would refuse."""
+    parser = argparse.ArgumentParser(
+        prog="atropos-grpo", description=description, conflict_handler="resolve"
+    )
+    add_model_flags(parser, TrainingConfig)
+    field = TrainingConfig.model_fields["lora_target_modules"]
+    parser.add_argument(
+        "--lora-target-modules",
+        dest="lora_target_modules",
+        nargs="+",
+        default=argparse.SUPPRESS,
+        metavar="MODULE",
+        help=f"{field.description} (default: {field.default!r})",
+    )
+    return parser

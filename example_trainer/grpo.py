@@ -15,7 +15,6 @@ talking (API, engine, checkpoints, metrics); see `distributed.py`.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import random
@@ -28,7 +27,7 @@ import torch
 
 from atroposlib.protocol import ScoredData, group_id_of
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, RunRecords
-from atroposlib.utils.flags import add_model_flags, parse_settings
+from atroposlib.utils.flags import parse_settings
 from atroposlib.utils.logging import configure_logging
 from example_trainer.api import APIRefused, TrajectoryAPI
 from example_trainer.checkpoint import (
@@ -37,7 +36,7 @@ from example_trainer.checkpoint import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
-from example_trainer.config import TrainingConfig
+from example_trainer.config import TrainingConfig, build_parser
 from example_trainer.data import (
     BatchGroups,
     Sequence,
@@ -460,8 +459,7 @@ class Trainer(PolicyServing):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="atropos-grpo", description=__doc__.splitlines()[0])
-    add_model_flags(parser, TrainingConfig)
+    parser = build_parser(__doc__.splitlines()[0])
     config, _ = parse_settings(parser, TrainingConfig, argv)
     configure_logging("info", config.log_format)
     from transformers.utils import logging as transformers_logging
