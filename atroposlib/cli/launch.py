@@ -1,4 +1,10 @@
-"""`atropos-launch CONFIG.yaml`: API, environments, engine and trainer of a run in one command."""
+"""`atropos-launch CONFIG.yaml`: API, environments, engine and trainer of a run in one command.
+
+`--set KEY=VALUE` overrides any YAML key (as TRL's flags beat its config file);
+`--resume RUN_DIR` continues a run that was interrupted or crashed, from its own
+record (`launch/resume.py`). Every mistake that can be found before anything starts
+is one line and exit 2.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from atroposlib.launch.checks import preflight
 from atroposlib.launch.config import ConfigError, load_config
-from atroposlib.launch.plan import plan
+from atroposlib.launch.plan import Plan, plan
+from atroposlib.launch.resume import LaunchRecord, resume_target
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,21 +24,53 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start a whole RL run (API, environments, engine, trainer) from a YAML, "
         "supervise it, and write a report. See docs/launch.md.",
     )
-    parser.add_argument("config", help="launch YAML (see configs/)")
+    parser.add_argument(
+        "config", nargs="?", help="launch YAML (see configs/); with --resume, the run's own"
+    )
     parser.add_argument("--run-dir", help="override run_dir from the YAML")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one YAML key, e.g. --set trainer.args.lr=1e-5 or "
+        "--set environments.0.env.group_size=4 (repeatable; the value is read as YAML)",
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR (interrupted or crashed): its API store, its "
+        "environments' state and its newest checkpoint, with one report for the whole run",
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="check the config and print the commands only"
     )
     return parser
 
 
+def resolve(args: argparse.Namespace) -> tuple[Plan, LaunchRecord]:
+    """The plan and its record, every check made; ConfigError names the first problem."""
+    if args.resume:
+        if args.run_dir:
+            raise ConfigError("--resume names the run directory; drop --run-dir")
+        record = resume_target(Path(args.resume), args.config, args.sets)
+    elif args.config is None:
+        raise ConfigError("give a launch YAML (see configs/), or --resume RUN_DIR")
+    else:
+        record = LaunchRecord(config=str(Path(args.config).resolve()), sets=list(args.sets))
+    config = load_config(record.config, record.sets)
+    if args.resume or args.run_dir:
+        config = config.model_copy(update={"run_dir": args.resume or args.run_dir})
+    resolved = plan(config, record.config, resume=bool(args.resume))
+    preflight(resolved)
+    return resolved, record
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        config = load_config(args.config)
-        if args.run_dir:
-            config = config.model_copy(update={"run_dir": args.run_dir})
-        resolved = plan(config, args.config)
+        resolved, record = resolve(args)
     except ConfigError as exc:
         print(f"atropos-launch: {exc}", file=sys.stderr)
         return 2
@@ -41,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from atroposlib.launch.supervisor import Launcher
 
-    return Launcher(resolved, Path(args.config).read_text()).run()
+    return Launcher(resolved, record).run()
 
 
 if __name__ == "__main__":

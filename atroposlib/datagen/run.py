@@ -28,6 +28,8 @@ from atroposlib.datagen.pull import BatchPuller, PullError
 from atroposlib.datagen.settings import DpoGenSettings, GenSettings, SftGenSettings
 from atroposlib.datagen.sft import keep_best, sft_record
 from atroposlib.datagen.writer import JsonlWriter, OutputError, check_output
+from atroposlib.utils.tokenizers import TokenizerLoadError
+from atroposlib.utils.tokenizers import load_tokenizer as load_named_tokenizer
 
 POLL_S = 1.0
 API_RETRY_S = 120.0
@@ -74,16 +76,9 @@ def dpo_rules(settings: DpoGenSettings) -> Rules:
 def load_tokenizer(name: str) -> Decoder:
     """A Hugging Face tokenizer, or TokenizerError naming --tokenizer."""
     try:
-        from transformers import AutoTokenizer
-
-        # transformers types decode() as str | list[str] for every input; list[int] gives str
-        return AutoTokenizer.from_pretrained(name)  # type: ignore[return-value]
-    except Exception as error:
-        raise TokenizerError(
-            f"cannot load the tokenizer {name!r} given by --tokenizer ({type(error).__name__}: "
-            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}); give a "
-            "Hugging Face name or a local directory, or use --save-messages"
-        ) from None
+        return load_named_tokenizer(name, "--tokenizer")
+    except TokenizerLoadError as error:
+        raise TokenizerError(f"{error}, or use --save-messages") from None
 
 
 class Stopper:

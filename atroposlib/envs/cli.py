@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import difflib
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,11 @@ from atroposlib.envs.reporting import keep_full_metrics
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.utils.flags import add_model_flags, given_flags, parse_bool
 from atroposlib.utils.logging import configure_logging
+from atroposlib.utils.tokenizers import (
+    CHECK_CONFIG_ENVIRONMENT,
+    TokenizerLoadError,
+    load_tokenizer,
+)
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
@@ -265,7 +271,10 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
         if unknown:
             raise _unknown_flag_error(parser, unknown)
         resolved = resolve_config(env_cls, args.command, args)
-    except ConfigError as exc:
+        if os.environ.get(CHECK_CONFIG_ENVIRONMENT) == "1":
+            check_only(resolved)
+            return
+    except (ConfigError, TokenizerLoadError) as exc:
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
         sys.exit(2)
     configure_logging("info")
@@ -285,6 +294,14 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     except (APIRefusedError, NothingProcessed) as exc:  # the message says it; no traceback
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
         sys.exit(1)
+
+
+def check_only(resolved: ResolvedConfig) -> None:
+    """The launcher's check before it starts anything (launch/checks.py): the flags
+    resolved above, and the tokenizer the env would load first."""
+    name = getattr(resolved.env, "tokenizer_name", None)
+    if name:
+        load_tokenizer(name, "--env.tokenizer_name (the launch's model: by default)")
 
 
 def save_evaluate_config(resolved: ResolvedConfig) -> None:

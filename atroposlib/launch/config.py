@@ -119,7 +119,8 @@ class LaunchConfig(Section):
     trainer: TrainerSection = Field(default_factory=TrainerSection)
 
 
-def load_config(path: str | Path) -> LaunchConfig:
+def read_config_data(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """The YAML's data with each `--set KEY=VALUE` applied (not validated yet)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -131,10 +132,71 @@ def load_config(path: str | Path) -> LaunchConfig:
         raise ConfigError(f"{path} is not UTF-8 text: {exc}") from exc
     except OSError as exc:
         raise ConfigError(f"{path} cannot be read: {exc}") from exc
+    for override in overrides:
+        apply_override(data, override)
+    return data
+
+
+def effective_text(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """The YAML as written, or re-dumped with the overrides applied when there are any."""
+    if not overrides:
+        return Path(path).read_text(encoding="utf-8")
+    return yaml.safe_dump(read_config_data(path, overrides), sort_keys=False)
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LaunchConfig:
+    data = read_config_data(path, overrides)
     try:
         return LaunchConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{path}: {describe_errors(exc)}") from exc
+
+
+SCIENTIFIC = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def apply_override(data: Any, override: str) -> None:
+    """`--set trainer.args.lr=1e-5`: set one key of the YAML's data, as TRL's CLI lets
+    a flag beat its config file. The value is read as YAML (`8` is a number, `[a, b]` a
+    list, `null` removes nothing but sets null); a number in the path indexes a list
+    (`environments.0.env.group_size=8`). Missing mappings on the way are created, so an
+    unknown key is refused by the same validation as one written in the file."""
+    key, sep, text = override.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(parts):
+        raise ConfigError(f"--set {override!r}: write KEY=VALUE, e.g. trainer.args.lr=1e-5")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {override!r}: the value is not YAML ({exc})") from None
+    if isinstance(value, str) and SCIENTIFIC.match(value):
+        value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
+    if not isinstance(data, dict):
+        raise ConfigError(f"--set {override!r}: the config is not a mapping")
+    node: Any = data
+    for depth, part in enumerate(parts[:-1]):
+        where = ".".join(parts[: depth + 1])
+        if isinstance(node, list):
+            node = node[_list_index(node, part, where, override)]
+        elif isinstance(node, dict):
+            node = node.setdefault(part, {})
+        else:
+            raise ConfigError(f"--set {override!r}: {where} is a value, not a section")
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_list_index(node, last, key, override)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(f"--set {override!r}: {'.'.join(parts[:-1])} is a value, not a section")
+
+
+def _list_index(items: list, part: str, where: str, override: str) -> int:
+    if not part.isdigit() or int(part) >= len(items):
+        raise ConfigError(
+            f"--set {override!r}: {where} needs an index below {len(items)} (the list's length)"
+        )
+    return int(part)
 
 
 SECRET_NAME = re.compile(r"(key|token|secret|password)$", re.IGNORECASE)

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from atroposlib.api.settings import APISettings
+from atroposlib.launch.checks import check_model_name
 from atroposlib.launch.config import (
     ConfigError,
     EnvironmentSection,
@@ -57,6 +58,8 @@ class ProcessPlan:
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
     not_restartable: str | None = None
     """Why a crash of this process must end the run (None: it is restarted)."""
+    section: int | None = None
+    """An environment's index in the YAML's list (its copies share it)."""
 
 
 @dataclass
@@ -79,6 +82,8 @@ class Plan:
     """The API's durable store (None: it runs ephemeral)."""
     key: str | None = None
     """The run's key for the API and the engine (None: keys: none)."""
+    resumed: bool = False
+    """The run directory holds an earlier run of this config, which goes on."""
 
     @property
     def checkpoints(self) -> Path:
@@ -125,15 +130,22 @@ class Shared:
         return {name: self.key for name in names} if self.key else {}
 
 
-def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
-    """Resolve paths and ports once, check what can be checked, and build every command."""
+def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) -> Plan:
+    """Resolve paths and ports once, check what can be checked, and build every command.
+
+    `resume`: the run directory holds an earlier run of this config, which goes on
+    (`atropos-launch --resume RUN_DIR`); otherwise it must be new or empty."""
     base = Path(config_path).resolve().parent
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(config.run_dir or f"runs/{Path(config_path).stem}-{stamp}").resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} is a file; pick another run_dir")
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"run directory {run_dir} already holds a run; pick another run_dir")
+    if not resume and run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run; continue it with "
+            f"`atropos-launch --resume {run_dir}`, or pick another run_dir"
+        )
+    check_model_name(config.model)  # before anything: every process would fail on it
     taken: set[int] = set()
     api_port = _port(config.api.port, "api", taken)
     trainer_args = dict(config.trainer.args)
@@ -175,6 +187,7 @@ def plan(config: LaunchConfig, config_path: str | Path) -> Plan:
         engine=engine,
         environments=environments,
         key=shared.key,
+        resumed=resume,
     )
 
 
@@ -362,6 +375,7 @@ def _environment_plans(
                     ],
                     max_restarts=section.max_restarts,
                     env=key_env,
+                    section=index,
                 )
             )
     return environments

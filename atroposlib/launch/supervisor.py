@@ -38,10 +38,11 @@ from rich.panel import Panel
 from rich.text import Text
 
 from atroposlib.launch.children import Child
-from atroposlib.launch.config import redacted_text
+from atroposlib.launch.config import effective_text, redacted_text
 from atroposlib.launch.console import console_text, key_line
 from atroposlib.launch.plan import KEY_FILE, Plan
 from atroposlib.launch.report import run_numbers, write_report
+from atroposlib.launch.resume import LaunchRecord, resume_command, write_record
 from atroposlib.launch.status import StatusReader
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, read_events, read_metrics
 from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until
@@ -66,6 +67,19 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
+CLEAN_STOP_CODES = (0, -signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGINT, 128 + signal.SIGTERM)
+"""Exit codes of a process that stopped as asked: nothing to report but the stop."""
+
+
+def ended(child: Child) -> str:
+    """How a child ended, for the closing panel."""
+    code = child.returncode
+    if child.stopped:
+        unusual = "" if code in CLEAN_STOP_CODES else f", exit code {code}"
+        return f"stopped by the launcher{unusual}"
+    return f"exit code {code}"
+
+
 def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -74,9 +88,11 @@ class Launcher:
     """Runs one `Plan`: starts the processes in order, restarts the ones that die, stops
     them all, and writes the report. The console shows one line per event that matters."""
 
-    def __init__(self, plan: Plan, config_text: str, console: Console | None = None) -> None:
+    def __init__(self, plan: Plan, record: LaunchRecord, console: Console | None = None) -> None:
         self.plan = plan
-        self.config_text = redacted_text(config_text)  # what the run dir and report show
+        self.record = record
+        # what the run dir and report show: the YAML with its --set overrides, redacted
+        self.config_text = redacted_text(effective_text(record.config, record.sets))
         self.console = console or Console(highlight=False)
         self.live: Live | None = None
         colors = itertools.cycle(COLORS)
@@ -100,6 +116,7 @@ class Launcher:
         if self.plan.key is None:
             return
         path = self.plan.run_dir / KEY_FILE
+        path.unlink(missing_ok=True)  # a resumed run gets a fresh key, like every launch
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as handle:
             handle.write(self.plan.key + "\n")
@@ -120,6 +137,7 @@ class Launcher:
     def run(self) -> int:
         self.plan.run_dir.mkdir(parents=True, exist_ok=True)
         (self.plan.run_dir / "config.yaml").write_text(self.config_text)
+        write_record(self.plan.run_dir, self.record)
         for name, text in self.plan.files.items():
             (self.plan.run_dir / name).write_text(text)
         self._write_key()
@@ -127,7 +145,8 @@ class Launcher:
         (self.plan.run_dir / "commands.json").write_text(json.dumps(commands, indent=2))
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         started = time.monotonic()
-        self.say(f"run directory: {self.plan.run_dir}")
+        resuming = "resuming the run in" if self.plan.resumed else "run directory:"
+        self.say(f"{resuming} {self.plan.run_dir}")
         try:
             self._start_all()
             outcome = self._supervise()
@@ -156,7 +175,12 @@ class Launcher:
             assert self.engine.plan.health_url is not None
             self._start(self.engine)
             self._wait_healthy("engine", self.engine.plan.health_url, self.engine)
-        self._start(self.trainer)
+        if self.plan.resumed:
+            command, checkpoint = self._resume_command()
+            self.say(f"the trainer resumes from {checkpoint or 'step 0 (no checkpoint yet)'}")
+            self._start(self.trainer, command)
+        else:
+            self._start(self.trainer)
         # environments start beside the trainer: their start-up (imports, tokenizer) overlaps
         # the trainer's and its engine's, and they sample nothing before the trainer's first
         # /batch, which comes after its engine is up
@@ -166,9 +190,9 @@ class Launcher:
             self.say("waiting for the trainer's inference engine")
             self._wait_healthy("the trainer's engine", self.trainer.plan.health_url, self.trainer)
 
-    def _start(self, child: Child) -> None:
+    def _start(self, child: Child, command: list[str] | None = None) -> None:
         self.say(f"starting {child.name}")
-        child.start()
+        child.start(command)
 
     def _wait_healthy(self, label: str, url: str, watched: Child) -> None:
         def up() -> bool:
@@ -308,6 +332,9 @@ class Launcher:
 
     def _finish(self, outcome: Outcome, elapsed: float) -> None:
         numbers = run_numbers(self.plan, self.restarts())
+        unfinished = outcome.code != 0 and not self._trainer_finished()
+        if unfinished:
+            numbers["resume_command"] = resume_command(self.plan.run_dir)
         report = None
         try:
             report = write_report(self.plan, self.config_text, numbers)
@@ -316,8 +343,7 @@ class Launcher:
         lines = [f"{outcome.message} after {elapsed:.0f}s"]
         for child in self.children:
             restarted = f", {child.restarts} restarts" if child.restarts else ""
-            how = " (stopped by the launcher)" if child.stopped else ""
-            lines.append(f"  {child.name}: exit code {child.returncode}{how}{restarted}")
+            lines.append(f"  {child.name}: {ended(child)}{restarted}")
         restarts = {name: n for name, n in numbers.get("restarts", {}).items() if n}
         lines.append(
             "  restarts after crashes: "
@@ -331,11 +357,15 @@ class Launcher:
             f"  engine restarts: {numbers['engine_restarts']}; "
             f"checkpoints saved: {numbers['checkpoints_saved']}"
         )
+        if unfinished:
+            lines.append("  continue it with the command below")
         style = "green" if outcome.code == 0 and numbers.get("learned") is not False else "red"
         self.console.print(Panel("\n".join(lines), title="atropos-launch", border_style=style))
         if outcome.failed is not None:
             self.say(f"last lines of {outcome.failed.log_path}:", "bold red")
             self.console.print(Text(outcome.failed.tail()), soft_wrap=True)
+        if unfinished:
+            self.say(f"continue this run: {numbers['resume_command']}", "bold")
         self.say(f"logs: {self.plan.run_dir / 'logs'}")
         if report is not None:
             self.say(f"report: {report}")

@@ -13,9 +13,12 @@ from tests.support.launch import LaunchRun, write_config
 def launch(tmp_path):
     runs: list[LaunchRun] = []
 
-    def start(config: dict[str, Any]) -> LaunchRun:
-        path = write_config(tmp_path / f"launch{len(runs)}.yaml", config)
-        run = LaunchRun(path, tmp_path / f"launch{len(runs)}.out")
+    def start(config: dict[str, Any] | None = None, *arguments: str) -> LaunchRun:
+        """A launch of `config` (written to a file), or with `arguments` alone (--resume)."""
+        if config is not None:
+            path = write_config(tmp_path / f"launch{len(runs)}.yaml", config)
+            arguments = (str(path), *arguments)
+        run = LaunchRun(list(arguments), tmp_path / f"launch{len(runs)}.out")
         runs.append(run)
         return run
 

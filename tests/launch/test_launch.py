@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from atroposlib.trainer_contract import read_metrics
-from tests.support.launch import check_the_console, launch_config
+from tests.support.launch import check_the_console, console_rows, launch_config
 from tests.support.source import REPO
 
 pytestmark = pytest.mark.e2e
@@ -40,6 +40,13 @@ def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
         assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0
         assert f"{name} " in out  # prefixed lines streamed to the console
     check_the_console(out, "arith_env", steps=4)
+    # each engine start (the first, the restart at step 2): a short line on the console,
+    # the whole command in the trainer's log file
+    starts = [line for line in out.splitlines() if "| starting transformers engine on" in line]
+    assert len(starts) == 2 and starts[1].endswith(": step-2"), starts
+    assert all(console_rows(line) == 1 for line in starts), starts
+    trainer_log = (run_dir / "logs" / "trainer.log").read_text()
+    assert trainer_log.count("DEBUG atroposlib.inference.command: engine command: ") == 2
     # the env's whole metrics dict of each step: in its log file as JSON, not on the console
     env_log = (run_dir / "logs" / "arith_env.log").read_text()
     full = re.findall(r"DEBUG atroposlib\.envs\.metrics: step \d+ metrics: (.*)", env_log)
@@ -123,14 +130,49 @@ def test_a_process_that_exits_2_is_not_restarted(launch, tmp_path):
     assert run.leftovers() == []
 
 
-def test_ctrl_c_stops_everything_and_the_trainer_checkpoints(launch, tmp_path):
+def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
+    """Ctrl-C: every process stops, the trainer checkpoints, the panel and summary.json
+    say how to continue. `--resume RUN_DIR` then goes on from that checkpoint with the
+    API's store and the environments' state, and reports one run of all its steps:
+    every step once, no group lost or trained twice, the verdict over the whole run."""
     run_dir = tmp_path / "run"
-    run = long_run(launch, run_dir, until_steps=2)
+    config = launch_config(run_dir, steps=12, api={"args": {}})  # a durable API store
+    config["trainer"]["args"]["vllm_restart_interval"] = 100
+    run = launch(config)
+    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 3) is None
     run.proc.send_signal(signal.SIGINT)
     assert run.wait(120) == 130
     assert list((run_dir / "checkpoints").glob("step-*")), "no final checkpoint on Ctrl-C"
     assert (run_dir / "report.html").exists()
     assert run.leftovers() == []
+    command = f"atropos-launch --resume {run_dir}"
+    assert f"[launch] continue this run: {command}\n" in run.output()
+    assert re.search(r"  api: stopped by the launcher +│", run.output())  # not "exit code -15"
+    interrupted = json.loads((run_dir / "summary.json").read_text())
+    assert interrupted["resume_command"] == command
+    stopped_at = trained_steps(run_dir)
+    assert 3 <= stopped_at < 12
+
+    # the same run directory is refused without --resume, and the message says how
+    again = launch(config)
+    assert again.wait(60) == 2
+    assert f"continue it with `{command}`" in again.output()
+
+    resumed = launch(None, "--resume", str(run_dir))
+    assert resumed.wait(300) == 0, resumed.output()[-4000:]
+    out = resumed.output()
+    assert f"resuming the run in {run_dir}" in out
+    assert f"the trainer resumes from {run_dir / 'checkpoints'}" in out
+    rows = read_metrics(run_dir / "checkpoints" / "metrics.jsonl")
+    assert [row.step for row in rows] == list(range(1, 13))
+    numbers = json.loads((run_dir / "summary.json").read_text())
+    assert numbers["steps"] == 12 and "resume_command" not in numbers
+    assert numbers["groups"]["lost"] == 0 and numbers["groups"]["duplicated"] == 0, numbers
+    assert numbers["groups"]["trained"] >= 12 * 2  # batches of 8 = 2 groups of 4
+    # one verdict over the whole run: its first steps are the interrupted launch's
+    first = sum(row.score_mean for row in rows[:10]) / 10
+    assert numbers["first_10_mean_score"] == pytest.approx(first)
+    assert resumed.leftovers() == []
 
 
 @pytest.mark.learning

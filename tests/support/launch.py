@@ -23,7 +23,7 @@ from tests.support.waiting import wait_until
 # how long the launcher's children may take to exit after it returned
 LEFTOVER_GRACE_S = 10.0
 COLUMNS = 80
-# a child's step line ("arith_env | step 3: accuracy ...", "trainer | step 3/4 loss ...")
+# a child's step line ("arith_env | step 3: accuracy ...", "trainer | step 3/4 score ...")
 # and the launcher's status line ("[launch] step 3/4 | ETA 5s | ...")
 STEP_LINE = re.compile(r"^(?P<child>\S+)\s+\| step \d+(?::|/\d+ )")
 STATUS_LINE = re.compile(r"^\[launch\] step (?:\d+|-)/\d+ \| ETA ")
@@ -60,12 +60,13 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
 
 
 class LaunchRun:
-    """`atropos-launch CONFIG` as a subprocess, with its whole process tree watched."""
+    """`atropos-launch ARGS` (a config's path, or --resume RUN_DIR) as a subprocess, with
+    its whole process tree watched."""
 
-    def __init__(self, config_path: Path, log_path: Path) -> None:
+    def __init__(self, arguments: list[str], log_path: Path) -> None:
         self.log_path = log_path
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "atroposlib.cli.launch", str(config_path)],
+            [sys.executable, "-m", "atroposlib.cli.launch", *arguments],
             stdout=open(log_path, "wb"),
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -121,8 +122,8 @@ def console_rows(line: str, columns: int = COLUMNS) -> int:
 
 
 def check_the_console(output: str, env: str, steps: int) -> float:
-    """The console of a finished run reads as one line per event: every environment
-    step line fits one 80-column row, the trainer printed one line per step, no numpy
+    """The console of a finished run reads as one line per event: every environment and
+    trainer step line fits one 80-column row, the trainer printed one line per step, no numpy
     reprs or whole metrics dicts. Returns the share of rows, up to the final panel,
     that step and status lines take."""
     lines = output.splitlines()
@@ -133,6 +134,7 @@ def check_the_console(output: str, env: str, steps: int) -> float:
     assert env_steps, f"no step line of {env}:\n{output[-3000:]}"
     assert all(console_rows(line) == 1 for line in env_steps), env_steps
     assert len(trainer_steps) == steps, trainer_steps
+    assert all(console_rows(line) == 1 for line in trainer_steps), trainer_steps
     assert "np.float64" not in output and "metrics: {" not in output, output[-3000:]
     counted = [line for line, m in found if m or STATUS_LINE.match(line)]
     return sum(map(console_rows, counted)) / sum(map(console_rows, scrolled))

@@ -1,0 +1,73 @@
+"""What `atropos-launch --resume RUN_DIR` needs to continue a run, and where it is kept.
+
+Design: everything a run keeps is already durable in its directory: the API's store
+(queue, kept batches, registrations), each environment's state (backlog, spool,
+delivery ledger), the trainer's checkpoints and its metrics, events and trained-groups
+files. What a resume adds is only how the run was launched: the YAML's path (scripts
+are found relative to it) and the `--set` overrides, kept in `launch.json`. The
+YAML is read again from its file, so a secret that `config.yaml` shows redacted
+still reaches the processes; `--set` given with `--resume` is applied last (to run
+longer: `--set trainer.args.training_steps=200`). The trainer goes on from its newest
+checkpoint, and the API serves it the batches after that checkpoint again, so the
+report counts one run: steps, score rise and the lost/trained-twice ledger over all
+of it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from atroposlib.launch.config import ConfigError
+
+RECORD_FILE = "launch.json"
+
+
+class LaunchRecord(BaseModel):
+    """How a run was launched: enough to launch it again on its own directory."""
+
+    config: str = Field(..., description="The launch YAML's absolute path.")
+    sets: list[str] = Field(default_factory=list, description="Its --set overrides, in order.")
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run in `run_dir`."""
+    return f"atropos-launch --resume {shlex.quote(str(run_dir))}"
+
+
+def write_record(run_dir: Path, record: LaunchRecord) -> None:
+    (run_dir / RECORD_FILE).write_text(record.model_dump_json(indent=2) + "\n")
+
+
+def resume_target(run_dir: Path, config: str | None, sets: list[str]) -> LaunchRecord:
+    """The record to launch `run_dir` again with; ConfigError when it cannot be resumed."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume {run_dir}: no such run directory")
+    path = run_dir / RECORD_FILE
+    if config is not None:
+        earlier = _read_record(path) if path.exists() else LaunchRecord(config=config)
+        return LaunchRecord(config=str(Path(config).resolve()), sets=[*earlier.sets, *sets])
+    if not path.exists():
+        raise ConfigError(
+            f"--resume {run_dir}: it has no {RECORD_FILE}, so it was not started by this "
+            "atropos-launch; give its YAML too: atropos-launch CONFIG --resume RUN_DIR"
+        )
+    record = _read_record(path)
+    if not Path(record.config).is_file():
+        raise ConfigError(
+            f"--resume {run_dir}: its config {record.config} is gone; give it again: "
+            "atropos-launch CONFIG --resume RUN_DIR"
+        )
+    return LaunchRecord(config=record.config, sets=[*record.sets, *sets])
+
+
+def _read_record(path: Path) -> LaunchRecord:
+    try:
+        return LaunchRecord.model_validate_json(path.read_text())
+    except (OSError, ValidationError) as exc:
+        raise ConfigError(
+            f"{path} cannot be read ({exc.__class__.__name__}); give the YAML: "
+            "atropos-launch CONFIG --resume RUN_DIR"
+        ) from None
