@@ -1,4 +1,4 @@
-"""Every endpoint and answer shape of PROTOCOL.md, served in-process by `create_app`.
+"""Every endpoint and answer shape of docs/api.md, served in-process by `create_app`.
 
 The same app as `run-api`, over its real SQLite store; what only a process shows (kill -9,
 uvicorn, auth over the wire) is tested in test_durability.py, test_auth.py and
