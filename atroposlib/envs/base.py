@@ -38,7 +38,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
-from atroposlib.envs.reporting import GROUPS_RATE_WINDOW_S, ReportingHooks
+from atroposlib.envs.reporting import (
+    GROUPS_RATE_MIN_SPAN_S,
+    GROUPS_RATE_WINDOW_S,
+    ReportingHooks,
+)
 from atroposlib.envs.scored_data import (
     ScoredDataGroup,
     ScoredDataItem,
@@ -120,7 +124,8 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
         self.stats: Counter[str] = Counter()
         self.items_sent_this_step = 0
         self.start_time = time.time()
-        self.groups_rate = RecentRate(GROUPS_RATE_WINDOW_S)  # env/groups_per_minute
+        # env/groups_per_minute
+        self.groups_rate = RecentRate(GROUPS_RATE_WINDOW_S, GROUPS_RATE_MIN_SPAN_S)
         # upstream's attributes that envs read; the serve runtime keeps them current
         self.status_dict: dict[str, Any] = {}
         self.wandb_project: str | None = None

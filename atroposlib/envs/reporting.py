@@ -25,7 +25,6 @@ import logging
 import os
 import random
 import string
-import sys
 import time
 from collections import Counter
 from datetime import datetime
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from atroposlib.utils.logging import keep_debug_in_files
 from atroposlib.utils.metrics import RecentRate, get_std_min_max_avg, plain_numbers
 
 if TYPE_CHECKING:
@@ -50,8 +50,10 @@ SCORE_KEYS = ("train/accuracy", "train/percent_correct")
 SCORE_WORDS = ("accuracy", "correct", "score", "reward")
 FAILURE_STATS = ("env/rollout_errors", "env/worker_timeouts")
 GROUPS_RATE_WINDOW_S = 60.0
+GROUPS_RATE_MIN_SPAN_S = 10.0
 """`env/groups_per_minute` is the rate of the last minute of sends and logs: a rate
-since the start would keep the wait for the trainer in it for the whole run."""
+since the start would keep the wait for the trainer in it for the whole run. It is
+left out until the sends span 10 s (the first groups come in a burst)."""
 
 
 def _number(value: Any) -> bool:
@@ -84,9 +86,7 @@ def step_line(step: int, metrics: dict[str, Any]) -> str:
 def keep_full_metrics(stream: Any = None) -> None:
     """Log each step's whole metrics dict where the log is not a terminal: a file or a
     pipe (the launcher's log file) keeps everything; a person reads `step_line`."""
-    stream = sys.stderr if stream is None else stream
-    if not stream.isatty():
-        metrics_logger.setLevel(logging.DEBUG)
+    keep_debug_in_files(METRICS_LOGGER, stream)
 
 
 def _wandb():
@@ -219,7 +219,8 @@ class ReportingHooks:
         for key, value in self.stats.items():
             metrics[f"env/{key}"] = value
         rate = self.groups_rate.add(time.monotonic(), self.stats["groups_sent"])
-        metrics["env/groups_per_minute"] = 60 * (rate or 0.0)
+        if rate is not None:
+            metrics["env/groups_per_minute"] = 60 * rate
         metrics = await self.create_rollout_table(metrics)
         metrics = self.perf_stats(metrics)
         self.rollouts_for_wandb = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from atroposlib.utils.exposure import engine_args_problem
+from atroposlib.utils.logging import MESSAGE_WIDTH, shorten
 from atroposlib.utils.ports import port_in_use
 from atroposlib.utils.processes import log_tail, spawn, stop_group
 from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until
@@ -28,6 +30,9 @@ from atroposlib.utils.waiting import WaitTimeout, answers_200, poll_until
 PORT_FREE_TIMEOUT_S = 30.0
 
 logger = logging.getLogger("atroposlib.inference")
+COMMAND_LOGGER = "atroposlib.inference.command"
+command_logger = logging.getLogger(COMMAND_LOGGER)
+"""An engine's whole command, at DEBUG: some 280 characters, on every (re)start."""
 
 
 class EngineError(RuntimeError):
@@ -105,6 +110,16 @@ def engine_command(config: EngineConfig, engine: str, model_path: str) -> list[s
     return command + list(config.extra_args)
 
 
+def start_line(engine: str, port: int, model_path: str) -> str:
+    """The console's line for an engine start: its kind, port and model, a local one
+    (a checkpoint) by its directory's name, cut to fit beside the launcher's prefix. The whole
+    command is in the engine's log file and at DEBUG on `COMMAND_LOGGER`."""
+    local = Path(model_path).is_absolute() or os.path.exists(model_path)  # else a hub id
+    model = Path(model_path).name if local else model_path
+    head = f"starting {engine} engine on port {port}: "
+    return head + shorten(model, MESSAGE_WIDTH - len(head))
+
+
 class EngineProcess:
     """One engine subprocess; `start`, `restart(new_checkpoint)`, `stop`."""
 
@@ -140,11 +155,15 @@ class EngineProcess:
             self.log_path = Path(name)
         command = engine_command(self.config, self.engine, self.model_path)
         self._wait_port_free()
-        logger.info("starting %s engine: %s", self.engine, " ".join(command))
+        logger.info("%s", start_line(self.engine, self.config.port, self.model_path))
+        whole = shlex.join(command)
+        command_logger.debug("engine command: %s", whole)
         env = {**os.environ, **self.config.env}
         if self.engine == "vllm":
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         with open(self.log_path, "ab") as log:
+            log.write(f"$ {whole}\n".encode())  # the engine's log starts with its command
+            log.flush()
             self.proc = spawn(command, log, env)
 
     def wait_healthy(self) -> None:

@@ -2,6 +2,10 @@
 
 `auto` picks rich colours on a terminal and plain text when piped to a file
 (so logs stay greppable and free of escape codes).
+
+A line a person reads fits an 80-column console beside the launcher's prefix
+(`MESSAGE_WIDTH`); what only a debugging person needs goes at DEBUG on a logger that
+`keep_debug_in_files` turns on where the log is a file or a pipe, not a terminal.
 """
 
 from __future__ import annotations
@@ -10,6 +14,27 @@ import json
 import logging
 import sys
 import time
+from typing import Any
+
+CONSOLE_COLUMNS = 80
+LAUNCHER_PREFIX = len("mod_arithmetic | ")
+"""What atropos-launch puts before a child's line: its name, padded to the longest
+(the quickstart's environment), and a bar."""
+MESSAGE_WIDTH = CONSOLE_COLUMNS - LAUNCHER_PREFIX
+
+
+def shorten(text: str, width: int) -> str:
+    """`text`, cut to `width` characters with "..." where it was cut."""
+    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."
+
+
+def keep_debug_in_files(name: str, stream: Any = None) -> None:
+    """Turn DEBUG on for logger `name` where the log (`stream`, stderr by default) is
+    not a terminal: a file or a pipe (the launcher's log file) keeps its records, and a
+    person at a terminal reads the INFO lines. The launcher's console shows no DEBUG."""
+    stream = sys.stderr if stream is None else stream
+    if not stream.isatty():
+        logging.getLogger(name).setLevel(logging.DEBUG)
 
 
 class JsonFormatter(logging.Formatter):

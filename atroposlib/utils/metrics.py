@@ -54,20 +54,24 @@ class RecentRate:
     whole run; this one forgets it once it is a window behind. Samples older than the
     window are dropped but for the newest of them, the anchor, so samples further
     apart than the window (a slow step) still give a rate. A count or clock that goes
-    back (a service that restarted without its state) starts the samples over.
+    back (a service that restarted without its state) starts the samples over. Until
+    the samples span `min_span_s` there is no rate: a burst at the start (a backlog of
+    rollouts finishing together) is no pace.
     """
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, min_span_s: float = 0.0) -> None:
         self.window_s = window_s
+        self.min_span_s = min_span_s
         self.samples: deque[tuple[float, float]] = deque()
 
     def add(self, now: float, count: float) -> float | None:
         """Record `count` at `now` (seconds); the rate per second since the anchor, or
-        None until two samples are apart in time."""
+        None until the samples span `min_span_s` (and two are apart in time)."""
         if self.samples and (now < self.samples[-1][0] or count < self.samples[-1][1]):
             self.samples.clear()
         self.samples.append((now, count))
         while len(self.samples) > 1 and now - self.samples[1][0] >= self.window_s:
             self.samples.popleft()
         (first_t, first_n), (last_t, last_n) = self.samples[0], self.samples[-1]
-        return (last_n - first_n) / (last_t - first_t) if last_t > first_t else None
+        span = last_t - first_t
+        return (last_n - first_n) / span if span > 0 and span >= self.min_span_s else None

@@ -180,7 +180,7 @@ def test_wandb_is_untouched_when_disabled(env, monkeypatch, caplog):
     ):
         asyncio.run(env.wandb_log({"x": 1.0}))
     logged = [r.getMessage() for r in caplog.records if r.name.startswith("atroposlib.envs")]
-    assert "step 0: 0.0 groups/min, 0 failed" in logged, logged
+    assert "step 0: 0 failed" in logged, logged  # no rate before 10 s of sends
     assert any(m.startswith('step 0 metrics: {"x": 1.0') for m in logged), logged
     assert not any("wandb" in m for m in logged), "an import of wandb was attempted"
     assert getattr(env, "_wandb_run", None) is None

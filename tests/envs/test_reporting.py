@@ -90,9 +90,8 @@ def test_hooks_run_at_upstreams_points_and_the_log_has_upstreams_keys(tiny_model
     assert logged["train_perf/task_duration_mean"] == 1.0  # numpy's mean, as a plain number
     assert "np.float64" not in full.getMessage()
     (short,) = [r.getMessage() for r in caplog.records if r.name == "atroposlib.envs"]
-    assert re.fullmatch(
-        r"step 0: accuracy 0\.500, [0-9.]+ groups/min, 0 failed, 1 dropped", short
-    ), short
+    # no groups/min yet: the sends span milliseconds, not the 10 s a rate needs
+    assert short == "step 0: accuracy 0.500, 0 failed, 1 dropped", short
     assert env.completion_lengths == [] and env.task_duration == []
 
 

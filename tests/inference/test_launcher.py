@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -12,7 +13,14 @@ import textwrap
 import httpx
 import pytest
 
-from atroposlib.inference.launcher import EngineConfig, EngineError, EngineProcess, engine_command
+from atroposlib.inference.launcher import (
+    EngineConfig,
+    EngineError,
+    EngineProcess,
+    engine_command,
+    start_line,
+)
+from atroposlib.utils.logging import MESSAGE_WIDTH
 from atroposlib.utils.ports import free_port
 from tests.support.process_tree import alive
 from tests.support.waiting import wait_until
@@ -105,13 +113,44 @@ def test_kill_9_of_the_engine_is_detected(tiny_model_path, tmp_path):
         engine.stop()
 
 
+def test_an_engine_start_is_one_short_line(tmp_path):
+    """Kind, port and model: a checkpoint by its directory's name, a long one cut."""
+    checkpoint = tmp_path / "runs/quickstart_cpu-20261127-120000/checkpoints/step-120"
+    checkpoint.mkdir(parents=True)
+    tiny = tmp_path / "tiny-v3-0-512-96-2-256-512-4000-1500-0.003-0.3-0.4-0.5"
+    tiny.mkdir()
+    assert start_line("transformers", 9001, str(checkpoint)) == (
+        "starting transformers engine on port 9001: step-120"
+    )
+    assert start_line("vllm", 9001, "Qwen/Qwen2.5-1.5B-Instruct") == (
+        "starting vllm engine on port 9001: Qwen/Qwen2.5-1.5B-Instruct"
+    )
+    cut = start_line("transformers", 65535, str(tiny))
+    assert cut == "starting transformers engine on port 65535: tiny-v3-0-512-96..."
+    assert len(cut) == MESSAGE_WIDTH
+    assert len("trainer        | " + cut) <= 80  # beside the quickstart's launcher prefix
+
+
 @pytest.mark.integration
-def test_a_failing_engine_quotes_its_log(tmp_path):
+def test_a_failing_engine_quotes_its_log(tmp_path, caplog):
     engine = EngineProcess(config(tmp_path))
-    with pytest.raises(EngineError) as failure:
+    with (
+        caplog.at_level("DEBUG", logger="atroposlib.inference"),
+        pytest.raises(EngineError) as failure,
+    ):
         engine.start(tmp_path / "no-such-model")
     assert "cannot load model" in str(failure.value)
     assert not engine.alive()
+    # one short line at INFO; the whole command at DEBUG and atop the engine's log
+    shown = [r for r in caplog.records if r.levelname == "INFO"]
+    assert [r.getMessage() for r in shown] == [
+        f"starting transformers engine on port {engine.config.port}: no-such-model"
+    ]
+    command = engine_command(engine.config, "transformers", str(tmp_path / "no-such-model"))
+    (debug,) = [r for r in caplog.records if r.levelname == "DEBUG"]
+    assert debug.name == "atroposlib.inference.command"
+    assert debug.getMessage() == f"engine command: {shlex.join(command)}"
+    assert (tmp_path / "engine.log").read_text().splitlines()[0] == f"$ {shlex.join(command)}"
 
 
 def test_no_orphan_when_the_parent_is_killed(tiny_model_path, tmp_path):

@@ -94,3 +94,12 @@ def test_a_recent_rate_starts_over_when_the_count_or_clock_goes_back():
     assert rate.add(6.0, 3) is None  # a restarted service counts from 0 again
     assert rate.add(8.0, 7) == pytest.approx(2.0)
     assert rate.add(7.0, 9) is None  # monotonic clocks do not, but a given time may
+
+
+def test_a_recent_rate_waits_for_its_minimum_span():
+    """A burst at the start (eight rollouts finishing at once) is no pace."""
+    rate = RecentRate(window_s=60.0, min_span_s=10.0)
+    assert rate.add(0.0, 1) is None
+    assert rate.add(0.07, 8) is None  # 100 groups a second, for 70 ms
+    assert rate.add(9.9, 20) is None
+    assert rate.add(10.0, 21) == pytest.approx(2.0)
