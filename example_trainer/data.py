@@ -55,6 +55,8 @@ class Sequence:
     """Its group's index in the groups `flatten` was given."""
     version: int | None = None
     """The trainer step whose weights sampled it (`weight_versions`), if the engine said."""
+    cut: bool = False
+    """Its tokens were cut at --seq-len: a completion that did not finish here."""
 
 
 def flatten(
@@ -82,8 +84,8 @@ def flatten(
         scores = torch.tensor(group.scores, dtype=torch.float64)
         centred = group_advantages(scores, scale, estimator)
         versions = sampled_versions(group)
-        for i, tokens in enumerate(group.tokens):
-            tokens = tokens[:seq_len]
+        for i, whole in enumerate(group.tokens):
+            tokens = whole[:seq_len]
             advantages = (
                 list(group.advantages[i][: len(tokens)])
                 if group.advantages
@@ -101,6 +103,7 @@ def flatten(
                     ref_logprobs=_row(group.ref_logprobs, i, len(tokens)),
                     group=index,
                     version=versions[i] if i < len(versions) else None,
+                    cut=len(whole) > seq_len,
                 )
             )
     return sequences

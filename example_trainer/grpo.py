@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
+from atroposlib.inference.launcher import COMMAND_LOGGER
 from atroposlib.protocol import ScoredData, group_id_of
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, RunRecords
 from atroposlib.utils.flags import parse_settings
-from atroposlib.utils.logging import configure_logging
+from atroposlib.utils.logging import configure_logging, keep_debug_in_files
 from example_trainer.api import APIRefused, TrajectoryAPI
 from example_trainer.checkpoint import (
     load_trainer_state,
@@ -61,6 +62,7 @@ from example_trainer.objective import Objective, StepMetrics, forward_inputs
 from example_trainer.reference import ReferencePolicy
 from example_trainer.serving import PolicyServing
 from example_trainer.sharding import padded_micro_batch_count, shard
+from example_trainer.step_report import CompletionEnds, rollout_numbers, step_line
 
 NOTHING_TRAINED = dict.fromkeys(
     (
@@ -83,17 +85,6 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def score_numbers(sequences: list[Sequence]) -> dict[str, float]:
-    """The batch's scores, stale sequences included: what the environments achieved."""
-    if not sequences:
-        return {}
-    scores = torch.tensor([s.score for s in sequences])
-    return {
-        "score_mean": float(scores.mean()),
-        "score_std": float(scores.std()) if len(scores) > 1 else 0.0,
-    }
 
 
 class Trainer(PolicyServing):
@@ -120,6 +111,7 @@ class Trainer(PolicyServing):
             enable_gradient_checkpointing(self.model)
         self.model.train()
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self.ends = CompletionEnds(self.tokenizer, self.model)  # completions/clipped_ratio
         self.skipped_groups: set[int] = set()
         """Indices, in the last step's batch, of the groups it could not train on."""
         # before sharding: every rank probes its whole model
@@ -206,7 +198,7 @@ class Trainer(PolicyServing):
         stale_groups = [trainable[g] for g in range(len(groups)) if g not in trained_groups]
         self.skipped_groups = set(skipped) | set(stale_groups)
         counts = {
-            **score_numbers(sequences),
+            **rollout_numbers(sequences, self.ends),
             "skipped_groups": float(len(skipped)),
             "stale_sequences_dropped": float(dropped),
             **staleness(fresh, self.step),
@@ -354,23 +346,7 @@ class Trainer(PolicyServing):
         self.records.metrics(self.step, metrics)
         if self.config.use_wandb:
             self._wandb().log({f"train/{k}": v for k, v in metrics.items()}, step=self.step)
-        dropped = int(metrics.get("stale_sequences_dropped", 0))
-        logger.info(
-            "step %d/%d loss %.4f score %.3f clip %.3f mismatch %.4f grad %.3f %.0f tok/s "
-            "(wait %.1fs train %.1fs sync %.2fs)%s",
-            self.step,
-            self.config.training_steps,
-            metrics["loss"],
-            metrics["score_mean"],
-            metrics["clip_fraction"],
-            metrics["logprob_mismatch"],
-            metrics["grad_norm"],
-            metrics["tokens_per_s"],
-            metrics["wait_s"],
-            metrics["train_s"],
-            metrics.get("sync_s", 0.0),
-            f"; dropped {dropped} stale sequences" if dropped else "",
-        )
+        logger.info("%s", step_line(self.step, self.config.training_steps, metrics))
 
     def _wandb(self):
         """wandb run, offline when no WANDB_API_KEY is set (never a login prompt)."""
@@ -462,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(__doc__.splitlines()[0])
     config, _ = parse_settings(parser, TrainingConfig, argv)
     configure_logging("info", config.log_format)
+    keep_debug_in_files(COMMAND_LOGGER)  # the engine's whole command, in logs/trainer.log
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # a bar per weight export would flood the log

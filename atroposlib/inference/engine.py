@@ -44,6 +44,16 @@ def device_problem(name: str) -> str | None:
     return None
 
 
+def end_token_ids(model, tokenizer) -> set[int]:
+    """The tokens that end a completion: the model's generation config's EOS (one or a
+    list) and the tokenizer's. The trainer reads a completion that ends otherwise as cut
+    off (its `completions/clipped_ratio`)."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    ids = [*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id]
+    return {i for i in ids if i is not None}
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
@@ -102,11 +112,7 @@ class GenerationEngine:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        eos = model.generation_config.eos_token_id
-        eos_ids = eos if isinstance(eos, list) else [eos]
-        if tokenizer.eos_token_id is not None:
-            eos_ids.append(tokenizer.eos_token_id)
-        self.eos_ids = {i for i in eos_ids if i is not None}
+        self.eos_ids = end_token_ids(model, tokenizer)
         self._lock = threading.Lock()
         self._shared_generator = torch.Generator().manual_seed(0)
 

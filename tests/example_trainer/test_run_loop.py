@@ -17,11 +17,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from atroposlib.inference.launcher import EngineError  # noqa: E402
-from atroposlib.trainer_contract import read_events  # noqa: E402
+from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
 from atroposlib.utils.ports import free_port  # noqa: E402
 from example_trainer.checkpoint import prune_checkpoints  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
-from tests.support.trainer_batches import make_trainer, post_groups, rollout_group  # noqa: E402
+from tests.support.trainer_batches import (  # noqa: E402
+    PROMPT,
+    make_trainer,
+    post_groups,
+    rollout_group,
+)
 from tests.support.waiting import wait_until  # noqa: E402
 
 
@@ -148,3 +153,34 @@ def test_the_logged_learning_rate_is_the_one_the_step_used(tiny_model_path, tmp_
         used = trainer.optimizer.param_groups[0]["lr"]
         assert used == pytest.approx(1e-2 * min(1.0, (step + 1) / 4))
         assert trainer.train_step([rollout_group()])["lr"] == used
+
+
+def test_a_steps_row_has_trls_rollout_figures_and_its_line_fits_80_columns(
+    tiny_model_path, tmp_path, caplog
+):
+    """The row the launcher and its report read (`read_metrics`) carries TRL's figures;
+    the console gets one line that fits beside the launcher's prefix."""
+    trainer = make_trainer(tiny_model_path, tmp_path, seq_len=8)
+    completion = [7, 8, 9, 7, 8, 2]  # 6 trained tokens, of which the cut at 8 keeps 5
+    long = rollout_group(
+        tokens=[PROMPT + completion] * 2,
+        masks=[[-100] * 3 + completion] * 2,
+        inference_logprobs=[[1.0] * 3 + [-0.5] * 6] * 2,
+        scores=[0.5, 0.5],  # no spread
+    )
+    metrics = trainer.train_step([rollout_group(), long])  # 2 trained tokens each, and EOS
+    trainer.step = 1
+    metrics.update(wait_s=0.5, train_s=0.25, sync_s=0.0, tokens_per_s=10.0)
+    with caplog.at_level("INFO", logger="example_trainer"):
+        trainer.log(metrics)
+    (row,) = read_metrics(tmp_path / "metrics.jsonl")
+    figures = row.model_extra or {}
+    assert figures["frac_reward_zero_std"] == 0.5
+    assert figures["completions/mean_length"] == (2 + 2 + 5 + 5) / 4
+    assert figures["completions/min_length"] == 2.0 and figures["completions/max_length"] == 5.0
+    assert figures["completions/clipped_ratio"] == 0.5  # the cut took the long ones' EOS
+    assert figures["completions/mean_terminated_length"] == 2.0
+    assert figures["tokens_per_s"] == 10.0  # no longer on the line, still in the row
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1/")]
+    assert line.startswith(f"step 1/{trainer.config.training_steps} score 0.500 loss ")
+    assert line.endswith(" 0.8s") and len("trainer        | " + line) <= 80
