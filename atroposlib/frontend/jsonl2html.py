@@ -4,7 +4,8 @@
 That format is convenient for machines but hard to read; this module turns it into a
 static page (inline CSS, no scripts, no external assets) where each group shows its
 sequences next to their scores, colored from red (worst in the group) to green (best), so
-a human can quickly judge what the environment rewarded.
+a human can quickly judge what the environment rewarded. A group is N completions of one
+prompt, so the start its samples share is drawn once above them, not N times.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +30,13 @@ body { font-family: sans-serif; margin: 1.5em; background: #fafafa; color: #222;
 .message { margin: 0.3em 0; }
 .role { font-weight: bold; color: #335; }
 .content { white-space: pre-wrap; word-wrap: break-word; font-family: monospace; }
+.shared-prompt { margin: 0.6em 1em; padding: 0.5em; border: 1px dashed #999; background: #f6f6fa; }
+.shared-label { font-style: italic; color: #555; margin-bottom: 0.3em; }
 """
+
+LINE_SLACK = 80
+"""A text prompt is cut after its last line break unless that gives each completion back
+more than this many characters of it; then after its last space."""
 
 NEUTRAL_COLOR = "hsl(0, 0%, 94%)"
 
@@ -100,13 +108,96 @@ def _as_float(value: Any) -> float:
         return 0.0
 
 
+def _shared_messages(sequences: Sequence[Any]) -> int:
+    """How many leading messages every conversation shares, leaving each at least one."""
+    if len(sequences) < 2 or not all(isinstance(s, list) and s for s in sequences):
+        return 0
+    shortest = min(len(s) for s in sequences)
+    shared = 0
+    while shared < shortest - 1 and all(s[shared] == sequences[0][shared] for s in sequences):
+        shared += 1
+    return shared
+
+
+def _lone_user_texts(sequences: Sequence[Any]) -> list[str] | None:
+    """Each sample's text when each is one user message (decoded prompt+completion tokens)."""
+    if len(sequences) < 2:
+        return None
+    texts = []
+    for sequence in sequences:
+        if not (isinstance(sequence, list) and len(sequence) == 1):
+            return None
+        message = sequence[0]
+        if not (isinstance(message, dict) and message.get("role") == "user"):
+            return None
+        texts.append(_content_text(message.get("content")))
+    return texts
+
+
+def shared_text_prefix(texts: Sequence[str]) -> str:
+    """The longest start of every text that ends at a line or word boundary.
+
+    A cut mid-word would give the prompt the first letters of the answers; a cut after the
+    last line break (the chat template's "assistant" line) is preferred when it is near.
+    """
+    prefix = os.path.commonprefix(list(texts))
+    if not prefix:
+        return ""
+    line = prefix.rfind("\n")
+    if line >= 0 and len(prefix) - line - 1 <= LINE_SLACK:
+        cut = prefix[: line + 1]
+    elif prefix[-1].isspace() or all(
+        len(text) == len(prefix) or text[len(prefix)].isspace() for text in texts
+    ):
+        cut = prefix
+    else:
+        space = max(prefix.rfind(" "), prefix.rfind("\t"))
+        cut = prefix[: space + 1] if space >= 0 else ""
+    return cut if cut.strip() else ""
+
+
+def _item(position: int, body: str, score: float, raw_score: Any, low: float, high: float) -> str:
+    classes = " ".join(filter(None, ["item", get_score_class(raw_score)]))
+    return (
+        f'<div class="{classes}" style="background: {_score_color(score, low, high)};">'
+        f'<div class="score">#{position} &middot; score {html.escape(f"{score:.4g}")}</div>'
+        f"{body}</div>"
+    )
+
+
+def _split_shared(sequences: Sequence[Any]) -> tuple[str, list[str]] | None:
+    """The HTML of the shared start and of each sample's rest; None when nothing is shared."""
+    shared = _shared_messages(sequences)
+    if shared:
+        return (
+            _render_sequence(list(sequences[0][:shared])),
+            [_render_sequence(list(sequence[shared:])) for sequence in sequences],
+        )
+    texts = _lone_user_texts(sequences)
+    prefix = shared_text_prefix(texts) if texts else ""
+    if not texts or not prefix:
+        return None
+    rests = [text[len(prefix) :] for text in texts]
+    return (
+        _render_message({"role": "user", "content": prefix}),
+        [f'<div class="content">{html.escape(rest)}</div>' for rest in rests],
+    )
+
+
 def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
-    """The HTML of one group; the empty string when it has no messages or no scores."""
+    """The HTML of one group; the empty string when it has no messages or no scores.
+
+    The messages every sample starts with (or, for samples that are one decoded user
+    message each, their common text up to a line or word boundary) are drawn once as the
+    group's prompt; each item then holds only what follows. With nothing shared, each
+    item holds its whole sequence.
+    """
     messages: Sequence[Any] = group_data.get("messages") or []
     raw_scores: Sequence[Any] = group_data.get("scores") or []
     count = min(len(messages), len(raw_scores))
     if count == 0:
         return ""
+    sequences = list(messages[:count])
     scores = [_as_float(score) for score in raw_scores[:count]]
     low, high = min(scores), max(scores)
     mean = sum(scores) / count
@@ -114,16 +205,20 @@ def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
         f'<div class="group-header">Group {index} &middot; {count} sequences &middot; '
         f"mean {mean:.4g} &middot; min {low:.4g} &middot; max {high:.4g}</div>"
     )
-    items = []
-    for position, (sequence, score) in enumerate(zip(messages[:count], scores, strict=True)):
-        color = _score_color(score, low, high)
-        classes = " ".join(filter(None, ["item", get_score_class(raw_scores[position])]))
-        items.append(
-            f'<div class="{classes}" style="background: {color};">'
-            f'<div class="score">#{position} &middot; score {html.escape(f"{score:.4g}")}</div>'
-            f"{_render_sequence(sequence)}</div>"
+    split = _split_shared(sequences)
+    if split is None:
+        prompt, bodies = "", [_render_sequence(sequence) for sequence in sequences]
+    else:
+        prompt = (
+            f'<div class="shared-prompt"><div class="shared-label">Shared by all '
+            f"{count} samples:</div>{split[0]}</div>"
         )
-    return f'<div class="group" id="group-{index}">{header}{"".join(items)}</div>'
+        bodies = split[1]
+    items = [
+        _item(position, body, scores[position], raw_scores[position], low, high)
+        for position, body in enumerate(bodies)
+    ]
+    return f'<div class="group" id="group-{index}">{header}{prompt}{"".join(items)}</div>'
 
 
 def _read_groups(path: Path) -> list[dict[str, Any]]:

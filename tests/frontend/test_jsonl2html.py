@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import subprocess
@@ -12,7 +13,12 @@ from typing import Any
 
 import pytest
 
-from atroposlib.frontend.jsonl2html import create_html_for_group, generate_html, get_score_class
+from atroposlib.frontend.jsonl2html import (
+    create_html_for_group,
+    generate_html,
+    get_score_class,
+    shared_text_prefix,
+)
 
 CONVERSATION_GROUP = {
     "tokens": [[1, 2, 3], [4, 5, 6]],
@@ -278,3 +284,156 @@ def test_cli_rejects_two_different_output_paths(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "two different output paths" in result.stderr
     assert not (tmp_path / "a.html").exists() and not (tmp_path / "b.html").exists()
+
+
+LONG_PROMPT = "Solve this carefully. " * 40 + "What is 17 * 23?"
+CHAT_GROUP = {
+    "scores": [1.0, 0.0, -1.0],
+    "messages": [
+        [
+            {"role": "system", "content": "You are a careful calculator."},
+            {"role": "user", "content": LONG_PROMPT},
+            {"role": "assistant", "content": answer},
+        ]
+        for answer in ("It is 391.", "It is 390.", "No idea.")
+    ],
+}
+
+
+def test_a_shared_prompt_is_drawn_once_above_the_completions() -> None:
+    fragment = create_html_for_group(CHAT_GROUP, 3)
+    text = parse(fragment)
+    assert text.count(LONG_PROMPT) == 1 and text.count("You are a careful calculator.") == 1
+    assert "Shared by all 3 samples:" in text
+    assert fragment.index('class="shared-prompt"') < fragment.index('class="item')
+    items = re.findall(r'<div class="item[^"]*".*?(?=<div class="item|</div></div>$)', fragment)
+    assert len(items) == 3
+    answers = ("It is 391.", "It is 390.", "No idea.")
+    for item, answer, score in zip(items, answers, (1, 0, -1), strict=True):
+        assert answer in item and f"score {score}" in item and LONG_PROMPT not in item
+    assert re.findall(r'<div class="(item[^"]*)"', fragment) == [
+        "item reward-positive",
+        "item reward-zero",
+        "item reward-negative",
+    ]
+
+
+def test_messages_that_differ_before_the_completion_stay_in_their_item() -> None:
+    group = {
+        "scores": [1.0, 0.5],
+        "messages": [
+            [
+                {"role": "system", "content": "Shared system prompt."},
+                {"role": "user", "content": "First question?"},
+                {"role": "assistant", "content": "First answer."},
+            ],
+            [
+                {"role": "system", "content": "Shared system prompt."},
+                {"role": "user", "content": "Second question?"},
+                {"role": "assistant", "content": "Second answer."},
+            ],
+        ],
+    }
+    fragment = create_html_for_group(group, 0)
+    shared, _, items = fragment.partition('<div class="item')
+    assert "Shared system prompt." in shared and "question?" not in shared
+    assert parse(fragment).count("Shared system prompt.") == 1
+    for word in ("First", "Second"):
+        assert f"{word} question?" in items and f"{word} answer." in items
+
+
+def test_identical_samples_keep_their_last_message_as_the_completion() -> None:
+    same = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    fragment = create_html_for_group({"messages": [same, list(same)], "scores": [1, 1]}, 0)
+    shared, _, items = fragment.partition('<div class="item')
+    assert "Hi" in shared and "Hello" not in shared
+    assert items.count("Hello") == 2
+
+
+def test_decoded_token_texts_share_their_prompt_up_to_a_boundary() -> None:
+    prompt = "<|user|>\n" + LONG_PROMPT + "\n<|assistant|>\n"
+    completions = ["The answer is 391.", "The answer is 390.", "Thinking... 391"]
+    group = {
+        "scores": [1.0, 0.0, 0.5],
+        "messages": [[{"role": "user", "content": prompt + c}] for c in completions],
+    }
+    fragment = create_html_for_group(group, 0)
+    text = parse(fragment)
+    assert text.count(LONG_PROMPT) == 1
+    shared, _, items = fragment.partition('<div class="item')
+    assert html.escape(prompt) in shared
+    for completion in completions:
+        assert completion in items
+    # the common "The answer is 39" of two samples is no prompt of the group's
+    two = {"scores": [1, 0], "messages": group["messages"][:2]}
+    _, _, items = create_html_for_group(two, 0).partition('<div class="item')
+    assert "The answer is 391." in items and "The answer is 390." in items
+
+
+@pytest.mark.parametrize(
+    ("texts", "expected"),
+    [
+        (["Question? Yes", "Question? Yet"], "Question? "),  # not into the word
+        (["Q line\nA long answer", "Q line\nA longer one"], "Q line\n"),  # a near line break
+        (
+            ["Ask " + "x " * 60 + "\n" + "word " * 30 + "end1", "Ask " + "x " * 60 + "\nend2"],
+            "Ask " + "x " * 60 + "\n",
+        ),
+        (
+            ["Ask\n" + "word " * 30 + "end1", "Ask\n" + "word " * 30 + "end2"],
+            "Ask\n" + "word " * 30,
+        ),  # a line break far back: the last space instead
+        (["Question?", "Question? Maybe"], "Question?"),  # one sample ends at the boundary
+        (["abc", "abd"], ""),  # no boundary at all
+        (["  x", "  y"], ""),  # only blanks in common
+        (["alpha", "beta"], ""),
+    ],
+)
+def test_shared_text_prefix(texts: list[str], expected: str) -> None:
+    assert shared_text_prefix(texts) == expected
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        STRING_GROUP,  # texts, as view-run passes completions: drawn whole
+        CONVERSATION_GROUP,  # first messages differ
+        {
+            "messages": [[{"role": "user", "content": "abc"}], [{"role": "user", "content": "x"}]],
+            "scores": [1, 0],
+        },
+        {"messages": [[{"role": "user", "content": "Same start A"}]], "scores": [1]},  # one
+        {"messages": ["Same start A", "Same start B"], "scores": [1, 0]},  # bare strings
+    ],
+)
+def test_nothing_shared_draws_each_sequence_whole(group: dict[str, Any]) -> None:
+    fragment = create_html_for_group(group, 0)
+    assert "shared-prompt" not in fragment
+    items = fragment.split('<div class="item')[1:]
+    assert len(items) == len(group["scores"])
+    for item, sequence in zip(items, group["messages"], strict=True):
+        first = sequence if isinstance(sequence, str) else sequence[0]["content"]
+        first = first if isinstance(first, str) else first[0]["text"]
+        assert html.escape(first) in item
+
+
+def test_model_text_is_escaped_in_the_shared_layout() -> None:
+    evil = "<img src=x onerror=alert(1)> & <script>alert('p')</script>"
+    chat = {
+        "scores": [1, 0],
+        "messages": [
+            [{"role": "user", "content": evil}, {"role": "assistant", "content": f"{evil} {i}"}]
+            for i in range(2)
+        ],
+    }
+    decoded = {
+        "scores": [1, 0],
+        "messages": [[{"role": "user", "content": f"{evil}\n</div>{i}<b>"}] for i in range(2)],
+    }
+    for group in (chat, decoded):
+        fragment = create_html_for_group(group, 0)
+        assert "shared-prompt" in fragment
+        assert "<img" not in fragment and "<script" not in fragment and "<b>" not in fragment
+        assert "&lt;img src=x onerror=alert(1)&gt; &amp; &lt;script&gt;" in fragment
+        text = parse(fragment)  # balanced tags: no </div> from the model closed anything
+        assert text.count(evil) == 1 + (group is chat) * 2
