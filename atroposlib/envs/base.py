@@ -31,6 +31,7 @@ import inspect
 import json
 import logging
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -57,6 +58,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     ServerBaseline,
 )
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.protocol import GROUP_ID_FIELD
 from atroposlib.token_limit import exceeds_token_limit
 from atroposlib.type_definitions import Item
 from atroposlib.utils.metrics import RecentRate
@@ -318,6 +320,9 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
                     [{"role": "user", "content": self.tokenizer.decode(t)}] for t in group["tokens"]
                 ]
             group["env_id"] = self.env_id
+            # its id from the start, so the rollouts file and the trainer's record of
+            # the steps name it alike (the run report's per-environment scores)
+            group.setdefault(GROUP_ID_FIELD, uuid.uuid4().hex)  # type: ignore[misc]
             for tokens, masks in zip(group["tokens"], group["masks"], strict=True):
                 self.completion_lengths.append(sum(1 for m in masks if m != -100) or len(tokens))
             await self.add_rollouts_for_wandb(group, item)

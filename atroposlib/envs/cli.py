@@ -32,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from atroposlib.envs.api_client import APIRefusedError
 from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
-from atroposlib.envs.process import NothingProcessed
+from atroposlib.envs.process import NothingProcessed, unused_path
 from atroposlib.envs.reporting import keep_full_metrics
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.utils.flags import add_model_flags, given_flags, parse_bool
@@ -231,6 +231,11 @@ def resolve_config(
             env_values["data_path_to_save_groups"] = (
                 f"data/{env_cls.name or env_cls.__name__}.jsonl"
             )
+    if command == "evaluate" and not env_values.get("data_dir_to_save_evals"):
+        # as `process` writes its groups by default: results are never only printed
+        env_values["data_dir_to_save_evals"] = str(
+            unused_path(f"evals/{env_cls.name or env_cls.__name__}")
+        )
     if command == "serve" and not env_values.get("wandb_name"):
         env_values["wandb_name"] = env_cls.name
     section = ENV_NAMESPACE

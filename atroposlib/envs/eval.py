@@ -27,7 +27,11 @@ from atroposlib.utils.metrics import plain_numbers
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EvalBase", "eval_runner", "evaluate_log", "pass_at_k"]
+__all__ = ["EvalBase", "append_eval_history", "eval_runner", "evaluate_log", "pass_at_k"]
+
+EVAL_HISTORY = "history.jsonl"
+"""One line per evaluation of a served env, beside the latest metrics.json: the run
+report plots it (metrics.json keeps lighteval's shape, so it holds the latest only)."""
 
 
 def pass_at_k(m: int | float, c: int | float, k: int | float) -> float:
@@ -91,6 +95,14 @@ def evaluate_log(
             for sample in samples:
                 out.write(json.dumps(plain_numbers(sample), ensure_ascii=False) + "\n")
         print(f"Evaluation samples saved to {samples_path}")
+
+
+def append_eval_history(eval_dir: str, step: int, task: str, metrics: dict) -> None:
+    """Add one evaluation (`step`: the trainer's step it ran at) to `history.jsonl`."""
+    os.makedirs(eval_dir, exist_ok=True)
+    record = {"step": step, "task": task, "time": time.time(), "metrics": plain_numbers(metrics)}
+    with open(os.path.join(eval_dir, EVAL_HISTORY), "a") as out:
+        out.write(json.dumps(record) + "\n")
 
 
 class EvalBase(ABC):

@@ -253,15 +253,21 @@ class ReportingHooks:
     ) -> None:
         """metrics.json (lighteval's shape, as nous-evals reads it) and samples.jsonl.
 
-        Written under `data_dir_to_save_evals`; without it, only the log line.
+        Written under `data_dir_to_save_evals`; without it, only the log line. A served
+        env also appends it, with the trainer's step, to that folder's history.jsonl
+        (atropos-launch gives each env `<run_dir>/evals/<name>`, and plots it).
         """
-        from atroposlib.envs.eval import evaluate_log
+        from atroposlib.envs.eval import append_eval_history, evaluate_log
 
         task = task_name or f"{self.name or type(self).__name__}_eval"
         logger.info("eval %s: %s", task, plain_numbers(metrics))
         if not self.config.data_dir_to_save_evals:
-            logger.warning("data_dir_to_save_evals is not set; evaluation results not saved")
+            logger.warning(
+                "evaluation results not saved: set --env.data_dir_to_save_evals DIR to keep them"
+            )
             return
+        if getattr(self, "env_id", None) is not None:  # serving: this run's step
+            append_eval_history(self.config.data_dir_to_save_evals, self.curr_step, task, metrics)
         if model_name is None:
             model_name = getattr(self.config, "model_name", None)
         if model_name is None and self.server.servers:

@@ -31,6 +31,7 @@ from atroposlib.launch.config import (
     LaunchConfig,
     describe_errors,
 )
+from atroposlib.launch.resolving import flags, pick_port, resolve_model
 from atroposlib.trainer_contract import (
     LAUNCH_CONFIG_ATTRIBUTE,
     LaunchSettings,
@@ -38,11 +39,11 @@ from atroposlib.trainer_contract import (
     metrics_path,
 )
 from atroposlib.utils.exposure import API_KEY_ENVIRONMENT, ENGINE_KEY_ENVIRONMENT
-from atroposlib.utils.ports import free_ports, port_in_use
 
-TINY_MODEL = "tiny"
 ENGINES_FILE = "engines.yaml"
 """The trainer's engines as an environment's `openai:` list (written with several)."""
+EVALS_DIR = "evals"
+"""Each environment's evaluations: <run_dir>/evals/<name>/ (metrics.json, history.jsonl)."""
 KEY_FILE = "api-key"
 """The run's key in its run directory (mode 0600), for clients such as view-run."""
 # the settings the launcher owns outright; a trainer.args entry for them is ignored
@@ -147,7 +148,7 @@ def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) ->
         )
     check_model_name(config.model)  # before anything: every process would fail on it
     taken: set[int] = set()
-    api_port = _port(config.api.port, "api", taken)
+    api_port = pick_port(config.api.port, "api", taken)
     trainer_args = dict(config.trainer.args)
     requested_engine_port = config.engine.port if config.engine else "auto"
     if config.engine is None:
@@ -164,7 +165,7 @@ def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) ->
         model=resolve_model(config.model),
         served=config.served_model_name or config.model,
         api_url=f"http://127.0.0.1:{api_port}",
-        engine_port=_port(requested_engine_port, "engine", taken, engine_count),
+        engine_port=pick_port(requested_engine_port, "engine", taken, engine_count),
         key=_run_key(config),
         engine_count=engine_count,
     )
@@ -337,6 +338,7 @@ def _environment_plans(
                 "use_wandb": False,
                 "include_messages": True,
                 "data_path_to_save_groups": str(shared.run_dir / "rollouts" / f"{name}.jsonl"),
+                "data_dir_to_save_evals": str(shared.run_dir / EVALS_DIR / name),
                 **section.env,
             }
             openai_values = {
@@ -448,48 +450,3 @@ def _env_entry(section: EnvironmentSection, base: Path) -> list[str]:
         if candidate.is_file():
             return [str(candidate.resolve())]
     raise ConfigError(f"environment script not found: {section.script}")
-
-
-def _port(value: int | str, what: str, taken: set[int], count: int = 1) -> int:
-    """A free port, or `count` consecutive free ones (the first is returned)."""
-
-    def free(first: int) -> bool:
-        ports = range(first, first + count)
-        return first + count <= 65536 and not any(p in taken or port_in_use(p) for p in ports)
-
-    if value == "auto":
-        port = free_ports(count)
-        while not free(port):
-            port = free_ports(count)
-    else:
-        port = int(value)
-        if not free(port):
-            span = f"{port}-{port + count - 1}" if count > 1 else str(port)
-            raise ConfigError(f"port {span} ({what}) is already in use")
-    taken.update(range(port, port + count))
-    return port
-
-
-def flags(values: dict[str, Any], prefix: str = "--", dashes: bool = True) -> list[str]:
-    """{'batch_size': 8} -> ['--batch-size', '8']; booleans as true/false."""
-    out = []
-    for key, value in values.items():
-        name = key.replace("_", "-") if dashes else key
-        if isinstance(value, bool):
-            value = "true" if value else "false"
-        out += [f"{prefix}{name}", str(value)]
-    return out
-
-
-def resolve_model(model: str) -> str:
-    """'tiny' is the locally built tiny model (built if missing); anything else is as given."""
-    if model == TINY_MODEL:
-        from atroposlib.utils.tiny_model import TinyModelSpec, default_cache_dir, ensure_tiny_model
-
-        target = default_cache_dir() / TinyModelSpec().cache_key()
-        if not (target / "config.json").exists():
-            print(
-                f"[launch] building the tiny model once into {target} (about a minute)", flush=True
-            )
-        return str(ensure_tiny_model())
-    return model

@@ -21,6 +21,13 @@ from atroposlib.frontend.jsonl2html import CSS as ROLLOUT_CSS
 from atroposlib.frontend.jsonl2html import create_html_for_group
 from atroposlib.launch.ledger import account
 from atroposlib.launch.plan import Plan
+from atroposlib.launch.report_data import (
+    numeric_metrics,
+    run_environment_scores,
+    run_evaluations,
+)
+from atroposlib.launch.report_html import environments_table, facts_list, summary_table
+from atroposlib.launch.report_plots import plot
 from atroposlib.trainer_contract import (
     EventKind,
     MetricsRow,
@@ -34,35 +41,6 @@ from atroposlib.utils.tiny_model import read_build_record
 
 SAMPLES_PER_END = 3
 WINDOW = 10  # steps at each end whose mean scores are compared
-
-
-def plot(rows: list[MetricsRow], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r.step for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    scores = [r.score_mean for r in rows]
-    top.plot(steps, scores, ".", alpha=0.5, label="mean score per step")
-    window = max(1, min(10, len(scores) // 4))
-    smooth = [
-        sum(scores[max(0, i - window + 1) : i + 1]) / len(scores[max(0, i - window + 1) : i + 1])
-        for i in range(len(scores))
-    ]
-    top.plot(steps, smooth, "-", label=f"rolling mean ({window} steps)")
-    top.set_ylabel("mean score")
-    top.legend(loc="best")
-    top.grid(alpha=0.3)
-    bottom.plot(steps, [r.loss for r in rows], "-", color="tab:red")
-    bottom.set_ylabel("loss")
-    bottom.set_xlabel("trainer step")
-    bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
 
 
 def sample_groups(rollouts_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -168,10 +146,41 @@ def event_counts(events: list[TrainerEvent]) -> dict[str, int]:
     }
 
 
+def environment_numbers(
+    env_scores: dict[str, dict[int, float]], evals: dict[str, list[dict[str, Any]]]
+) -> dict[str, dict[str, Any]]:
+    """Each environment's own verdict over the steps it had groups in, and its last
+    evaluation's numbers."""
+    numbers: dict[str, dict[str, Any]] = {}
+    for label in sorted(set(env_scores) | set(evals)):
+        scores = list(env_scores.get(label, {}).values())
+        entry: dict[str, Any] = {"steps": len(scores)}
+        if scores:
+            first, last = window_means(scores)
+            learned, verdict = learning_verdict(scores)
+            entry.update(
+                first_10_mean_score=first, last_10_mean_score=last, learned=learned, verdict=verdict
+            )
+        if label in evals:
+            latest = evals[label][-1]
+            entry["evaluations"] = len(evals[label])
+            entry["last_evaluation"] = {"step": latest["step"], **numeric_metrics(latest)}
+        numbers[label] = entry
+    return numbers
+
+
 def run_numbers(plan: Plan, restarts: dict[str, int] | None = None) -> dict[str, Any]:
-    """The summary of the run: learning verdict, event counts, restarts after crashes,
-    and where every acknowledged group went (`ledger.py`)."""
+    """The summary of the run: learning verdict (the whole run's, then each
+    environment's), event counts, restarts after crashes, and where every acknowledged
+    group went (`ledger.py`)."""
     numbers = summary(read_metrics(plan.metrics_path))
+    try:
+        per_env = environment_numbers(run_environment_scores(plan), run_evaluations(plan))
+    except OSError as exc:
+        per_env = {}
+        numbers["environments_line"] = f"environments: not read ({exc})"
+    if per_env:
+        numbers["environments"] = per_env
     events = read_events(plan.events_path)
     numbers.update(event_counts(events))
     numbers["restarts"] = dict(restarts or {})
@@ -206,24 +215,6 @@ def run_facts(plan: Plan) -> dict[str, Any]:
     return facts
 
 
-def _list_html(values: dict[str, Any]) -> str:
-    def item(key: str, value: Any) -> str:
-        if isinstance(value, dict):
-            return f"<li>{html.escape(key)}{_list_html(value)}</li>"
-        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-        return f"<li>{html.escape(key)}: {html.escape(shown)}</li>"
-
-    return f"<ul>{''.join(item(k, v) for k, v in values.items())}</ul>"
-
-
-def _verdict_html(numbers: dict[str, Any]) -> str:
-    styles: dict[bool | None, str] = {True: "ok", False: "bad"}
-    style = styles.get(numbers.get("learned"), "unsure")
-    verdict = numbers.get("verdict", "no steps were trained")
-    listed = {k: v for k, v in numbers.items() if k not in ("verdict", "learned")}
-    return f'<p class="verdict {style}">{html.escape(verdict)}</p>{_list_html(listed)}'
-
-
 def write_report(plan: Plan, config_text: str, numbers: dict[str, Any] | None = None) -> Path:
     run_dir = plan.run_dir
     rows = read_metrics(plan.metrics_path)
@@ -235,9 +226,11 @@ def write_report(plan: Plan, config_text: str, numbers: dict[str, Any] | None = 
     (run_dir / "summary.json").write_text(json.dumps({**numbers, **facts}, indent=2))
     image = ""
     if rows:
-        png = plot(rows, run_dir / "report.png")
+        evals = run_evaluations(plan)
+        png = plot(rows, run_dir / "report.png", run_environment_scores(plan), evals)
         encoded = base64.b64encode(png.read_bytes()).decode()
-        image = f'<img alt="mean score and loss per step" src="data:image/png;base64,{encoded}">'
+        alt = "score, loss and what else was logged, per step"
+        image = f'<img alt="{alt}" src="data:image/png;base64,{encoded}">'
     first, last = sample_groups(plan.rollouts_dir)
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>atropos run {html.escape(run_dir.name)}</title>
@@ -246,14 +239,16 @@ def write_report(plan: Plan, config_text: str, numbers: dict[str, Any] | None = 
 pre{{white-space:pre-wrap;margin:0}} td,th{{border:1px solid #ccc;padding:4px;
 vertical-align:top}} table{{border-collapse:collapse;width:100%}}
 .verdict{{padding:8px;font-weight:bold}} .ok{{background:#dfd}} .bad{{background:#fdd}}
-.unsure{{background:#ffd}}</style></head><body>
+.unsure{{background:#ffd}} table.summary th{{text-align:left;width:30%}}
+tr.resume td{{font-family:monospace}}</style></head><body>
 <h1>Run {html.escape(run_dir.name)}</h1>
 <p>Policy: <code>{html.escape(plan.model)}</code>; run directory
 <code>{html.escape(str(run_dir))}</code></p>
-{_verdict_html(numbers)}
+{summary_table(numbers)}
+{environments_table(numbers.get("environments", {}))}
 {image}
 <h2>What these numbers depend on</h2>
-{_list_html(facts)}
+{facts_list(facts)}
 <h2>Sample rollouts: start of training</h2>
 {_groups_html(first)}
 <h2>Sample rollouts: end of training</h2>

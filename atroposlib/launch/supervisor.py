@@ -353,6 +353,10 @@ class Launcher:
             lines.append(f"  {numbers['groups_line']}")
         if numbers["steps"]:
             lines.append(f"  steps trained: {numbers['steps']}; {numbers['verdict']}")
+        environments = numbers.get("environments", {})
+        if len(environments) > 1:  # a mixed run: each environment's own verdict
+            for label, entry in environments.items():
+                lines.append(f"  {label}: {entry.get('verdict', 'no groups trained')}")
         lines.append(
             f"  engine restarts: {numbers['engine_restarts']}; "
             f"checkpoints saved: {numbers['checkpoints_saved']}"

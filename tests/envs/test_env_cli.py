@@ -70,6 +70,17 @@ def test_serve_names_the_run_and_process_has_its_defaults():
     assert explicit.env.include_messages is False
 
 
+def test_evaluate_saves_to_a_folder_of_its_own_by_default(tmp_path, monkeypatch):
+    """As `process` writes groups by default; an earlier evaluation's folder is kept."""
+    monkeypatch.chdir(tmp_path)
+    assert resolve("evaluate").env.data_dir_to_save_evals == "evals/baseline_env"
+    (tmp_path / "evals" / "baseline_env").mkdir(parents=True)
+    assert resolve("evaluate").env.data_dir_to_save_evals == "evals/baseline_env_1"
+    given = resolve("evaluate", "--env.data_dir_to_save_evals", "mine")
+    assert given.env.data_dir_to_save_evals == "mine"
+    assert resolve("serve").env.data_dir_to_save_evals is None
+
+
 def test_openai_flags_promote_the_baseline():
     untouched = resolve("serve").servers
     assert type(untouched) is ServerBaseline

@@ -186,3 +186,14 @@ def test_eval_base_without_items_says_so():
 
     with pytest.raises(ValueError, match="no items"):
         asyncio.run(Empty()(ServerManager([APIServerConfig(base_url="http://127.0.0.1:9/v1")])))
+
+
+def test_a_served_evaluation_is_added_to_the_history_with_its_step(tmp_path):
+    import numpy as np
+
+    from atroposlib.envs.eval import EVAL_HISTORY, append_eval_history
+
+    append_eval_history(str(tmp_path), 20, "t", {"eval/accuracy": np.float64(0.75)})
+    append_eval_history(str(tmp_path), 40, "t", {"eval/accuracy": 0.8})
+    records = [json.loads(line) for line in (tmp_path / EVAL_HISTORY).read_text().splitlines()]
+    assert [(r["step"], r["metrics"]["eval/accuracy"]) for r in records] == [(20, 0.75), (40, 0.8)]

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -48,3 +51,17 @@ def _skip_unless_ci(reason: str) -> None:
     if os.environ.get("CI", "").lower() in ("true", "1"):
         pytest.fail(f"CI must run the browser tests: {reason}")
     pytest.skip(reason)
+
+
+@contextmanager
+def headless_chromium() -> Iterator[Any]:
+    """A headless Playwright browser on the system chromium (skips without one)."""
+    path = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=path, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()

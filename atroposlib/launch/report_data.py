@@ -1,0 +1,113 @@
+"""What the run report reads besides the trainer's metrics: each environment's score
+per trained step, and each environment's evaluations.
+
+Design: a mixed run's trainer sees one batch per step and logs one mean score, which
+blends its environments (a task that learns and one that cannot read as one flat-ish
+curve). The report splits it without asking the trainer for anything beyond the
+contract: every group an environment sends is in `rollouts/<env>.jsonl` with its id
+and scores, and `trained_groups.jsonl` says which ids each step trained (the last
+record of a step counting), so each environment's mean score per step is the mean of
+its sequences in that step. Copies of one environment count as one (their YAML
+section's label). Evaluations are each environment's `history.jsonl`, one line per
+evaluation with the trainer's step (atroposlib/envs/eval.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from atroposlib.envs.eval import EVAL_HISTORY
+from atroposlib.launch.plan import EVALS_DIR, Plan
+from atroposlib.protocol import GROUP_ID_FIELD
+from atroposlib.trainer_contract import groups_path, read_trained_groups
+
+
+def environment_labels(plan: Plan) -> dict[str, str]:
+    """Each environment process's name -> its YAML section's label (copies share it)."""
+    sections = plan.config.environments
+    return {
+        p.name: p.name if p.section is None else sections[p.section].label
+        for p in plan.environments
+    }
+
+
+def _group_scores(rollouts_dir: Path, labels: dict[str, str]) -> dict[str, tuple[str, float, int]]:
+    """group id -> (environment label, sum of its scores, how many)."""
+    groups: dict[str, tuple[str, float, int]] = {}
+    for path in sorted(rollouts_dir.glob("*.jsonl")):
+        label = labels.get(path.stem, path.stem)
+        with open(path, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a crash
+                group_id, scores = record.get(GROUP_ID_FIELD), record.get("scores")
+                if isinstance(group_id, str) and isinstance(scores, list) and scores:
+                    try:
+                        groups[group_id] = (label, float(sum(scores)), len(scores))
+                    except TypeError:
+                        continue
+    return groups
+
+
+def run_environment_scores(plan: Plan) -> dict[str, dict[int, float]]:
+    """`environment_scores` of a launched run."""
+    return environment_scores(
+        plan.rollouts_dir, groups_path(plan.checkpoints), environment_labels(plan)
+    )
+
+
+def environment_scores(
+    rollouts_dir: Path, trained_groups: Path, labels: dict[str, str]
+) -> dict[str, dict[int, float]]:
+    """Each environment's mean score per trained step (steps where it had groups)."""
+    groups = _group_scores(rollouts_dir, labels)
+    by_env: dict[str, dict[int, float]] = defaultdict(dict)
+    for record in read_trained_groups(trained_groups):
+        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for group_id in record.group_ids:
+            if group_id in groups:
+                env, total, count = groups[group_id]
+                sums[env][0] += total
+                sums[env][1] += count
+        for label, (score_sum, sequences) in sums.items():
+            by_env[label][record.step] = score_sum / sequences
+    return {label: dict(sorted(steps.items())) for label, steps in sorted(by_env.items())}
+
+
+def run_evaluations(plan: Plan) -> dict[str, list[dict[str, Any]]]:
+    """`evaluations` of a launched run, under its sections' labels."""
+    return evaluations(plan.run_dir / EVALS_DIR, environment_labels(plan))
+
+
+def evaluations(
+    evals_dir: Path, labels: dict[str, str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Each environment's evaluations by step: {step, task, metrics}. `labels` maps a
+    process's folder to its environment (copies of one evaluate alike, and merge)."""
+    found: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for path in sorted(evals_dir.glob(f"*/{EVAL_HISTORY}")):
+        records = []
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("metrics"), dict):
+                records.append(record)
+        label = (labels or {}).get(path.parent.name, path.parent.name)
+        found[label].extend(records)
+    return {label: sorted(records, key=lambda r: r["step"]) for label, records in found.items()}
+
+
+def numeric_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """An evaluation's numbers (names without their `eval/` prefix), for plots and tables."""
+    return {
+        name.removeprefix("eval/"): float(value)
+        for name, value in record["metrics"].items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
