@@ -95,6 +95,12 @@ class MetricsRow(BaseModel):
     """The step's training loss."""
 
 
+ENV_SCORE_PREFIX = "score_mean/env_"
+"""A metrics row's optional `score_mean/env_<env_id>`: one environment's mean score in
+the step's batch (the launcher's report computes the same per environment name from
+the rollouts and trained_groups.jsonl, so a trainer that omits it loses nothing)."""
+
+
 class EventKind(str, Enum):
     ENGINE_STARTED = "engine_started"
     ENGINE_RESTARTED = "engine_restarted"

@@ -57,6 +57,8 @@ class Sequence:
     """The trainer step whose weights sampled it (`weight_versions`), if the engine said."""
     cut: bool = False
     """Its tokens were cut at --seq-len: a completion that did not finish here."""
+    env_id: int | None = None
+    """The environment that sent its group (the API's env_id), if the group says."""
 
 
 def flatten(
@@ -104,6 +106,7 @@ def flatten(
                     group=index,
                     version=versions[i] if i < len(versions) else None,
                     cut=len(whole) > seq_len,
+                    env_id=group.env_id,
                 )
             )
     return sequences

@@ -4,6 +4,8 @@ The rollout figures are those TRL's GRPOTrainer logs, under TRL's names where th
 trainer had none, so runs of both compare:
 
 - `score_mean`, `score_std` (TRL's `reward`, `reward_std`): the batch's scores;
+- `score_mean/env_<id>`: each environment's mean score in the batch (by the API's
+  env_id), so a mixed run's curves part (the launcher's report names them);
 - `frac_reward_zero_std`: the share of groups whose scores are all equal. GRPO gives
   such a group zero advantage, so it teaches nothing: a share near 1 says the task is
   too easy or too hard for the policy as it is now;
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from atroposlib.inference.engine import end_token_ids
+from atroposlib.trainer_contract import ENV_SCORE_PREFIX
 from atroposlib.utils.logging import MESSAGE_WIDTH
 from example_trainer.data import Sequence
 
@@ -46,6 +49,19 @@ def score_numbers(sequences: list[Sequence]) -> dict[str, float]:
     return {
         "score_mean": float(scores.mean()),
         "score_std": float(scores.std()) if len(scores) > 1 else 0.0,
+    }
+
+
+def environment_scores(sequences: list[Sequence]) -> dict[str, float]:
+    """`score_mean/env_<id>`: each environment's mean score in the batch, so a mixed
+    run's metrics (and wandb) show which task moves; the launcher's report names them."""
+    by_env: dict[int, list[float]] = {}
+    for sequence in sequences:
+        if sequence.env_id is not None:
+            by_env.setdefault(sequence.env_id, []).append(sequence.score)
+    return {
+        f"{ENV_SCORE_PREFIX}{env_id}": sum(scores) / len(scores)
+        for env_id, scores in sorted(by_env.items())
     }
 
 
@@ -107,6 +123,7 @@ def rollout_numbers(sequences: list[Sequence], ends: CompletionEnds) -> dict[str
     """Every rollout figure of a step's batch (the module docstring lists them)."""
     return {
         **score_numbers(sequences),
+        **environment_scores(sequences),
         **zero_spread_share(sequences),
         **completion_numbers(sequences, ends),
     }

@@ -169,6 +169,17 @@ def environment_numbers(
     return numbers
 
 
+def environment_line(entry: dict[str, Any]) -> str:
+    """One environment's numbers in a short line, for the closing panel."""
+    if "first_10_mean_score" not in entry:
+        return "no groups trained"
+    judged = {True: "rose", False: "did not rise", None: "too few steps to judge"}
+    return (
+        f"{entry['first_10_mean_score']:.3f} -> {entry['last_10_mean_score']:.3f} over "
+        f"{entry['steps']} steps: {judged[entry.get('learned')]}"
+    )
+
+
 def run_numbers(plan: Plan, restarts: dict[str, int] | None = None) -> dict[str, Any]:
     """The summary of the run: learning verdict (the whole run's, then each
     environment's), event counts, restarts after crashes, and where every acknowledged

@@ -41,7 +41,7 @@ from atroposlib.launch.children import Child
 from atroposlib.launch.config import effective_text, redacted_text
 from atroposlib.launch.console import console_text, key_line
 from atroposlib.launch.plan import KEY_FILE, Plan
-from atroposlib.launch.report import run_numbers, write_report
+from atroposlib.launch.report import environment_line, run_numbers, write_report
 from atroposlib.launch.resume import LaunchRecord, resume_command, write_record
 from atroposlib.launch.status import StatusReader
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, read_events, read_metrics
@@ -356,7 +356,7 @@ class Launcher:
         environments = numbers.get("environments", {})
         if len(environments) > 1:  # a mixed run: each environment's own verdict
             for label, entry in environments.items():
-                lines.append(f"  {label}: {entry.get('verdict', 'no groups trained')}")
+                lines.append(f"  {label}: {environment_line(entry)}")
         lines.append(
             f"  engine restarts: {numbers['engine_restarts']}; "
             f"checkpoints saved: {numbers['checkpoints_saved']}"

@@ -63,6 +63,17 @@ def test_a_batchs_spread_and_completion_figures_are_trls():
     )
 
 
+def test_each_environment_gets_its_own_mean_score():
+    """Groups name their env_id: env 3's sequences score (1 + 1 + 0.25 + 0.25) / 4, env
+    5's (0 + 1 + 0.5) / 3; a group without one counts only in the whole batch's mean."""
+    batch = [{**BATCH[0], "env_id": 3}, {**BATCH[1], "env_id": 5}, {**BATCH[2], "env_id": 3}]
+    numbers = rollout_numbers(flatten(batch, "group", seq_len=5), CompletionEnds(Tokenizer()))
+    assert numbers["score_mean/env_3"] == pytest.approx(2.5 / 4)
+    assert numbers["score_mean/env_5"] == pytest.approx(1.5 / 3)
+    unnamed = rollout_numbers(flatten(BATCH, "group", seq_len=5), CompletionEnds(Tokenizer()))
+    assert not [key for key in unnamed if key.startswith("score_mean/env_")]
+
+
 def test_the_models_end_tokens_count_and_a_batch_that_never_finished_has_no_terminated_mean():
     ended_by_im_end = group([1.0, 0.0], ([5, 6, IM_END], [-100, 6, IM_END]), ([5, 6], [-100, 6]))
     sequences = flatten([ended_by_im_end], "group", seq_len=64)

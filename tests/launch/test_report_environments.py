@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from atroposlib.launch.report import run_numbers, write_report
+from atroposlib.launch.report import environment_line, run_numbers, write_report
 from atroposlib.launch.report_data import run_environment_scores
 from atroposlib.launch.report_html import environments_table, summary_table
 from tests.support.report_runs import STEPS, learning_score, made_up_run
@@ -30,6 +30,13 @@ def test_a_mixed_run_gets_a_verdict_per_environment_and_its_evaluations(tmp_path
     assert flat["learned"] is False and "THE SCORE DID NOT RISE" in flat["verdict"]
     assert learns["last_evaluation"] == {"step": 20, "accuracy": 1.0}
     assert learns["evaluations"] == 2 and "evaluations" not in flat
+
+
+def test_the_panel_gives_each_environment_one_short_line(tmp_path):
+    environments = run_numbers(made_up_run(tmp_path))["environments"]
+    assert environment_line(environments["flat<b>"]) == "0.500 -> 0.500 over 20 steps: did not rise"
+    assert environment_line(environments["learns"]).endswith("over 20 steps: rose")
+    assert environment_line({"steps": 0}) == "no groups trained"
 
 
 def test_the_tables_say_it_in_words_and_escape_what_the_run_wrote(tmp_path):
