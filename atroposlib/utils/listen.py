@@ -15,6 +15,12 @@ import socket
 import sys
 from typing import Any
 
+KEEP_ALIVE_S = 75
+"""How long an idle keep-alive connection stays open. uvicorn's 5 s equals httpx's (and
+the openai SDK's) pool expiry, so under load a client reused a connection the server
+was closing: "Server disconnected without sending a response" on a POST, which is not
+retried. Outliving the clients' expiry leaves the closing to them, as nginx's 75 s does."""
+
 
 class ListenError(RuntimeError):
     """The address cannot be listened on; the message says which one and what to do."""
@@ -62,7 +68,8 @@ def serve(app: Any, sock: socket.socket, tool: str, **config: Any) -> int:
     """Serve `app` with uvicorn on `sock` until stopped; 0 after Ctrl-C, with one line."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, **{"log_config": None, **config}))
+    settings = {"log_config": None, "timeout_keep_alive": KEEP_ALIVE_S, **config}
+    server = uvicorn.Server(uvicorn.Config(app, **settings))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn stops gracefully, then raises the SIGINT it caught

@@ -67,6 +67,7 @@ from atroposlib.envs.server_handling.proxy_sessions import (
 )
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, is_unreachable
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.utils.listen import KEEP_ALIVE_S
 from atroposlib.utils.token_guard import UNAUTHORIZED_MESSAGE, TokenGuard
 
 __all__ = [
@@ -450,7 +451,13 @@ async def serve_in_process(
     # no lifespan: the caller's loop ends by cancelling this task, which a lifespan
     # reports as a traceback; the idle-session reaper runs as a task of its own
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="off"
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = LeavesSignalsAlone(config)
     loop = asyncio.get_running_loop()
