@@ -34,9 +34,15 @@ from atroposlib.envs.api_client import APIRefusedError
 from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.process import NothingProcessed, unused_path
 from atroposlib.envs.reporting import keep_full_metrics
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
+from atroposlib.envs.rollout_failures import ContextRefused, refused_plainly
+from atroposlib.envs.runtime import STATE_LOGGER
+from atroposlib.envs.server_handling.server_baseline import (
+    OUTAGE_LOGGER,
+    APIServerConfig,
+    ServerBaseline,
+)
 from atroposlib.utils.flags import add_model_flags, given_flags, parse_bool
-from atroposlib.utils.logging import configure_logging
+from atroposlib.utils.logging import configure_logging, keep_debug_in_files
 from atroposlib.utils.tokenizers import (
     CHECK_CONFIG_ENVIRONMENT,
     TokenizerLoadError,
@@ -284,6 +290,8 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
         sys.exit(2)
     configure_logging("info")
     keep_full_metrics()
+    for details in (OUTAGE_LOGGER, STATE_LOGGER):  # a short line on the console, all in files
+        keep_debug_in_files(details)
     if args.command == "evaluate":
         save_evaluate_config(resolved)
     env = env_cls(
@@ -296,7 +304,8 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     runner = {"serve": _serve, "process": _process, "evaluate": _evaluate}[args.command]
     try:
         asyncio.run(runner(env))
-    except (APIRefusedError, NothingProcessed) as exc:  # the message says it; no traceback
+    except (APIRefusedError, NothingProcessed, ContextRefused) as exc:
+        # the message says it all; no traceback
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
         sys.exit(1)
 
@@ -348,4 +357,10 @@ async def _process(env: Any) -> None:
 
 
 async def _evaluate(env: Any) -> None:
-    await env._run_evaluate()
+    try:
+        await env._run_evaluate()
+    except Exception as error:
+        refused = refused_plainly(error, env)
+        if refused is None:
+            raise
+        raise refused from None

@@ -12,7 +12,11 @@ later refusals are only counted (`context_refusals`, also in `rollout_errors`).
 Any other error is logged with its traceback the first time it is raised at a given
 place (exception type and innermost frame), and only counted after that, with a DEBUG
 line per item: the same bug on every item is one traceback, two bugs are two.
-`process` and the `serve` runtime share this; each env process has one reporter.
+`process` and the `serve` runtime share this; each env process has one reporter, and
+`serve` one more for its evaluations (`EvaluationFailures`: `eval_errors`,
+`eval_context_refusals`). The `evaluate` command, which ends on its one evaluation's
+error, ends on a context refusal with the same one line and no traceback
+(`refused_plainly`).
 """
 
 from __future__ import annotations
@@ -136,6 +140,9 @@ def _raised_at(error: BaseException) -> tuple[str, str, int]:
 class RolloutFailures:
     """Counts an env's failed rollouts in `env.stats` and logs what a person must see."""
 
+    errors_stat = "rollout_errors"
+    refusals_stat = "context_refusals"
+
     def __init__(self, env: Any) -> None:
         self.env = env
         self.refusals = 0
@@ -145,29 +152,38 @@ class RolloutFailures:
     def env_name(self) -> str:
         return self.env.name or type(self.env).__name__
 
+    def label(self) -> str:
+        """Who the refusal line names."""
+        return self.env_name
+
+    def what(self, item: Any) -> str:
+        """The failed work, for its log lines."""
+        return f"rollout of item {item!r}"
+
     def record(self, item: Any, error: BaseException) -> None:
         """One failed rollout of `item`."""
-        self.env.stats["rollout_errors"] += 1
+        self.env.stats[self.errors_stat] += 1
         refusal = context_refusal(error)
         if refusal is not None:
-            self.env.stats["context_refusals"] += 1
+            self.env.stats[self.refusals_stat] += 1
             self.refusals += 1
             if self.refusals == 1:
                 logger.error(
-                    "%s; later refusals are counted (context_refusals), not logged",
-                    refusal.line(self.env_name, self.env.config),
+                    "%s; later refusals are counted (%s), not logged",
+                    refusal.line(self.label(), self.env.config),
+                    self.refusals_stat,
                 )
             else:
-                logger.debug("rollout of item %r refused: %s", item, refusal.message)
+                logger.debug("%s refused: %s", self.what(item), refusal.message)
             return
         place = _raised_at(error)
         self.errors[place] += 1
         if self.errors[place] == 1:
-            logger.error("rollout of item %r failed", item, exc_info=error)
+            logger.error("%s failed", self.what(item), exc_info=error)
         else:
             logger.debug(
-                "rollout of item %r failed again: %s: %s (%d times; traceback logged the first)",
-                item,
+                "%s failed again: %s: %s (%d times; traceback logged the first)",
+                self.what(item),
                 type(error).__name__,
                 error,
                 self.errors[place],
@@ -179,3 +195,30 @@ class RolloutFailures:
         if not self.refusals:
             return f"{failed} failed"
         return f"{failed} failed, {self.refusals} of them refused for the model's context length"
+
+
+class EvaluationFailures(RolloutFailures):
+    """A served env's failed evaluations (`record(step, error)`), reported as rollouts
+    are: an evaluation fails every `steps_per_eval` steps the same way a rollout does."""
+
+    errors_stat = "eval_errors"
+    refusals_stat = "eval_context_refusals"
+
+    def label(self) -> str:
+        return f"{self.env_name} evaluation"
+
+    def what(self, item: Any) -> str:
+        return f"evaluate() at step {item}"
+
+
+class ContextRefused(RuntimeError):
+    """A command ended by a context refusal; its message is the refusal's one line."""
+
+
+def refused_plainly(error: BaseException, env: Any) -> ContextRefused | None:
+    """`error` as the one line `ContextRefused` where it is a context refusal (the
+    `evaluate` command's end), else None: another error keeps its traceback."""
+    refusal = context_refusal(error)
+    if refusal is None:
+        return None
+    return ContextRefused(refusal.line(env.name or type(env).__name__, env.config))

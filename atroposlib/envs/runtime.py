@@ -12,13 +12,13 @@ trainer step crosses steps_per_eval / checkpoint_interval; stop once the trainer
   abandon workers after worker_timeout (<= 0: never, upstream's -1).
 
 Failures in user code (collect_trajectories, evaluate, ...) are counted and logged
-with the item and traceback, a rollout's once per place it was raised and a context
-refusal once as one line (`rollout_failures.py`); the loop goes on. SIGINT/SIGTERM
-stop it cleanly: in-flight items go back to a backlog file that the next run reads
-first, spooled groups are delivered (or kept for the next run), and the env
-disconnects. Whatever a run takes over from an earlier one (spool, backlog, env
-checkpoint) is logged as a WARNING with its count and path: state dirs are per
-working directory, so a new run started by hand in the same place inherits it.
+with the item and traceback, a rollout's or an evaluation's once per place it was
+raised, and a context refusal once as one line (`rollout_failures.py`); the loop goes
+on. SIGINT/SIGTERM stop it cleanly: in-flight items go back to a backlog file that
+the next run reads first, spooled groups are delivered (or kept for the next run),
+and the env disconnects. Whatever a run takes over from an earlier one (spool,
+backlog, env checkpoint) is logged as a WARNING with its count and path: state dirs
+are per working directory, so a new run started by hand in the same place inherits it.
 """
 
 from __future__ import annotations
@@ -36,12 +36,17 @@ from typing import TYPE_CHECKING, Any
 from atroposlib.envs.admission import offpolicy_window
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import EvalHandlingEnum
-from atroposlib.envs.rollout_failures import RolloutFailures
+from atroposlib.envs.rollout_failures import EvaluationFailures, RolloutFailures
+from atroposlib.utils.logging import MESSAGE_WIDTH, short_path
 
 if TYPE_CHECKING:
     from atroposlib.envs.served_env import ServedEnv
 
 logger = logging.getLogger("atroposlib.envs")
+STATE_LOGGER = "atroposlib.envs.state"
+"""Where a run's state files are, whole, at DEBUG for log files (`keep_debug_in_files`);
+the console line names them in short."""
+state_logger = logging.getLogger(STATE_LOGGER)
 
 POLL_S = 0.5
 
@@ -79,6 +84,7 @@ class EnvRuntime:
         self.last_logged_step = -1
         self.finishing = False  # the last poll: no evaluation is started
         self.failures = RolloutFailures(env)
+        self.eval_failures = EvaluationFailures(env)
 
     # ----------------------------------------------------------------- start
     async def run(self) -> None:
@@ -325,9 +331,8 @@ class EnvRuntime:
     async def _guarded_evaluate(self) -> None:
         try:
             await self.env.evaluate()
-        except Exception:
-            self.env.stats["eval_errors"] += 1
-            logger.exception("evaluate() failed")
+        except Exception as error:
+            self.eval_failures.record(self.env.curr_step, error)
 
     async def _maybe_log(self) -> None:
         env = self.env
@@ -366,7 +371,11 @@ class EnvRuntime:
             try:
                 self.state_dir.mkdir(parents=True, exist_ok=True)
                 self.backlog_file.write_text(json.dumps(self.backlog))
-                logger.info("%d unfinished items saved to %s", len(self.backlog), self.backlog_file)
+                saved = f"{len(self.backlog)} unfinished items saved to "
+                shown = short_path(self.backlog_file, MESSAGE_WIDTH - len(saved))
+                logger.info("%s%s", saved, shown)
+                if Path.cwd() / shown != Path.cwd() / self.backlog_file:  # cut: whole in files
+                    state_logger.debug("%s%s", saved, self.backlog_file)
             except (TypeError, ValueError):
                 logger.warning(
                     "backlog items are not JSON-serialisable; %d dropped", len(self.backlog)

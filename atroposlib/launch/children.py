@@ -8,7 +8,8 @@ crashes in a row, so a run of days is not ended by its fourth crash ever.
 
 Output is read line by line by a thread that appends it to the child's own
 log file in the run directory (kept whole) and hands it to a sink that prints
-it with the child's coloured prefix. The process itself comes from
+it with the child's coloured prefix as its `console` (a `ChildConsole`, which knows
+which record a traceback's lines belong to) shows it. The process itself comes from
 `atroposlib.utils.processes.spawn`, so it cannot outlive the launcher. Its
 `WANDB_DIR` is the run directory (unless the launcher's own environment sets one),
 so an environment's or a trainer's wandb files stay with the run instead of landing
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from atroposlib.launch.console import ChildConsole
 from atroposlib.launch.plan import ProcessPlan
 from atroposlib.utils.processes import log_tail, spawn, stop_group
 
@@ -55,6 +57,7 @@ class Child:
         self.started_wall = 0.0
         self.stopped = False  # stopped by the launcher (its exit code says nothing)
         self.next_restart_at: float | None = None
+        self.console = ChildConsole()
 
     def start(self, command: list[str] | None = None) -> None:
         command = command or self.plan.command
@@ -63,6 +66,7 @@ class Child:
             log.write(f"--- start: {' '.join(command)}\n")
         self.started_at = time.monotonic()
         self.started_wall = time.time()  # to compare with the files it writes
+        self.console = ChildConsole()  # a new process: no record of the last one goes on
         self.proc = spawn(
             command,
             subprocess.PIPE,

@@ -39,7 +39,7 @@ from rich.text import Text
 
 from atroposlib.launch.children import Child
 from atroposlib.launch.config import effective_text, redacted_text
-from atroposlib.launch.console import console_text, key_line
+from atroposlib.launch.console import key_line
 from atroposlib.launch.plan import KEY_FILE, Plan
 from atroposlib.launch.report import environment_line, run_numbers, write_report
 from atroposlib.launch.resume import LaunchRecord, resume_command, write_record
@@ -124,7 +124,7 @@ class Launcher:
 
     # ----------------------------------------------------------------- output
     def _print_line(self, child: Child, line: str) -> None:
-        shown = console_text(line)
+        shown = child.console.shown(line)
         if shown is None:
             return
         prefix = Text(f"{child.name:<{self.width}} | ", style=child.color)

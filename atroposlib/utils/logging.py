@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 CONSOLE_COLUMNS = 80
@@ -21,11 +22,34 @@ LAUNCHER_PREFIX = len("mod_arithmetic | ")
 """What atropos-launch puts before a child's line: its name, padded to the longest
 (the quickstart's environment), and a bar."""
 MESSAGE_WIDTH = CONSOLE_COLUMNS - LAUNCHER_PREFIX
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""A record's first line in the plain-text format; its traceback and any further lines
+of its message follow without this prefix (the launcher's console reads it so:
+`atroposlib.launch.console`)."""
+TIME_FORMAT = "%H:%M:%S"
 
 
 def shorten(text: str, width: int) -> str:
     """`text`, cut to `width` characters with "..." where it was cut."""
     return text if len(text) <= width else text[: max(width - 3, 0)] + "..."
+
+
+def short_path(path: str | Path, width: int, cwd: Path | None = None) -> str:
+    """`path` for a console line: relative to the working directory where it is under
+    it, and cut to its last folders after ".../" where it is still wider than `width`
+    (its whole name belongs in a DEBUG line beside)."""
+    path, cwd = Path(path), Path.cwd() if cwd is None else cwd
+    if path.is_absolute() and path.is_relative_to(cwd):
+        path = path.relative_to(cwd)
+    text = str(path)
+    if len(text) <= width:
+        return text
+    parts = path.parts
+    for start in range(1, len(parts)):
+        tail = ".../" + "/".join(parts[start:])
+        if len(tail) <= width:
+            return tail
+    return shorten(parts[-1], width)
 
 
 def keep_debug_in_files(name: str, stream: Any = None) -> None:
@@ -62,9 +86,7 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
     elif fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-        )
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT, TIME_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -194,3 +194,48 @@ def test_evaluate_saves_its_config_beside_the_results_without_the_key(tmp_path):
     assert [s["base_url"] for s in saved["openai"]] == ["http://a/v1", "http://b/v1"]
     assert saved["openai"][0]["api_key"] == "<redacted>" and saved["openai"][1]["api_key"] == ""
     assert "sk-secret" not in (evals / "evaluate_config.yaml").read_text()
+
+
+class FailingEvaluationEnv(BaselineEnv):
+    """`evaluate` fails with `error`; no tokenizer to load, no server asked."""
+
+    name = "refused_env"
+    error: Exception = RuntimeError()
+
+    @staticmethod
+    def _load_tokenizer(name):
+        return None
+
+    async def evaluate(self, *args, **kwargs):
+        raise type(self).error
+
+
+REFUSAL = "max_tokens 1024 + prompt 342 tokens exceeds the maximum context length 512"
+
+
+def evaluate_failing(error: Exception, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("atroposlib.envs.cli.configure_logging", lambda *args: None)
+    monkeypatch.setattr(FailingEvaluationEnv, "error", error)
+    run_cli(FailingEvaluationEnv, ["evaluate", "--env.data_dir_to_save_evals", str(tmp_path)])
+
+
+def test_evaluate_refused_for_the_context_ends_on_one_line(tmp_path, monkeypatch, capsys):
+    try:
+        raise RuntimeError("the judge did not answer") from RuntimeError(REFUSAL)
+    except RuntimeError as wrapped:
+        refused = wrapped
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_failing(refused, tmp_path, monkeypatch)
+    assert exit_info.value.code == 1
+    env_defaults, servers = FailingEvaluationEnv.config_init()
+    prog = build_parser(FailingEvaluationEnv, env_defaults, servers).prog
+    error = capsys.readouterr().err
+    assert error.splitlines() == [
+        f"{prog} evaluate: refused_env: a prompt of 342 tokens plus max_tokens 1024 does not "
+        "fit the model's context of 512 tokens; use a model with a longer context"
+    ]
+
+
+def test_evaluate_failing_otherwise_keeps_its_traceback(tmp_path, monkeypatch):
+    with pytest.raises(KeyError, match="answer"):
+        evaluate_failing(KeyError("answer"), tmp_path, monkeypatch)

@@ -27,6 +27,10 @@ COLUMNS = 80
 # and the launcher's status line ("[launch] step 3/4 | ETA 5s | ...")
 STEP_LINE = re.compile(r"^(?P<child>\S+)\s+\| step \d+(?::|/\d+ )")
 STATUS_LINE = re.compile(r"^\[launch\] step (?:\d+|-)/\d+ \| ETA ")
+# a child's lines for events that name servers or paths: short, the detail in its log file
+EVENT_LINE = re.compile(
+    r"^\S+\s+\| (?:.*inference server|\d+ unfinished items saved to |still waiting for an)"
+)
 
 
 def launch_config(run_dir: Path, steps: int = 4, **overrides: Any) -> dict[str, Any]:
@@ -123,8 +127,9 @@ def console_rows(line: str, columns: int = COLUMNS) -> int:
 
 def check_the_console(output: str, env: str, steps: int) -> float:
     """The console of a finished run reads as one line per event: every environment and
-    trainer step line fits one 80-column row, the trainer printed one line per step, no numpy
-    reprs or whole metrics dicts. Returns the share of rows, up to the final panel,
+    trainer step line fits one 80-column row, and so do the lines of an engine restart and
+    of the items saved at the stop; the trainer printed one line per step; no numpy reprs,
+    whole metrics dicts or tracebacks. Returns the share of rows, up to the final panel,
     that step and status lines take."""
     lines = output.splitlines()
     scrolled = lines[: next((i for i, x in enumerate(lines) if x.startswith("╭")), len(lines))]
@@ -136,5 +141,10 @@ def check_the_console(output: str, env: str, steps: int) -> float:
     assert len(trainer_steps) == steps, trainer_steps
     assert all(console_rows(line) == 1 for line in trainer_steps), trainer_steps
     assert "np.float64" not in output and "metrics: {" not in output, output[-3000:]
+    # a run that goes well shows no traceback (a DEBUG record's never shows), and a line
+    # for an engine restart or the items saved at the stop fits one row
+    assert not [line for line in scrolled if "Traceback" in line], output[-3000:]
+    events = [line for line in scrolled if EVENT_LINE.match(line)]
+    assert all(console_rows(line) == 1 for line in events), events
     counted = [line for line, m in found if m or STATUS_LINE.match(line)]
     return sum(map(console_rows, counted)) / sum(map(console_rows, scrolled))

@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, Field
@@ -42,6 +43,10 @@ from atroposlib.envs.server_handling.request_policy import (  # noqa: F401 - re-
 from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT
 
 logger = logging.getLogger("atroposlib.inference")
+OUTAGE_LOGGER = "atroposlib.inference.outage"
+"""An outage's whole story (URLs, the error, the wait's limit) at DEBUG, for log files
+(`keep_debug_in_files`); the console gets a short line on `logger`."""
+outage_logger = logging.getLogger(OUTAGE_LOGGER)
 
 OPENAI_DEFAULT_URL = "https://api.openai.com/v1"
 VALID_REASONING_EFFORTS = {"none", "minimal", "low", "medium", "high", "xhigh"}
@@ -276,6 +281,11 @@ class APIServer(ABC):
         ).rstrip("/")
 
     @property
+    def address(self) -> str:
+        """The endpoint's host and port, which name the server in a short console line."""
+        return urlsplit(self.endpoint_url).netloc or self.endpoint_url
+
+    @property
     def endpoint_key(self) -> str:
         """The bearer key sent: `api_key`; else $ATROPOS_ENGINE_API_KEY (how atropos-launch
         hands an environment its engine's key, out of argv); else, for None,
@@ -414,7 +424,9 @@ class APIServer(ABC):
                     self.attempts_failed += 1
                     if is_unreachable(exc) and self.config.health_check:
                         if self.server_healthy:  # once per outage, not once per request
-                            logger.warning(
+                            # the manager warns when no server is left to route to
+                            logger.info("inference server %s unreachable", self.address)
+                            outage_logger.debug(
                                 "inference server %s unreachable: %s", self.endpoint_url, exc
                             )
                         self.server_healthy = False  # the manager routes elsewhere

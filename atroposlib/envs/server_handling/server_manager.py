@@ -13,8 +13,9 @@
   goes to another. When none is reachable (the trainer is restarting the
   engine from a new checkpoint, which can take minutes) requests wait for one
   to answer /health again: with no limit by default, like upstream, or up to
-  `unavailable_timeout_s`. One WARNING when the wait starts, an INFO note
-  every `wait_log_interval_s`, an INFO when requests resume. A background
+  `unavailable_timeout_s`. One short WARNING when the wait starts (the URLs
+  and the limit at DEBUG on `OUTAGE_LOGGER`), an INFO note every
+  `wait_log_interval_s`, an INFO when requests resume. A background
   probe of /health brings a server back when it answers again. Other errors
   are retried by the server client. Servers with `health_check=False` are
   never waited for: like upstream, their errors are retried, then raised.
@@ -42,6 +43,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     is_unreachable,
     merge_choices,
     offset_seed,
+    outage_logger,
 )
 from atroposlib.envs.server_handling.server_discovery import (  # noqa: F401 - re-exported
     DEFAULT_LOCAL_PORTS,
@@ -189,7 +191,8 @@ class ServerManager:
             if self.unavailable_timeout_s is None
             else f"up to {self.unavailable_timeout_s:g}s"
         )
-        logger.warning(
+        logger.warning("waiting for an inference server")  # fits the launcher's console
+        outage_logger.debug(
             "no inference server reachable (%s); requests are waiting for one to come back "
             "(%s; an engine restart from a new checkpoint can take minutes)",
             urls,
@@ -211,7 +214,7 @@ class ServerManager:
                 )
                 return False
             if loop.time() >= next_note:
-                logger.info("still waiting for an inference server (%s): %.0fs", urls, waited)
+                logger.info("still waiting for an inference server: %.0fs", waited)
                 next_note = loop.time() + self.wait_log_interval_s
 
     async def _split_n(self, method: str, kwargs: dict[str, Any]) -> Any:

@@ -11,7 +11,10 @@ import time
 import openai
 import pytest
 
+from atroposlib.envs.server_handling.server_baseline import OUTAGE_LOGGER
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.launch.console import console_text
+from atroposlib.utils.logging import MESSAGE_WIDTH, TEXT_FORMAT, TIME_FORMAT
 from atroposlib.utils.ports import free_port
 from tests.support.inference_servers import QUESTION, ScriptedServer, server_config
 from tests.support.processes import InferenceProcess
@@ -81,6 +84,18 @@ def test_an_explicit_limit_gives_up_with_an_error_logged(caplog):
         asyncio.run(asyncio.wait_for(manager.chat_completion(messages=QUESTION), 30))
     assert time.monotonic() - started >= 0.5
     assert [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.ERROR]
+    # the outage's console lines, as the launcher shows them, fit beside its prefix
+    address = dead.base_url.removeprefix("http://").removesuffix("/v1")
+    assert messages(caplog, logging.INFO, "unreachable") == [
+        f"inference server {address} unreachable"
+    ]
+    assert messages(caplog, logging.WARNING, "") == ["waiting for an inference server"]
+    shown = [
+        console_text(logging.Formatter(TEXT_FORMAT, TIME_FORMAT).format(r))
+        for r in caplog.records
+        if r.name == LOGGER and logging.INFO <= r.levelno < logging.ERROR
+    ]
+    assert shown and all(len(line) <= MESSAGE_WIDTH for line in shown), shown
 
 
 @pytest.mark.integration
@@ -110,9 +125,12 @@ def test_waiting_on_a_server_at_the_sdks_default_url_names_that_url(caplog, monk
     """base_url None means the OpenAI SDK's default; the outage log once joined the None
     and raised TypeError instead of waiting."""
     caplog.set_level(logging.INFO, logger=LOGGER)
+    caplog.set_level(logging.DEBUG, logger=OUTAGE_LOGGER)
     dead = f"http://127.0.0.1:{free_port()}/v1"
     monkeypatch.setenv("OPENAI_BASE_URL", dead)
     sdk_default = server_config("unused", base_url=None)
     manager = ServerManager([sdk_default], health_interval_s=0.1, unavailable_timeout_s=0.3)
     assert asyncio.run(asyncio.wait_for(manager._wait_out_outage(), 30)) is False
-    assert any(dead in m for m in messages(caplog, logging.WARNING, "waiting"))
+    # the console's WARNING is short; the log file's DEBUG line names the servers
+    (detail,) = [r.getMessage() for r in caplog.records if r.name == OUTAGE_LOGGER]
+    assert f"no inference server reachable ({dead}); requests are waiting" in detail
