@@ -48,7 +48,8 @@ def plot(
 
     env_scores, evals = env_scores or {}, evals or {}
     extras = [row.model_extra or {} for row in rows]
-    optional = [(k, label) for k, label in OPTIONAL_PANELS if any(k in e for e in extras)]
+    # a figure logged as zero throughout (KL without a reference) is not drawn
+    optional = [(k, label) for k, label in OPTIONAL_PANELS if any(e.get(k) for e in extras)]
     count = 2 + len(optional) + (1 if evals else 0)
     columns = 2
     lines = (count + columns - 1) // columns
@@ -59,8 +60,8 @@ def plot(
     score = next(panels)
     scores = [r.score_mean for r in rows]
     window = max(1, min(10, len(scores) // 4))
-    score.plot(steps, scores, ".", alpha=0.4, color="tab:blue", label="all environments")
-    score.plot(steps, rolling_mean(scores, window), "-", color="tab:blue")
+    score.plot(steps, scores, ".", alpha=0.3, color="black", label="all environments")
+    score.plot(steps, rolling_mean(scores, window), "-", color="black", linewidth=2)
     if len(env_scores) > 1:
         for label, by_step in env_scores.items():
             values = list(by_step.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,5 +43,11 @@ def test_the_mix_trains_a_few_steps_on_the_tiny_model(launch, tmp_path):
         for name in ENVS
         if (run_dir / "rollouts" / f"{name}.jsonl").exists()
     }
-    assert sent.get(ENVS[0], 0) > 0 and sum(sent.values()) >= 16, sent  # 4 steps x 4 groups
+    assert sent.get(ENVS[0], 0) > 0 and sum(sent.values()) >= 32, sent  # 4 steps x 8 groups
+    # each environment's own score, in the trainer's rows (by env_id) and in the summary
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert all(any(k.startswith("score_mean/env_") for k in row.model_extra) for row in rows)
+    environments = json.loads((run_dir / "summary.json").read_text())["environments"]
+    assert ENVS[0] in environments and set(environments) <= set(ENVS)
+    assert all(1 <= entry["steps"] <= 4 for entry in environments.values())
     assert run.leftovers() == []
