@@ -167,7 +167,8 @@ def test_teacher_flags_in_help_and_bad_values_named(tmp_path):
         resolve(DistillEnv, "serve", "--config", str(bad))
 
 
-def test_run_cli_hands_the_teacher_to_the_env(tiny_model_path, tmp_path):
+def test_run_cli_hands_the_teacher_to_the_env(tiny_model_path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # `evaluate` saves to ./evals/<env> by default
     DistillEnv.seen.clear()
     run_cli(
         DistillEnv,
