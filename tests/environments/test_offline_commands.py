@@ -147,3 +147,21 @@ def test_a_context_refusal_is_one_line_for_the_env_not_one_per_item(
     items = int(summary.split("no rollout was kept out of ")[1].split()[0])
     steps = int(argv[argv.index("--env.total_steps") + 1])
     assert items == 10 * steps and f"{items} failed, {items} of them refused" in summary, summary
+
+
+def test_a_context_refusal_ends_evaluate_with_its_one_line(
+    inference_server, tiny_model_path, tmp_path
+):
+    """The same command as `evaluate`: its evaluation fails on the first refused item, and
+    the command ends on the refusal's line, not a traceback."""
+    _, argv = offline_command(LIBRARY / "gsm8k_server.py")
+    argv = without_flag(argv, "--env.max_tokens")
+    argv[2] = "evaluate"
+    done = run_as_written(argv, inference_server, tiny_model_path, tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, failure(done)
+    assert "Traceback" not in output, failure(done)
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("gsm8k_server.py evaluate: gsm8k: a prompt of "), failure(done)
+    assert "plus max_tokens 1024 does not fit the model's context of 512 tokens" in last
+    assert "lower --env.max_tokens to " in last
