@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from atroposlib.frontend.jsonl2html import generate_html
-from tests.support.browser import require_chromium
+from tests.support.browser import headless_chromium
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,13 +28,8 @@ DECODED_ANSWERS = ["2 3 5 7 11 13", "2, 3, 5, 7", "Primes: 2 and 3", "I am not s
 
 @pytest.fixture(scope="module")
 def chromium() -> Iterator:
-    path = require_chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=path, headless=True)
+    with headless_chromium() as browser:
         yield browser
-        browser.close()
 
 
 def _page_file(tmp_path: Path) -> Path:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from atroposlib.utils.ports import free_port
-from tests.support.browser import require_chromium
+from tests.support.browser import headless_chromium
 from tests.support.groups import register_env
 from tests.support.text_groups import png_base64, text_group
 from tests.support.viewer import ViewerProcess
@@ -28,13 +28,8 @@ QUESTIONS = [f"What is {a} + {b} mod 10?" for a, b in [(1, 2), (3, 4), (5, 6), (
 
 @pytest.fixture(scope="module")
 def chromium() -> Iterator:
-    path = require_chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=path, headless=True)
+    with headless_chromium() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")
