@@ -88,13 +88,14 @@ def evaluate_log(
     metrics_path = os.path.join(eval_dir, "metrics.json")
     with open(metrics_path, "w") as out:
         json.dump(document, out, indent=2)
-    print(f"Evaluation results saved to {metrics_path}")
+    said = print if verbose else logger.debug  # a served env says one line instead
+    said(f"Evaluation results saved to {metrics_path}")
     if samples:
         samples_path = os.path.join(eval_dir, "samples.jsonl")
         with open(samples_path, "w") as out:
             for sample in samples:
                 out.write(json.dumps(plain_numbers(sample), ensure_ascii=False) + "\n")
-        print(f"Evaluation samples saved to {samples_path}")
+        said(f"Evaluation samples saved to {samples_path}")
 
 
 def append_eval_history(eval_dir: str, step: int, task: str, metrics: dict) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from atroposlib.utils.logging import keep_debug_in_files
+from atroposlib.utils.logging import MESSAGE_WIDTH, keep_debug_in_files
 from atroposlib.utils.metrics import RecentRate, get_std_min_max_avg, plain_numbers
 
 if TYPE_CHECKING:
@@ -81,6 +81,19 @@ def step_line(step: int, metrics: dict[str, Any]) -> str:
     if dropped:
         parts[-1] += f", {dropped:.0f} dropped"
     return " ".join(parts)
+
+
+def eval_line(task: str, step: int, metrics: dict[str, Any]) -> str:
+    """A served evaluation in one console line: its numbers, as many as fit."""
+    line = f"eval {task} at step {step}:"
+    for key, value in metrics.items():
+        if not _number(value):
+            continue
+        part = f" {key.removeprefix('eval/')} {float(value):.3f}"
+        if len(line) + len(part) + 1 > MESSAGE_WIDTH:
+            break
+        line += part + ","
+    return line.rstrip(",")
 
 
 def keep_full_metrics(stream: Any = None) -> None:
@@ -260,13 +273,19 @@ class ReportingHooks:
         from atroposlib.envs.eval import append_eval_history, evaluate_log
 
         task = task_name or f"{self.name or type(self).__name__}_eval"
-        logger.info("eval %s: %s", task, plain_numbers(metrics))
+        serving = getattr(self, "env_id", None) is not None
+        if serving:  # one line on the launcher's console; the table is for `evaluate`
+            logger.info("%s", eval_line(task, self.curr_step, metrics))
+            verbose = False
+        else:
+            logger.info("eval %s: %s", task, plain_numbers(metrics))
+        metrics_logger.debug("eval %s metrics: %s", task, json.dumps(plain_numbers(metrics)))
         if not self.config.data_dir_to_save_evals:
             logger.warning(
                 "evaluation results not saved: set --env.data_dir_to_save_evals DIR to keep them"
             )
             return
-        if getattr(self, "env_id", None) is not None:  # serving: this run's step
+        if serving:  # this run's step
             append_eval_history(self.config.data_dir_to_save_evals, self.curr_step, task, metrics)
         if model_name is None:
             model_name = getattr(self.config, "model_name", None)

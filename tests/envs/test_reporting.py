@@ -211,3 +211,13 @@ def test_the_whole_dict_is_logged_where_the_log_is_a_file_not_a_terminal():
         assert metrics.isEnabledFor(logging.DEBUG)
     finally:
         metrics.setLevel(before)
+
+
+def test_a_served_evaluation_is_one_console_line_that_fits():
+    from atroposlib.envs.reporting import eval_line
+    from atroposlib.utils.logging import MESSAGE_WIDTH
+
+    metrics = {f"eval/subject_{i}_accuracy": i / 10 for i in range(12)}
+    line = eval_line("mod_arithmetic_eval", 40, {"eval/accuracy": 0.76, **metrics, "note": "x"})
+    assert line.startswith("eval mod_arithmetic_eval at step 40: accuracy 0.760")
+    assert len(line) <= MESSAGE_WIDTH and "\n" not in line and not line.endswith(",")
