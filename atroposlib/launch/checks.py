@@ -12,7 +12,9 @@ environment starts). So the launcher checks, before it starts anything:
   every flag as it would, load the tokenizer it names, and exit, 0 or 2 with one
   line. The check goes through the env's real parser, so it knows every key that env
   accepts (its own config class, YAML `--config`, extra server namespaces) with no
-  second list to drift. The sections run side by side.
+  second list to drift. The sections run side by side. The files the plan writes into
+  the run directory (the engines' list that environments read as `--config`) are there
+  for the check and removed after it, so a refused launch leaves no run directory.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,6 +57,32 @@ def check_model_name(model: str) -> None:
 def preflight(plan: Plan, timeout_s: float = CHECK_TIMEOUT_S) -> None:
     """Run each environment section's command in check mode; ConfigError on the first
     that refuses, with its one line. Copies of a section share one check."""
+    with _plan_files(plan):
+        _check_environments(plan, timeout_s)
+
+
+@contextmanager
+def _plan_files(plan: Plan) -> Iterator[None]:
+    """The plan's files in its run directory while the checks read them; what this
+    wrote (and the directory, if this made it) is removed afterwards."""
+    made_dir = not plan.run_dir.exists()
+    written = []
+    try:
+        for name, text in plan.files.items():
+            path = plan.run_dir / name
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                written.append(path)
+        yield
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if made_dir and plan.run_dir.is_dir() and not any(plan.run_dir.iterdir()):
+            plan.run_dir.rmdir()
+
+
+def _check_environments(plan: Plan, timeout_s: float) -> None:
     checks: dict[str, subprocess.Popen] = {}
     seen: set[int | None] = set()
     for process in plan.environments:
