@@ -12,6 +12,7 @@ import typing
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -33,6 +34,18 @@ def _is_bool(annotation: Any) -> bool:
     return False
 
 
+def _shown_default(field: FieldInfo) -> Any:
+    """The default --help shows: a factory's product (None, saying nothing, when it is
+    empty or needs the other fields), never pydantic's PydanticUndefined marker."""
+    if field.default_factory is None:
+        return field.default
+    try:
+        made = field.default_factory()  # type: ignore[call-arg]
+    except TypeError:  # a factory of the validated data (pydantic 2.10+)
+        return None
+    return None if made in ([], {}, set(), ()) else made
+
+
 def add_model_flags(
     parser: argparse.ArgumentParser,
     model: type[BaseModel],
@@ -47,7 +60,7 @@ def add_model_flags(
     """
     for name, field in model.model_fields.items():
         flag = "--" + prefix + (name.replace("_", "-") if dash_names else name)
-        default = getattr(defaults, name) if defaults is not None else field.default
+        default = getattr(defaults, name) if defaults is not None else _shown_default(field)
         if hasattr(default, "value"):  # enums
             default = default.value
         if field.is_required() and defaults is None:

@@ -21,6 +21,8 @@ from typing import Any
 from atroposlib.utils import listen
 from atroposlib.utils.listen import ListenError, listen_socket
 from atroposlib.utils.token_guard import TokenGuard
+from atroposlib.utils.tokenizers import TokenizerLoadError
+from atroposlib.utils.tokenizers import load_tokenizer as load_named_tokenizer
 from atroposlib.viewer.render import Decoder, render_batch, render_notice, scoped_css
 from atroposlib.viewer.settings import ViewRunSettings
 from atroposlib.viewer.source import GroupSource
@@ -41,15 +43,9 @@ class ViewerError(RuntimeError):
 def load_tokenizer(name: str) -> Decoder:
     """The tokenizer that decodes the tokens; ViewerError when it cannot be loaded."""
     try:
-        from transformers import AutoTokenizer
-
-        # transformers types decode() as str | list[str] for every input; list[int] gives str
-        return AutoTokenizer.from_pretrained(name)  # type: ignore[return-value]
-    except Exception as error:
-        raise ViewerError(
-            f"cannot load tokenizer {name!r}: {error}. Pass --tokenizer with a local path or "
-            "a name already in the Hugging Face cache."
-        ) from None
+        return load_named_tokenizer(name, "--tokenizer")
+    except TokenizerLoadError as error:
+        raise ViewerError(str(error)) from None
 
 
 def _import_gradio() -> Any:
@@ -146,7 +142,7 @@ def _serve(settings: ViewRunSettings, multimodal: bool, tool: str) -> int:
             _import_gradio()
             decoder = load_tokenizer(settings.tokenizer)
         except ViewerError as error:
-            print(f"error: {error}", file=sys.stderr)
+            print(f"{tool}: error: {error}", file=sys.stderr)
             return 2
         source = GroupSource(settings.api_url, settings.batch_size, settings.max_token_len)
         app = page_app(settings, build_app(settings, decoder, source, multimodal))
