@@ -156,9 +156,9 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
 
     @staticmethod
     def _load_tokenizer(name: str):
-        from transformers import AutoTokenizer
+        from atroposlib.utils.tokenizers import TOKENIZER_FLAG, load_tokenizer
 
-        return AutoTokenizer.from_pretrained(name)
+        return load_tokenizer(name, TOKENIZER_FLAG)
 
     # ------------------------------------------------------------ overridable
     @classmethod

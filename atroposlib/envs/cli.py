@@ -45,6 +45,7 @@ from atroposlib.utils.flags import add_model_flags, given_flags, parse_bool
 from atroposlib.utils.logging import configure_logging, keep_debug_in_files
 from atroposlib.utils.tokenizers import (
     CHECK_CONFIG_ENVIRONMENT,
+    TOKENIZER_FLAG,
     TokenizerLoadError,
     load_tokenizer,
 )
@@ -294,13 +295,17 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
         keep_debug_in_files(details)
     if args.command == "evaluate":
         save_evaluate_config(resolved)
-    env = env_cls(
-        resolved.env,
-        resolved.servers,
-        slurm=resolved.slurm,
-        testing=resolved.testing,
-        **resolved.extra_servers,
-    )
+    try:
+        env = env_cls(
+            resolved.env,
+            resolved.servers,
+            slurm=resolved.slurm,
+            testing=resolved.testing,
+            **resolved.extra_servers,
+        )
+    except TokenizerLoadError as exc:  # the env's first load: a name, not a traceback
+        print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
+        sys.exit(2)
     runner = {"serve": _serve, "process": _process, "evaluate": _evaluate}[args.command]
     try:
         asyncio.run(runner(env))
@@ -315,7 +320,7 @@ def check_only(resolved: ResolvedConfig) -> None:
     resolved above, and the tokenizer the env would load first."""
     name = getattr(resolved.env, "tokenizer_name", None)
     if name:
-        load_tokenizer(name, "--env.tokenizer_name (the launch's model: by default)")
+        load_tokenizer(name, TOKENIZER_FLAG)
 
 
 def save_evaluate_config(resolved: ResolvedConfig) -> None:

@@ -144,6 +144,9 @@ class Launcher:
         commands = {c.name: c.plan.command for c in self.children}
         (self.plan.run_dir / "commands.json").write_text(json.dumps(commands, indent=2))
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        # SIGINT too: a launch started in the background from a script inherits it
+        # ignored, and Python then installs no Ctrl-C handler of its own
+        previous_int = signal.signal(signal.SIGINT, _raise_interrupt)
         started = time.monotonic()
         resuming = "resuming the run in" if self.plan.resumed else "run directory:"
         self.say(f"{resuming} {self.plan.run_dir}")
@@ -162,6 +165,7 @@ class Launcher:
             self._stop_all()
         finally:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
             self.status.close()
         self._finish(outcome, time.monotonic() - started)
         return outcome.code

@@ -14,6 +14,10 @@ CHECK_CONFIG_ENVIRONMENT = "ATROPOS_CHECK_CONFIG"
 and resolve its flags, load its tokenizer, exit (launch/checks.py)."""
 
 
+TOKENIZER_FLAG = "--env.tokenizer_name (atropos-launch: the model)"
+"""Where an environment's tokenizer name comes from, for its load error."""
+
+
 class TokenizerLoadError(ValueError):
     """The tokenizer cannot be loaded; the message says which and why, in one line."""
 

@@ -81,6 +81,14 @@ def test_evaluate_saves_to_a_folder_of_its_own_by_default(tmp_path, monkeypatch)
     assert resolve("serve").env.data_dir_to_save_evals is None
 
 
+def test_a_tokenizer_that_cannot_load_is_one_line_not_a_traceback(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(BaselineEnv, ["process", "--env.tokenizer_name", str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in err
+    assert "cannot load the tokenizer" in err and "--env.tokenizer_name" in err
+
+
 def test_openai_flags_promote_the_baseline():
     untouched = resolve("serve").servers
     assert type(untouched) is ServerBaseline

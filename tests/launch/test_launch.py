@@ -174,6 +174,12 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
     assert numbers["first_10_mean_score"] == pytest.approx(first)
     assert resumed.leftovers() == []
 
+    # a finished run is not started again: one line says how to train on
+    again = launch(None, "--resume", str(run_dir))
+    assert again.wait(60) == 2
+    assert "finished all 12 steps" in again.output()
+    assert "--set trainer.args.training_steps=24" in again.output()
+
 
 @pytest.mark.learning
 def test_the_cpu_quickstart_learns(launch, tmp_path):
