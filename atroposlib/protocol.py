@@ -154,6 +154,12 @@ Problem = tuple[tuple[str | int, ...], str]
 """Where in the group (field, sequence, position) and what is wrong."""
 
 
+def sending_env(group: ScoredData) -> int | None:
+    """The API's id of the environment that sent `group`, when it said (a trainer's
+    per-environment figures; the field is spelled here, as every group field is)."""
+    return group.env_id
+
+
 def group_problems(
     group: ScoredData, max_token_len: int = -1, vocab_size: int | None = None
 ) -> list[Problem]:

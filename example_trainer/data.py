@@ -21,7 +21,13 @@ from typing import Any
 
 import torch
 
-from atroposlib.protocol import GROUPS, WEIGHT_VERSIONS_FIELD, ScoredData, group_problems
+from atroposlib.protocol import (
+    GROUPS,
+    WEIGHT_VERSIONS_FIELD,
+    ScoredData,
+    group_problems,
+    sending_env,
+)
 from example_trainer.advantages import AdvantageEstimator, AdvantageScale, group_advantages
 
 BatchGroups = Iterable[ScoredData | Mapping[str, Any]]
@@ -57,8 +63,8 @@ class Sequence:
     """The trainer step whose weights sampled it (`weight_versions`), if the engine said."""
     cut: bool = False
     """Its tokens were cut at --seq-len: a completion that did not finish here."""
-    env_id: int | None = None
-    """The environment that sent its group (the API's env_id), if the group says."""
+    source: int | None = None
+    """The environment that sent its group (`sending_env`), if the group says."""
 
 
 def flatten(
@@ -106,7 +112,7 @@ def flatten(
                     group=index,
                     version=versions[i] if i < len(versions) else None,
                     cut=len(whole) > seq_len,
-                    env_id=group.env_id,
+                    source=sending_env(group),
                 )
             )
     return sequences

@@ -57,8 +57,8 @@ def environment_scores(sequences: list[Sequence]) -> dict[str, float]:
     run's metrics (and wandb) show which task moves; the launcher's report names them."""
     by_env: dict[int, list[float]] = {}
     for sequence in sequences:
-        if sequence.env_id is not None:
-            by_env.setdefault(sequence.env_id, []).append(sequence.score)
+        if sequence.source is not None:
+            by_env.setdefault(sequence.source, []).append(sequence.score)
     return {
         f"{ENV_SCORE_PREFIX}{env_id}": sum(scores) / len(scores)
         for env_id, scores in sorted(by_env.items())

@@ -15,8 +15,7 @@ from pathlib import Path
 from atroposlib.launch.checks import preflight
 from atroposlib.launch.config import ConfigError, load_config
 from atroposlib.launch.plan import Plan, plan
-from atroposlib.launch.resume import LaunchRecord, resume_target
-from atroposlib.trainer_contract import read_metrics
+from atroposlib.launch.resume import LaunchRecord, refuse_a_finished_run, resume_target
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,13 +64,7 @@ def resolve(args: argparse.Namespace) -> tuple[Plan, LaunchRecord]:
         config = config.model_copy(update={"run_dir": args.resume or args.run_dir})
     resolved = plan(config, record.config, resume=bool(args.resume))
     if args.resume:
-        done = max((row.step for row in read_metrics(resolved.metrics_path)), default=0)
-        if done >= resolved.training_steps:
-            raise ConfigError(
-                f"the run in {args.resume} finished all {resolved.training_steps} steps; to "
-                f"train on: atropos-launch --resume {args.resume} --set "
-                f"trainer.args.training_steps={2 * resolved.training_steps}"
-            )
+        refuse_a_finished_run(resolved)
     preflight(resolved)
     return resolved, record
 

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field, ValidationError
 
 from atroposlib.launch.config import ConfigError
+from atroposlib.trainer_contract import read_metrics
+
+if TYPE_CHECKING:
+    from atroposlib.launch.plan import Plan
 
 RECORD_FILE = "launch.json"
 
@@ -35,6 +40,18 @@ class LaunchRecord(BaseModel):
 def resume_command(run_dir: Path) -> str:
     """The command that continues the run in `run_dir`."""
     return f"atropos-launch --resume {shlex.quote(str(run_dir))}"
+
+
+def refuse_a_finished_run(plan: Plan) -> None:
+    """ConfigError for a run whose trainer already did every step: its trainer would
+    exit at once, and the launch would read that as a failed start."""
+    done = max((row.step for row in read_metrics(plan.metrics_path)), default=0)
+    if done >= plan.training_steps:
+        raise ConfigError(
+            f"the run in {plan.run_dir} finished all {plan.training_steps} steps; to train "
+            f"on: {resume_command(plan.run_dir)} --set "
+            f"trainer.args.training_steps={2 * plan.training_steps}"
+        )
 
 
 def write_record(run_dir: Path, record: LaunchRecord) -> None:
