@@ -33,7 +33,8 @@ from atroposlib.utils.tokenizers import load_tokenizer as load_named_tokenizer
 
 POLL_S = 1.0
 API_RETRY_S = 120.0
-"""How long a tool keeps asking an API that stopped answering (a run-api restart)."""
+"""How long a tool keeps asking an API that stopped answering after it registered (a
+run-api restart); before that, BatchPuller's own 10 s."""
 
 
 class TokenizerError(ValueError):
@@ -136,11 +137,11 @@ def run(tool: str, filepath: str, settings: GenSettings, rules: Rules, unit: str
             settings.max_token_len,
             num_steps=settings.num_seqs_to_save * 2,
             tool=tool,
-            retry_s=API_RETRY_S,
             on_retry=lambda said: print(f"{tool}: {said}", file=sys.stderr),
         )
         with puller:
-            puller.register()
+            puller.register()  # an API that is not there at the start: a quick error
+            puller.retry_s = API_RETRY_S  # one that goes away later: a restart, waited out
             with JsonlWriter(path, settings.append_to_previous) as writer:
                 stopper.writer = writer
                 goal = settings.num_seqs_to_save

@@ -14,6 +14,8 @@ from atroposlib.trainer_contract import read_metrics
 from tests.support.launch import check_the_console, console_rows, launch_config
 from tests.support.source import REPO
 
+EXITS_TWO_ENV = REPO / "tests" / "support" / "exits_two_env.py"
+
 pytestmark = pytest.mark.e2e
 
 
@@ -118,15 +120,16 @@ def test_a_crash_past_the_restart_budget_stops_the_run_with_the_cause(launch, tm
 
 
 def test_a_process_that_exits_2_is_not_restarted(launch, tmp_path):
-    """Exit code 2 (bad flags here) would repeat on every restart: the run stops at once."""
+    """Exit code 2 (a refusal found only once running, past the launch's config check)
+    would repeat on every restart: the run stops at once."""
     run_dir = tmp_path / "run"
     config = launch_config(run_dir, steps=4)
-    config["environments"][0]["args"] = ["--env.no_such_setting", "1"]
+    config["environments"] = [{"script": str(EXITS_TWO_ENV)}]
     run = launch(config)
     assert run.wait(240) == 1
     out = run.output()
-    assert "arith_env exited with code 2: a restart would fail the same way" in out
-    assert "restarting arith_env" not in out
+    assert "exits_two_env exited with code 2: a restart would fail the same way" in out
+    assert "restarting exits_two_env" not in out
     assert run.leftovers() == []
 
 
