@@ -73,7 +73,8 @@ def serve(app: Any, sock: socket.socket, tool: str, **config: Any) -> int:
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn stops gracefully, then raises the SIGINT it caught
-        print(f"{tool}: stopped", file=sys.stderr, flush=True)
+        pass  # (where SIGINT was inherited ignored, a background job's, it raises nothing)
     finally:
         sock.close()
+    print(f"{tool}: stopped", file=sys.stderr, flush=True)
     return 0

@@ -89,7 +89,7 @@ def test_a_run_that_does_not_learn_says_so(launch, tmp_path):
     assert numbers["verdict"].startswith(expected)
     assert expected in re.sub(r"[│\s]+", " ", run.output())  # the panel wraps lines
     page = (run_dir / "report.html").read_text()
-    assert f'<p class="verdict bad">{expected}' in page
+    assert f'<tr class="verdict bad"><th>Verdict</th><td>{expected}' in page
     assert run.leftovers() == []
 
 
