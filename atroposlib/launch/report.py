@@ -22,9 +22,9 @@ from atroposlib.frontend.jsonl2html import create_html_for_group
 from atroposlib.launch.ledger import account
 from atroposlib.launch.plan import Plan
 from atroposlib.launch.report_data import (
+    RunReading,
     numeric_metrics,
-    run_environment_scores,
-    run_evaluations,
+    read_run,
 )
 from atroposlib.launch.report_html import environments_table, facts_list, summary_table
 from atroposlib.launch.report_plots import plot
@@ -180,16 +180,17 @@ def environment_line(entry: dict[str, Any]) -> str:
     )
 
 
-def run_numbers(plan: Plan, restarts: dict[str, int] | None = None) -> dict[str, Any]:
+def run_numbers(
+    plan: Plan, restarts: dict[str, int] | None = None, reading: RunReading | None = None
+) -> dict[str, Any]:
     """The summary of the run: learning verdict (the whole run's, then each
     environment's), event counts, restarts after crashes, and where every acknowledged
-    group went (`ledger.py`)."""
+    group went (`ledger.py`). `reading`: the run's files as `read_run` read them."""
     numbers = summary(read_metrics(plan.metrics_path))
-    try:
-        per_env = environment_numbers(run_environment_scores(plan), run_evaluations(plan))
-    except OSError as exc:
-        per_env = {}
-        numbers["environments_line"] = f"environments: not read ({exc})"
+    reading = reading or read_run(plan)
+    if reading.problem:
+        numbers["environments_line"] = f"environments: not read ({reading.problem})"
+    per_env = environment_numbers(reading.env_scores, reading.evals)
     if per_env:
         numbers["environments"] = per_env
     events = read_events(plan.events_path)
@@ -226,19 +227,24 @@ def run_facts(plan: Plan) -> dict[str, Any]:
     return facts
 
 
-def write_report(plan: Plan, config_text: str, numbers: dict[str, Any] | None = None) -> Path:
+def write_report(
+    plan: Plan,
+    config_text: str,
+    numbers: dict[str, Any] | None = None,
+    reading: RunReading | None = None,
+) -> Path:
     run_dir = plan.run_dir
     rows = read_metrics(plan.metrics_path)
     for records in (plan.metrics_path, plan.events_path, groups_path(plan.checkpoints)):
         if records.exists():
             shutil.copyfile(records, run_dir / records.name)
-    numbers = numbers if numbers is not None else run_numbers(plan)
+    reading = reading or read_run(plan)
+    numbers = numbers if numbers is not None else run_numbers(plan, reading=reading)
     facts = run_facts(plan)
     (run_dir / "summary.json").write_text(json.dumps({**numbers, **facts}, indent=2))
     image = ""
     if rows:
-        evals = run_evaluations(plan)
-        png = plot(rows, run_dir / "report.png", run_environment_scores(plan), evals)
+        png = plot(rows, run_dir / "report.png", reading.env_scores, reading.evals)
         encoded = base64.b64encode(png.read_bytes()).decode()
         alt = "score, loss and what else was logged, per step"
         image = f'<img alt="{alt}" src="data:image/png;base64,{encoded}">'

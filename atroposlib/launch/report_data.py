@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,24 @@ def _group_scores(rollouts_dir: Path, labels: dict[str, str]) -> dict[str, tuple
                     except TypeError:
                         continue
     return groups
+
+
+@dataclass
+class RunReading:
+    """What the report reads from a run's files once, for both its numbers and its figure."""
+
+    env_scores: dict[str, dict[int, float]] = field(default_factory=dict)
+    evals: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    problem: str | None = None
+    """Why they could not be read (an OSError's message), or None."""
+
+
+def read_run(plan: Plan) -> RunReading:
+    """Each environment's scores per step and its evaluations, read once."""
+    try:
+        return RunReading(run_environment_scores(plan), run_evaluations(plan))
+    except OSError as exc:
+        return RunReading(problem=str(exc))
 
 
 def run_environment_scores(plan: Plan) -> dict[str, dict[int, float]]:

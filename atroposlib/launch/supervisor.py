@@ -42,6 +42,7 @@ from atroposlib.launch.config import effective_text, redacted_text
 from atroposlib.launch.console import key_line
 from atroposlib.launch.plan import KEY_FILE, Plan
 from atroposlib.launch.report import environment_line, run_numbers, write_report
+from atroposlib.launch.report_data import read_run
 from atroposlib.launch.resume import LaunchRecord, resume_command, write_record
 from atroposlib.launch.status import StatusReader
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, read_events, read_metrics
@@ -335,13 +336,14 @@ class Launcher:
         self.api.stop(15)
 
     def _finish(self, outcome: Outcome, elapsed: float) -> None:
-        numbers = run_numbers(self.plan, self.restarts())
+        reading = read_run(self.plan)  # read once, for the panel and the report
+        numbers = run_numbers(self.plan, self.restarts(), reading)
         unfinished = outcome.code != 0 and not self._trainer_finished()
         if unfinished:
             numbers["resume_command"] = resume_command(self.plan.run_dir)
         report = None
         try:
-            report = write_report(self.plan, self.config_text, numbers)
+            report = write_report(self.plan, self.config_text, numbers, reading)
         except Exception as exc:
             self.say(f"could not write the report: {exc}", "bold red")
         lines = [f"{outcome.message} after {elapsed:.0f}s"]
