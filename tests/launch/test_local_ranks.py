@@ -34,7 +34,11 @@ if sys.argv[2] == "wait":  # until the test has looked at the sockets, or a sign
     while not (folder / "go").exists():
         time.sleep(0.05)
 if sys.argv[2] == "fail" and dist.get_rank() == 1:
-    sys.exit(3)
+    while not (folder / "rank-0").exists():  # the test reads rank 0's pid from it
+        time.sleep(0.05)
+    # os._exit: at a normal exit with the group still up, gloo's threads may abort the
+    # interpreter ("terminate called without an active exception", code 134) first.
+    os._exit(3)
 if sys.argv[2] == "fail":
     time.sleep(600)
 dist.destroy_process_group()
