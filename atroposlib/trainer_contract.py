@@ -93,6 +93,8 @@ class MetricsRow(BaseModel):
     """Mean score of the step's rollouts: what the launcher judges learning by."""
     loss: float
     """The step's training loss."""
+    time: float | None = None
+    """Unix time the step ended (`RunRecords` sets it): curves against wall time."""
 
 
 ENV_SCORE_PREFIX = "score_mean/env_"
@@ -154,7 +156,7 @@ class RunRecords:
         self.groups_path = groups_path(save_path)
 
     def metrics(self, step: int, values: dict[str, Any]) -> MetricsRow:
-        row = MetricsRow.model_validate({**values, "step": step})
+        row = MetricsRow.model_validate({"time": time.time(), **values, "step": step})
         _append(self.metrics_path, row)
         return row
 
