@@ -44,6 +44,13 @@ def own_cpu_s() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def others_share(machine_busy_s: float, own_s: float, wall_s: float, cpus: int) -> float:
+    """The share of `cpus` cores over `wall_s` that was busy but not with this run."""
+    if wall_s <= 0:
+        return 0.0
+    return max(0.0, machine_busy_s - own_s) / (wall_s * cpus)
+
+
 class CpuWatch:
     """Measures the others' share of the CPU between `__enter__` and `__exit__`."""
 
@@ -62,10 +69,9 @@ class CpuWatch:
         self.wall_s = time.perf_counter() - self._wall
         self.own_s = own_cpu_s() - self._own
         busy = machine_busy_s()
-        if busy is None or self._busy is None or self.wall_s <= 0:
+        if busy is None or self._busy is None:
             return
-        others = max(0.0, busy - self._busy - self.own_s)
-        self.others_share = others / (self.wall_s * self.cpus)
+        self.others_share = others_share(busy - self._busy, self.own_s, self.wall_s, self.cpus)
 
     @property
     def busy(self) -> bool:

@@ -240,26 +240,39 @@ def _shifted(seq: Sequence) -> tuple[torch.Tensor, ...]:
 
 
 def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:
+    """Rows padded on the right to the longest; each tensor built by one `torch.tensor`
+    over Python lists (a copy per row and field cost more than the forward pass does)."""
     width = max(len(s.tokens) for s in chunk)
     rows = len(chunk)
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((rows, width), dtype=torch.long)
-    loss_mask = torch.zeros((rows, width - 1), dtype=torch.bool)
-    advantages = torch.zeros((rows, width - 1))
-    has_old = any(s.inference_logprobs is not None for s in chunk)
-    has_ref = any(s.ref_logprobs is not None for s in chunk)
-    old = torch.full((rows, width - 1), float("nan")) if has_old else None
-    ref = torch.full((rows, width - 1), float("nan")) if has_ref else None
-    for r, seq in enumerate(chunk):
-        n = len(seq.tokens)
-        ids[r, :n] = torch.tensor(seq.tokens)
-        attention[r, :n] = 1
-        loss_mask[r, : n - 1] = torch.tensor([m != -100 for m in seq.masks[1:]], dtype=torch.bool)
-        advantages[r, : n - 1] = torch.tensor(seq.advantages[1:])
-        if old is not None and seq.inference_logprobs is not None:  # has_old when it has some
-            old[r, : n - 1] = torch.tensor(seq.inference_logprobs[1:])
-        if ref is not None and seq.ref_logprobs is not None:
-            ref[r, : n - 1] = torch.tensor(seq.ref_logprobs[1:])
+    gaps = [width - len(s.tokens) for s in chunk]
+    padded = list(zip(chunk, gaps, strict=True))
+    nan = float("nan")
+    ids = torch.tensor([list(s.tokens) + [pad_id] * gap for s, gap in padded])
+    lengths = torch.tensor([len(s.tokens) for s in chunk])
+    attention = (torch.arange(width)[None] < lengths[:, None]).long()
+    loss_mask = torch.tensor(
+        [[m != -100 for m in s.masks[1:]] + [False] * gap for s, gap in padded],
+        dtype=torch.bool,
+    )
+    advantages = torch.tensor(
+        [list(s.advantages[1:]) + [0.0] * gap for s, gap in padded],
+        dtype=torch.float32,
+    )
+
+    def labelled(values: list[list[float] | None]) -> torch.Tensor | None:
+        """Per row, the label-position values (NaN where a row has none), or None."""
+        if all(v is None for v in values):
+            return None
+        return torch.tensor(
+            [
+                [nan] * (width - 1) if v is None else list(v[1:]) + [nan] * gap
+                for v, gap in zip(values, gaps, strict=True)
+            ],
+            dtype=torch.float32,
+        )
+
+    old = labelled([s.inference_logprobs for s in chunk])
+    ref = labelled([s.ref_logprobs for s in chunk])
     segments = torch.arange(rows)[:, None].expand(rows, width - 1)
     return MicroBatch(ids, attention, None, loss_mask, advantages, old, ref, segments)
 

@@ -300,6 +300,7 @@ class Trainer(PolicyServing):
         """Checkpoint the current step; it becomes what a restarted engine serves. Under
         FSDP every rank calls this (each writes its optimizer shard); otherwise rank 0."""
         config = self.config
+        self.settle_push()  # a checkpoint step's pruning and restarts see every engine's state
         parts = (config.save_path, self.step, self.model, self.tokenizer)
         if self.sharded:
             dtype = compute_dtype(config)

@@ -15,6 +15,12 @@ Design decisions:
   SIGTERM when the thread that spawned it ends (`EngineProcess.launch`). Several
   start at once (all launched, then each waited for); restarts go one engine at a
   time, so in the restart modes the others serve while one restarts.
+- A push from an export on disk (`WeightBridge.pushes_from_export`) is delivered in
+  the background: the trainer writes the export and goes on to its next step while
+  the engines load it (each waits for its round in flight first, tens of
+  milliseconds on a CPU). The push is settled, its refusals restarted from the main
+  thread, before the next push, a checkpoint or a restart, so at most one is in
+  flight. A push from memory (shared_vllm) waits: the next step changes that memory.
 - A restarted engine is never re-exported to: it starts on the newest export or
   checkpoint, and an adapter (vLLM LoRA) or shared-memory engine gets the newest
   export or memory pushed (`WeightBridge.repush`). So a restart needs rank 0
@@ -23,11 +29,13 @@ Design decisions:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,8 +76,19 @@ def each_engine(engines: list[Engine], work: Callable[[Engine], T]) -> list[T]:
         return list(pool.map(work, engines))
 
 
+@dataclass
+class PushInFlight:
+    """A push delivered in the background: its step, and per engine its refusal."""
+
+    step: int
+    refusals: Future[list[WeightSyncError | None]]
+
+
 class PolicyServing:
     """The engine half of `Trainer` (see the module docstring)."""
+
+    in_flight: PushInFlight | None = None
+    _delivery: ThreadPoolExecutor | None = None
 
     config: TrainingConfig
     records: RunRecords
@@ -142,7 +161,11 @@ class PolicyServing:
         return self.latest_checkpoint, self.committed_step
 
     def ensure_engines(self) -> float:
-        """Restart dead engines on the newest weights they can load; seconds spent."""
+        """Restart dead engines on the newest weights they can load; seconds spent. While
+        a push is in flight it is left alone: the push finds a dead engine first."""
+        if self.in_flight is not None and not self.in_flight.refusals.done():
+            return 0.0
+        self.settle_push()
         return sum(self._revive(engine) for engine in self.engines if not engine.alive())
 
     def _revive(self, engine: Engine) -> float:
@@ -183,44 +206,74 @@ class PolicyServing:
             if gather is not None:
                 gather()
             return 0.0
+        self.settle_push()  # the previous step's: one push in flight at most
+        step = self.step
         try:
-            exported = bridge.export(self.model, self.tokenizer, self.step, self.weight_writer())
+            exported = bridge.export(self.model, self.tokenizer, step, self.weight_writer())
         except ExportFailed as exc:  # every engine keeps its weights; the next step tries again
-            logger.error("weight push at step %d skipped: %s", self.step, exc)
-            self.records.event(EventKind.WEIGHT_SYNC_FAILED, self.step, error=str(exc)[:300])
+            logger.error("weight push at step %d skipped: %s", step, exc)
+            self.records.event(EventKind.WEIGHT_SYNC_FAILED, step, error=str(exc)[:300])
             return 0.0
-        refused = each_engine(self.engines, lambda engine: self._push_to(engine, exported))
-        for engine, error in zip(self.engines, refused, strict=True):
-            if error is not None:
-                self._replace_refused(engine, error)
-        bridge.pushed()
-        for engine in self.engines:
-            engine.forget(bridge.pruned)  # deleted: nothing to fall back to
+
+        def deliver() -> list[WeightSyncError | None]:
+            return each_engine(self.engines, lambda engine: self._push_to(engine, exported, step))
+
+        if bridge.pushes_from_export:
+            if self._delivery is None:
+                self._delivery = ThreadPoolExecutor(1, thread_name_prefix="weight-push")
+            self.in_flight = PushInFlight(step, self._delivery.submit(deliver))
+        else:
+            self._settle(step, deliver())
         return time.perf_counter() - started
 
-    def _push_to(self, engine: Engine, exported: Path | None) -> WeightSyncError | None:
+    def settle_push(self) -> None:
+        """Wait for the push in flight, if any, then restart the engines that refused it
+        (from this, the main thread)."""
+        if self.in_flight is None:
+            return
+        pushed, self.in_flight = self.in_flight, None
+        self._settle(pushed.step, pushed.refusals.result())
+
+    def _settle(self, step: int, refusals: list[WeightSyncError | None]) -> None:
+        assert self.bridge is not None  # only a bridge pushes
+        for engine, error in zip(self.engines, refusals, strict=True):
+            if error is not None:
+                self._replace_refused(engine, error, step)
+        self.bridge.pushed()
+        for engine in self.engines:
+            engine.forget(self.bridge.pruned)  # deleted: nothing to fall back to
+
+    def _push_to(self, engine: Engine, exported: Path | None, step: int) -> WeightSyncError | None:
         """One engine's push (in its own thread): the error, if it did not take it."""
         assert self.bridge is not None  # called from push_weights only
         try:
-            self.bridge.push(exported, self.step, engine.url)
+            self.bridge.push(exported, step, engine.url)
         except WeightSyncError as exc:
             return exc
         return None
 
-    def _replace_refused(self, engine: Engine, error: WeightSyncError) -> float:
-        """An engine that did not take a push restarts on the newest weights."""
+    def _replace_refused(self, engine: Engine, error: WeightSyncError, step: int) -> float:
+        """An engine that did not take the push of `step` restarts on the newest weights."""
         if engine.died():  # it died, and the push found out first
             return self._revive(engine)
         logger.error(
             "weight push to engine %d at step %d failed (%s); restarting it",
             engine.index,
-            self.step,
+            step,
             error,
         )
-        engine.event(EventKind.WEIGHT_SYNC_FAILED, self.step, error=str(error)[:300])
-        model, step = self.newest_servable()
-        return self.restart_engine(engine, model, step, "weight push failed")
+        engine.event(EventKind.WEIGHT_SYNC_FAILED, step, error=str(error)[:300])
+        model, servable_step = self.newest_servable()
+        return self.restart_engine(engine, model, servable_step, "weight push failed")
 
     def stop_engines(self) -> None:
+        """The run is over: a push still in flight is let finish, its refusals ignored."""
+        if self.in_flight is not None:
+            with contextlib.suppress(Exception):
+                self.in_flight.refusals.result()
+            self.in_flight = None
+        if self._delivery is not None:
+            self._delivery.shutdown()
+            self._delivery = None
         for engine in self.engines:
             engine.stop()

@@ -8,6 +8,11 @@ seconds pass (capped at `MAX_WAIT_S`), and answers as soon as a batch can be
 made; the answer says `Preference-Applied: wait=N`, so a trainer can tell an API
 that waits from one (upstream's) that ignores the header and answers at once.
 Without the header nothing changes.
+
+`GET /status-env?after_step=S` with the same header is the environments' long poll:
+an env whose off-policy window is full has nothing to do until the trainer takes a
+batch, so instead of polling every half second (and leaving the trainer to drain
+the queue meanwhile) it asks to be answered once the API's step passes S.
 """
 
 from __future__ import annotations

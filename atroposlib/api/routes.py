@@ -149,6 +149,8 @@ def batch_routes(service: ApiService) -> APIRouter:
         while answer == NO_BATCH and time.monotonic() < deadline:
             await service.arrivals.wait(deadline - time.monotonic())
             answer = service.state.next_batch(step, committed)
+        if answer != NO_BATCH:
+            service.departures.notify()  # envs held waiting for room (status_env)
         response = json_answer(answer)
         if wait_s:
             response.headers["Preference-Applied"] = f"wait={wait_s:g}"
@@ -176,14 +178,26 @@ def status_routes(service: ApiService) -> APIRouter:
     async def status_env(
         request: Request,
         env_id: Annotated[int | None, Query(ge=0, include_in_schema=False)] = None,
+        after_step: Annotated[int | None, Query(ge=0, include_in_schema=False)] = None,
     ) -> Response:
+        """`after_step` with `Prefer: wait=N`: answer once the trainer has taken a batch
+        past that step, or after N seconds (see `long_poll`)."""
         if env_id is None:
             try:
                 env_id = EnvIdentifier.model_validate_json(await request.body() or b"{}").env_id
             except ValidationError as exc:
                 return validation_answer(exc)
         service.state.heard_from(env_id)
-        return JSONResponse(service.state.status_env(env_id))
+        status = service.state.status_env(env_id)
+        wait_s = requested_wait(request.headers.get("prefer")) if after_step is not None else 0
+        deadline = time.monotonic() + wait_s
+        while status["current_step"] <= (after_step or 0) and time.monotonic() < deadline:
+            await service.departures.wait(deadline - time.monotonic())
+            status = service.state.status_env(env_id)
+        response = JSONResponse(status)
+        if wait_s:
+            response.headers["Preference-Applied"] = f"wait={wait_s:g}"
+        return response
 
     @router.get("/info")
     async def info() -> dict[str, int]:

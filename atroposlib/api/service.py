@@ -19,11 +19,13 @@ logger = logging.getLogger("atroposlib.api")
 
 
 class ApiService:
-    """One API's settings, run state and metrics, and the arrivals long polls wait on."""
+    """One API's settings, run state and metrics, and the events long polls wait on:
+    `arrivals` (a post accepted) and `departures` (a batch served)."""
 
     def __init__(self, settings: APISettings) -> None:
         self.settings = settings
         self.arrivals = Arrivals()
+        self.departures = Arrivals()
         self._state: RunState | None = None
         self.metrics: ApiMetrics | None = None
 

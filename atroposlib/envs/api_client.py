@@ -111,10 +111,18 @@ class TrajectoryClient:
         """The highest numeric weight version in the groups sent; None before any."""
         existing = sorted(self.spool.glob("*.json"))
         self._next = int(existing[-1].stem) + 1 if existing else 0
+        self._queued: list[Path] = existing
+        """The spool's files, oldest first: those found at start, then each one sent."""
+        self._held: dict[Path, tuple[dict[str, Any], bytes]] = {}
+        """Records this process spooled, with their payload's JSON: delivered without
+        reading the file back or encoding the payload a second time."""
         self._wake = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._flusher: asyncio.Task | None = None
         self._status_query = True  # False once the API refused /status-env?env_id=
+        self._status_hold: tuple[int, float] | None = None
+        self.holds_status = True
+        """Whether the API held a /status-env asked to wait (see `hold_next_status`)."""
         self._retry_notes: dict[str, RetryNotes] = {}
         if existing:
             # a spool left by an earlier run is sent to whatever trainer is there now
@@ -212,16 +220,32 @@ class TrajectoryClient:
 
         return await self._until_trainer(ask)
 
+    def hold_next_status(self, after_step: int, seconds: float) -> None:
+        """Let the next /status-env wait until the trainer has taken a batch past
+        `after_step`, or `seconds` (`atroposlib.api.long_poll`). An API that answers it
+        at once (upstream's) turns `holds_status` False, and the caller polls instead."""
+        self._status_hold = (after_step, seconds)
+
     async def status_env(self, env_id: int) -> dict[str, Any]:
         """This env's /status-env: `env_id` goes in a JSON body, as upstream's env sends it
         (its server reads nothing else), and in the query, which that server ignores. A
         server that refuses the query (400/422) is asked with the body alone from then on."""
         body = {"env_id": env_id}
+        hold, self._status_hold = self._status_hold, None
+        if hold is not None and not self._status_query:
+            self.holds_status = False  # a server that refuses queries cannot be asked to hold
         if self._status_query:
+            params: dict[str, Any] = {"env_id": env_id}
+            headers = {}
+            if hold is not None:
+                params["after_step"] = hold[0]
+                headers["Prefer"] = f"wait={hold[1]:g}"
             response = await self._request(
-                "GET", "/status-env", json=body, params={"env_id": env_id}
+                "GET", "/status-env", json=body, params=params, headers=headers
             )
             if response.status_code not in QUERY_REFUSALS:
+                if hold is not None:
+                    self.holds_status = "preference-applied" in response.headers
                 return await self._answer("GET", "/status-env", response)
             self._status_query = False
             logger.warning(
@@ -243,15 +267,21 @@ class TrajectoryClient:
         self._note_weight_versions(groups)
         payload = groups[0] if len(groups) == 1 else groups
         record = {"path": path, "key": uuid.uuid4().hex, "payload": payload}
+        body = json.dumps(payload)
         target = self.spool / f"{self._next:012d}.json"
         self._next += 1
         tmp = target.with_suffix(".tmp")
         with open(tmp, "w") as out:  # on disk before it is named: a power loss leaves
-            out.write(json.dumps(record))  # either the whole record or none of it
+            # either the whole record or none of it (the JSON of `record`, its payload
+            # encoded once for the file and the post)
+            out.write(f'{{"path": {json.dumps(path)}, "key": "{record["key"]}", "payload": ')
+            out.write(body + "}")
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)
         fsync_dir(self.spool)  # and the name itself
+        self._queued.append(target)
+        self._held[target] = (record, body.encode())
         self._wake.set()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
@@ -270,7 +300,7 @@ class TrajectoryClient:
                         self.newest_weight_version = version
 
     def pending(self) -> int:
-        return len(list(self.spool.glob("*.json")))
+        return len(self._queued)
 
     async def _flush_forever(self) -> None:
         while True:
@@ -286,21 +316,31 @@ class TrajectoryClient:
         no record is delivered twice or unlinked by the other.
         """
         async with self._flush_lock:
-            for path in sorted(self.spool.glob("*.json")):
-                try:
-                    record = json.loads(path.read_text())
-                except (OSError, ValueError) as unreadable:
-                    # a file a crash cut short (ENV-1): it used to stop every later
-                    # delivery; it goes to the dead-letter file and the spool goes on
-                    self._dead_letter_unreadable(path, unreadable)
-                    path.unlink()
-                    continue
-                await self._deliver(record)
-                path.unlink()
+            while self._queued:
+                path = self._queued[0]
+                held: tuple[dict[str, Any], bytes | None] | None = self._held.get(path)
+                if held is None:  # spooled by an earlier run: read back
+                    try:
+                        held = json.loads(path.read_text()), None
+                    except (OSError, ValueError) as unreadable:
+                        # a file a crash cut short (ENV-1): it used to stop every later
+                        # delivery; it goes to the dead-letter file and the spool goes on
+                        self._dead_letter_unreadable(path, unreadable)
+                        self._spooled_file_done(path)
+                        continue
+                await self._deliver(*held)
+                self._spooled_file_done(path)
                 self.records_delivered += 1
 
-    async def _deliver(self, record: dict[str, Any]) -> None:
-        body = json.dumps(record["payload"]).encode()
+    def _spooled_file_done(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+        self._queued.remove(path)
+        self._held.pop(path, None)
+
+    async def _deliver(self, record: dict[str, Any], body: bytes | None = None) -> None:
+        """POST a spooled record; `body`: its payload's JSON, when already encoded."""
+        if body is None:
+            body = json.dumps(record["payload"]).encode()
         headers = {"Content-Type": "application/json", "Idempotency-Key": record["key"]}
         if len(body) >= GZIP_MIN_BYTES:
             body = gzip.compress(body, compresslevel=1)

@@ -183,6 +183,11 @@ class EnvRuntime:
             budget = self._worker_budget(status, in_transit)
             self._cancel_surplus(budget)
             await self._start_workers(budget)
+            if not self.workers and self.client.holds_status:
+                # nothing under way and no room: the trainer must take a batch first, so
+                # the next status waits for that instead of the poll interval
+                self.client.hold_next_status(status["current_step"], POLL_S)
+                continue
             pending = set(self.workers) | {asyncio.ensure_future(asyncio.sleep(POLL_S))}
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED, timeout=POLL_S)
 

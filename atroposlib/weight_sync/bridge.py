@@ -167,6 +167,10 @@ class WeightBridge:
     push_at_start = False
     """Push right after the engine starts (an adapter to load, a handshake to make)."""
 
+    pushes_from_export = False
+    """The push reads only what `export` wrote, so it may run while the trainer changes
+    its weights (the trainer then delivers it in the background)."""
+
     @property
     def restart_from(self) -> tuple[str, int] | None:
         """(path, step) of full weights a restarted engine can start on, if any."""
@@ -219,6 +223,8 @@ class WeightBridge:
 
 class HotBridge(WeightBridge):
     """hot_reload and lora_only: export, push, keep the newest exports."""
+
+    pushes_from_export = True  # the engines load the export from disk
 
     def __init__(self, config: BridgeSettings, engine_kind: str) -> None:
         super().__init__(config)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from atroposlib.api.long_poll import MAX_WAIT_S, Arrivals, requested_wait
-from tests.support.groups import make_group, register, tags_of
+from tests.support.groups import make_group, register, register_env, tags_of
 from tests.support.inprocess_api import inprocess_api
 
 
@@ -89,3 +89,78 @@ def test_the_wait_is_read_from_the_prefer_header_and_capped():
     assert requested_wait("wait=-1") == 0.0  # malformed: no wait
     assert requested_wait("wait=lots") == 0.0
     assert requested_wait("wait=100000") == MAX_WAIT_S
+
+
+@pytest.fixture
+def departures_held(monkeypatch) -> threading.Event:
+    """Set once a /status-env request is held, waiting for the trainer to take a batch."""
+    entered = threading.Event()
+    wait = Arrivals.wait
+
+    async def noted_wait(self: Arrivals, timeout_s: float) -> None:
+        entered.set()
+        await wait(self, timeout_s)
+
+    monkeypatch.setattr(Arrivals, "wait", noted_wait)
+    return entered
+
+
+def env_of_a_started_trainer(client: httpx.Client) -> int:
+    client.get("/batch")  # the trainer's first call (empty: no batch is taken)
+    return register_env(client)["env_id"]
+
+
+def held_status(client: httpx.Client, env_id: int, after_step: int, wait: str) -> httpx.Response:
+    return client.get(
+        "/status-env",
+        params={"env_id": env_id, "after_step": after_step},
+        headers={"Prefer": f"wait={wait}"},
+    )
+
+
+def test_a_held_env_status_answers_as_soon_as_the_trainer_takes_a_batch(client, departures_held):
+    """An env with a full window waits for room; the room opens when a batch is taken."""
+    env_id = env_of_a_started_trainer(client)
+    for tag in (1, 2):
+        assert client.post("/scored_data", json=make_group(4, tag=tag)).status_code == 200
+    taken_at: list[float] = []
+
+    def take_a_batch_once_held() -> None:
+        assert departures_held.wait(20), "the /status-env request was never held"
+        taken_at.append(time.monotonic())
+        assert tags_of(client.get("/batch").json()["batch"]) == [1, 2]
+
+    thread = threading.Thread(target=take_a_batch_once_held)
+    thread.start()
+    answer = held_status(client, env_id, after_step=0, wait="20")
+    answered_at = time.monotonic()
+    thread.join()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["current_step"] == 1
+    assert answer.headers["preference-applied"] == "wait=20"
+    assert answered_at - taken_at[0] < 2.0  # not the 20 s the request allowed
+
+
+def test_a_held_env_status_answers_at_once_when_a_batch_went_since(client, departures_held):
+    env_id = env_of_a_started_trainer(client)
+    for tag in (1, 2):
+        client.post("/scored_data", json=make_group(4, tag=tag))
+    client.get("/batch")
+    started = time.monotonic()
+    answer = held_status(client, env_id, after_step=0, wait="20")
+    assert time.monotonic() - started < 2.0
+    assert answer.json()["current_step"] == 1 and not departures_held.is_set()
+
+
+def test_a_held_env_status_answers_after_its_wait_and_checks_its_step(client, departures_held):
+    env_id = env_of_a_started_trainer(client)
+    started = time.monotonic()
+    answer = held_status(client, env_id, after_step=0, wait="1.5")
+    waited = time.monotonic() - started
+    assert departures_held.is_set() and 1.4 <= waited < 5.0
+    assert answer.json()["current_step"] == 0
+    assert answer.headers["preference-applied"] == "wait=1.5"
+    bad = client.get("/status-env", params={"env_id": env_id, "after_step": -1})
+    assert bad.status_code in (400, 422) and "after_step" in bad.text
+    plain = client.get("/status-env", params={"env_id": env_id})  # upstream's: no hold
+    assert plain.status_code == 200 and "preference-applied" not in plain.headers

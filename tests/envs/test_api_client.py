@@ -128,9 +128,9 @@ def test_each_group_gets_an_id_and_each_acknowledged_post_a_ledger_line(api, wir
     spooled: list[dict] = []
     original_deliver = TrajectoryClient._deliver
 
-    async def keep_a_copy(self, record):  # what a crash before the unlink would leave
+    async def keep_a_copy(self, record, body=None):  # what a crash before the unlink leaves
         spooled.append(record)
-        await original_deliver(self, record)
+        await original_deliver(self, record, body)
 
     TrajectoryClient._deliver = keep_a_copy
     try:
@@ -242,3 +242,22 @@ def test_a_dead_api_is_named_once_with_what_to_check_and_its_return_once(tmp_pat
     assert back.startswith(f"GET /info to the trajectory API at {url} answered after ")
     tries = int(back.split(" and ")[-1].split()[0])
     assert tries >= failed >= 5
+
+
+async def test_a_held_status_waits_for_the_trainer_or_its_wait(api, wire_client, tmp_path):
+    """An env with nothing to do asks /status-env to hold until a batch is taken."""
+    start_trainer(wire_client, batch_size=4)
+    env_id = register_env(wire_client)["env_id"]
+    trajectories = TrajectoryClient(api.url, tmp_path / "spool")
+    try:
+        trajectories.hold_next_status(after_step=0, seconds=0.6)
+        started = asyncio.get_running_loop().time()
+        status = await trajectories.status_env(env_id)
+        waited = asyncio.get_running_loop().time() - started
+        assert status["current_step"] == 0 and 0.5 <= waited < 5.0
+        assert trajectories.holds_status
+        started = asyncio.get_running_loop().time()
+        await trajectories.status_env(env_id)  # the hold is for one call only
+        assert asyncio.get_running_loop().time() - started < 0.5
+    finally:
+        await trajectories.close()

@@ -53,6 +53,7 @@ def test_two_engines_take_each_push_at_once_and_a_refusal_restarts_one(
         for engine in trainer.engines:
             info = httpx.get(f"{engine.url}/weight_info", timeout=30).json()
             served.append((engine.index, info["weight_version"]))
+            pids[engine.index].add(engine.process.proc.pid)  # a push's restart is settled late
         stop()
 
     trainer.stop_engines = reading_stop  # type: ignore[method-assign]

@@ -11,6 +11,12 @@ spellings `max_completion_tokens` / `max_new_tokens` of `max_tokens`; and any
 vLLM sampling parameter (`top_k`, `min_p`, `ignore_eos`, ...), sent in the
 request body since the SDK's `completions.create` has no argument for it.
 
+A token-level call posts its body through the SDK's own client (`post`, so its
+auth, timeout and error types hold) but skips what `completions.create` adds: a
+walk over every prompt token to transform the parameters, and a field-by-field
+lenient parse of the answer, 1.7 ms of CPU out of 2.3 per call. pydantic
+validates the answer instead; an answer it refuses falls back to the lenient parse.
+
 `get_logprobs` (teacher distillation) asks vLLM's native `/generate` for
 `prompt_logprobs`, upstream's contract, and normalises the per-position top-k
 into parallel id / logprob lists.
@@ -22,11 +28,16 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from openai.types import Completion
+from pydantic import ValidationError
+
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.weight_sync.versions import FinishReason, choice_weight_version
 
 MAX_TOKEN_ALIASES = ("max_new_tokens", "max_completion_tokens")  # upstream's order: last wins
 NOT_SENT = ("logprobs", "top_logprobs", "skip_reasoning")  # the call sets its own logprobs
+REQUEST_OPTIONS = {"timeout": "timeout", "extra_headers": "headers", "extra_query": "params"}
+"""`completions.create` arguments that shape the request, not its body."""
 
 
 def drop_doubled_bos(ids: list[int], bos_id: int | None) -> list[int]:
@@ -89,11 +100,28 @@ class VLLMServer(OpenAIServer):
         extra["return_tokens_as_token_ids"] = True
         return prompt_ids, {**kwargs, "extra_body": extra}
 
+    async def _post_completion(self, **request: Any) -> Completion:
+        """`completions.create` for a body built here (see the module docstring)."""
+        extra = request.pop("extra_body", None) or {}
+        options = {
+            option: request.pop(argument)
+            for argument, option in REQUEST_OPTIONS.items()
+            if request.get(argument) is not None
+        }
+        body = {key: value for key, value in request.items() if value is not None}
+        answer: Any = await self.openai.post(  # type: ignore[call-overload]  # options: a dict
+            "/completions", cast_to=object, body={**body, **extra}, options=options
+        )
+        try:
+            return Completion.model_validate(answer)
+        except ValidationError:  # a server's own variation: parsed as leniently as the SDK
+            return Completion.construct(**answer)
+
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
         """Token ids in; token ids and the logprob of each out, with finish reasons."""
         prompt, request = self._token_request(kwargs)
         answer = await self._fan_out(
-            self.openai.completions.create, {**request, "prompt": prompt, "logprobs": 0}
+            self._post_completion, {**request, "prompt": prompt, "logprobs": 0}
         )
         outputs, logprobs, finish = [], [], []
         for choice in answer.choices:

@@ -133,3 +133,53 @@ def test_weight_holds_back_a_share_of_the_slots():
         return held_back, sem._value
 
     assert asyncio.run(scenario()) == (True, 1)
+
+
+def completion_answer(finish_reason: str) -> dict:
+    def choice(index: int, ids: list[int]) -> dict:
+        return {
+            "index": index,
+            "text": "",
+            "finish_reason": finish_reason,
+            "logprobs": {
+                "tokens": [f"token_id:{t}" for t in ids],
+                "token_logprobs": [-0.5] * len(ids),
+                "top_logprobs": None,
+                "text_offset": [0] * len(ids),
+            },
+            "weight_versions": [{"version": "3", "start": 0, "end": len(ids)}],
+        }
+
+    return {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "tiny",
+        "choices": [choice(0, [7, 8]), choice(1, [9])],
+    }
+
+
+@pytest.mark.parametrize("finish_reason", ["length", "abort"])  # abort: not in the SDK's types
+def test_vllm_token_calls_post_the_body_as_built(standin, finish_reason):
+    """The body goes as built (no per-argument transform); request options stay out of it."""
+    fake = standin({"/v1/completions": lambda body: completion_answer(finish_reason)})
+    server = VLLMServer(APIServerConfig(base_url=f"{fake.url}/v1", server_type="vllm"))
+    prompt, outputs, logprobs, finish = asyncio.run(
+        server.tokens_and_logprobs_completion(
+            prompt=[1, 2, 3], n=2, max_tokens=2, top_k=5, timeout=30, extra_headers={"X-A": "b"}
+        )
+    )
+    assert (prompt, outputs, logprobs) == ([1, 2, 3], [[7, 8], [9]], [[-0.5, -0.5], [-0.5]])
+    assert [str(f) for f in finish] == [finish_reason] * 2
+    assert [f.weight_version for f in finish] == ["3", "3"]
+    path, body = fake.requests[-1]
+    assert path == "/v1/completions"
+    assert body == {
+        "model": "default",
+        "prompt": [1, 2, 3],
+        "n": 2,
+        "max_tokens": 2,
+        "logprobs": 0,
+        "top_k": 5,
+        "return_tokens_as_token_ids": True,
+    }
