@@ -56,6 +56,14 @@ class TrainingConfig(BaseModel):
         "hidden state, recomputing each chunk's logits in backward, so a step never holds "
         "a micro-batch's float32 logits (0: the whole micro-batch at once).",
     )
+    shared_prompt_forward: bool = Field(
+        False,
+        description="Run each distinct prompt of a padded micro-batch once and its samples' "
+        "completions on its KV cache, instead of every sample's whole sequence: the same "
+        "gradients for a fraction of the work when prompts are long and completions short "
+        "(example_trainer/shared_prefix.py). Not with packing, --logprob-chunk-tokens, "
+        "--entropy-coef or --gradient-checkpointing, which run rows whole.",
+    )
     gradient_checkpointing: bool = Field(
         False,
         description="Recompute each decoder layer in backward instead of keeping its "

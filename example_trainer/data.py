@@ -29,6 +29,7 @@ from atroposlib.protocol import (
     sending_env,
 )
 from example_trainer.advantages import AdvantageEstimator, AdvantageScale, group_advantages
+from example_trainer.shared_prefix import SharedPrompts, shared_prompts
 
 BatchGroups = Iterable[ScoredData | Mapping[str, Any]]
 """A step's groups, as `/batch` gives them (`ScoredData`) or as plain dicts."""
@@ -47,6 +48,7 @@ class MicroBatch:
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     segments: torch.Tensor  # [B, T-1] long: each label position's sequence in the micro-batch
+    shared: SharedPrompts | None = None  # padded rows cut at their shared prompts
 
 
 @dataclass
@@ -166,6 +168,7 @@ def micro_batches(
     pad_id: int,
     token_budget: int | None = None,
     pack: bool = False,
+    share_prompts: bool = False,
 ) -> list[MicroBatch]:
     """Length-sorted sequences in up to `count` micro-batches, or, with `token_budget`, in
     as many as it takes to keep each one's size within it: padded (rows x longest row),
@@ -174,18 +177,22 @@ def micro_batches(
     Sorting first makes neighbours about as long as each other, so little is padding. A
     sequence longer than the budget trains alone. The loss is normalised over the whole
     batch (loss.py), so how the batch is cut changes memory and time, not the gradient.
+    `share_prompts`: padded micro-batches also carry their rows' shared prompts
+    (`shared_prefix.py`).
     """
     ordered = sorted(sequences, key=lambda s: len(s.tokens))
     if token_budget is None:
         size = -(-len(ordered) // max(1, count))
-        return [_pad(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]
+        return [
+            _pad(ordered[i : i + size], pad_id, share_prompts) for i in range(0, len(ordered), size)
+        ]
     chunks: list[list[Sequence]] = []
     for sequence in ordered:  # each one is the widest of its micro-batch so far
         if chunks and _tokens([*chunks[-1], sequence], pack) <= token_budget:
             chunks[-1].append(sequence)
         else:
             chunks.append([sequence])
-    return [_packed(chunk) if pack else _pad(chunk, pad_id) for chunk in chunks]
+    return [_packed(chunk) if pack else _pad(chunk, pad_id, share_prompts) for chunk in chunks]
 
 
 def _tokens(chunk: list[Sequence], packed: bool) -> int:
@@ -239,7 +246,7 @@ def _shifted(seq: Sequence) -> tuple[torch.Tensor, ...]:
     )
 
 
-def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:
+def _pad(chunk: list[Sequence], pad_id: int, share_prompts: bool = False) -> MicroBatch:
     """Rows padded on the right to the longest; each tensor built by one `torch.tensor`
     over Python lists (a copy per row and field cost more than the forward pass does)."""
     width = max(len(s.tokens) for s in chunk)
@@ -274,7 +281,12 @@ def _pad(chunk: list[Sequence], pad_id: int) -> MicroBatch:
     old = labelled([s.inference_logprobs for s in chunk])
     ref = labelled([s.ref_logprobs for s in chunk])
     segments = torch.arange(rows)[:, None].expand(rows, width - 1)
-    return MicroBatch(ids, attention, None, loss_mask, advantages, old, ref, segments)
+    shared = (
+        shared_prompts([s.tokens for s in chunk], [s.masks for s in chunk], pad_id)
+        if share_prompts
+        else None
+    )
+    return MicroBatch(ids, attention, None, loss_mask, advantages, old, ref, segments, shared)
 
 
 def trained_tokens(sequence: Sequence) -> int:

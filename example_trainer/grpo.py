@@ -116,6 +116,12 @@ class Trainer(PolicyServing):
         """Indices, in the last step's batch, of the groups it could not train on."""
         # before sharding: every rank probes its whole model
         self.packs = packs_micro_batches(self.model, config.micro_batch_tokens, config.padding_free)
+        self.shares_prompts = config.shared_prompt_forward and not (
+            self.packs
+            or config.logprob_chunk_tokens
+            or config.entropy_coef > 0
+            or config.gradient_checkpointing
+        )
         # what the loss calls: the policy answering token logprobs (chunked or whole)
         policy_logprobs = PolicyLogprobs(
             self.model, config.logprob_chunk_tokens, with_entropy=config.entropy_coef > 0
@@ -251,6 +257,7 @@ class Trainer(PolicyServing):
             self.tokenizer.pad_token_id or 0,
             config.micro_batch_tokens,
             self.packs,
+            self.shares_prompts,
         )
         step_metrics = StepMetrics(self.objective.settings, total_tokens)
         count = padded_micro_batch_count(len(chunks), self.sharded and self.parallel.enabled)
@@ -261,7 +268,11 @@ class Trainer(PolicyServing):
                 continue
             chunk = chunks[index]
             with self.gradient_sync(last):
-                output = self.forward_model(*forward_inputs(chunk, self.device))
+                inputs = forward_inputs(chunk, self.device)
+                if chunk.shared is not None:  # --shared-prompt-forward
+                    output = self.forward_model(*inputs, chunk.shared.to(self.device))
+                else:
+                    output = self.forward_model(*inputs)
                 loss, metrics = self.objective.loss(chunk, output, total_tokens, len(sequences))
                 (loss * self.parallel.world_size).backward()
             step_metrics.add(loss.detach().item(), metrics)

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from example_trainer.loss import token_entropy, token_logprobs
+from example_trainer.shared_prefix import SharedPrompts, shared_prompt_logprobs
 
 logger = logging.getLogger("example_trainer")
 
@@ -110,6 +111,7 @@ class PolicyLogprobs(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
+        shared: SharedPrompts | None = None,
     ) -> Any:
         """[B, T-1] token logprobs (and entropies, `with_entropy`): tensors of their own,
         not views (FSDP2 hooks its backward onto the output, and warns that an in-place
@@ -122,6 +124,8 @@ class PolicyLogprobs(nn.Module):
             "position_ids": position_ids,
             "use_cache": False,
         }
+        if shared is not None and not self.chunk_tokens and not self.with_entropy:
+            return shared_prompt_logprobs(self.model, shared, input_ids.shape[1])
         if not self.chunk_tokens:
             logits = self.model(**inputs).logits
             logprobs = token_logprobs(logits, input_ids).clone()
