@@ -326,16 +326,19 @@ class TrajectoryClient:
                         # a file a crash cut short (ENV-1): it used to stop every later
                         # delivery; it goes to the dead-letter file and the spool goes on
                         self._dead_letter_unreadable(path, unreadable)
-                        self._spooled_file_done(path)
+                        await self._spooled_file_done(path)
                         continue
                 await self._deliver(*held)
-                self._spooled_file_done(path)
+                await self._spooled_file_done(path)
                 self.records_delivered += 1
 
-    def _spooled_file_done(self, path: Path) -> None:
-        path.unlink(missing_ok=True)
+    async def _spooled_file_done(self, path: Path) -> None:
+        """Forget a delivered record. The unlink waits for the file system's journal
+        (milliseconds after an fsync), so a worker thread does it, not the event loop; a
+        crash before it leaves a file whose key the API answers again without queueing."""
         self._queued.remove(path)
         self._held.pop(path, None)
+        await asyncio.to_thread(path.unlink, missing_ok=True)
 
     async def _deliver(self, record: dict[str, Any], body: bytes | None = None) -> None:
         """POST a spooled record; `body`: its payload's JSON, when already encoded."""
