@@ -1,4 +1,4 @@
-"""`GET /batch` with `Prefer: wait=N` answers the moment a batch can be made.
+"""`GET /batch` and `GET /status-env` with `Prefer: wait=N` answer the moment they can.
 
 Served in-process: without the header an empty /batch answers at once (upstream's
 behaviour); with it the request is held until a post completes a batch, or N seconds
@@ -30,7 +30,7 @@ def client(tmp_path) -> Iterator[httpx.Client]:
 
 @pytest.fixture
 def held(monkeypatch) -> threading.Event:
-    """Set once a /batch request is held, waiting for the next post."""
+    """Set once a request is held: a /batch waiting for a post, a /status-env for a batch."""
     entered = threading.Event()
     wait = Arrivals.wait
 
@@ -91,20 +91,6 @@ def test_the_wait_is_read_from_the_prefer_header_and_capped():
     assert requested_wait("wait=100000") == MAX_WAIT_S
 
 
-@pytest.fixture
-def departures_held(monkeypatch) -> threading.Event:
-    """Set once a /status-env request is held, waiting for the trainer to take a batch."""
-    entered = threading.Event()
-    wait = Arrivals.wait
-
-    async def noted_wait(self: Arrivals, timeout_s: float) -> None:
-        entered.set()
-        await wait(self, timeout_s)
-
-    monkeypatch.setattr(Arrivals, "wait", noted_wait)
-    return entered
-
-
 def env_of_a_started_trainer(client: httpx.Client) -> int:
     client.get("/batch")  # the trainer's first call (empty: no batch is taken)
     return register_env(client)["env_id"]
@@ -118,7 +104,7 @@ def held_status(client: httpx.Client, env_id: int, after_step: int, wait: str) -
     )
 
 
-def test_a_held_env_status_answers_as_soon_as_the_trainer_takes_a_batch(client, departures_held):
+def test_a_held_env_status_answers_as_soon_as_the_trainer_takes_a_batch(client, held):
     """An env with a full window waits for room; the room opens when a batch is taken."""
     env_id = env_of_a_started_trainer(client)
     for tag in (1, 2):
@@ -126,7 +112,7 @@ def test_a_held_env_status_answers_as_soon_as_the_trainer_takes_a_batch(client, 
     taken_at: list[float] = []
 
     def take_a_batch_once_held() -> None:
-        assert departures_held.wait(20), "the /status-env request was never held"
+        assert held.wait(20), "the /status-env request was never held"
         taken_at.append(time.monotonic())
         assert tags_of(client.get("/batch").json()["batch"]) == [1, 2]
 
@@ -141,7 +127,7 @@ def test_a_held_env_status_answers_as_soon_as_the_trainer_takes_a_batch(client, 
     assert answered_at - taken_at[0] < 2.0  # not the 20 s the request allowed
 
 
-def test_a_held_env_status_answers_at_once_when_a_batch_went_since(client, departures_held):
+def test_a_held_env_status_answers_at_once_when_a_batch_went_since(client, held):
     env_id = env_of_a_started_trainer(client)
     for tag in (1, 2):
         client.post("/scored_data", json=make_group(4, tag=tag))
@@ -149,15 +135,15 @@ def test_a_held_env_status_answers_at_once_when_a_batch_went_since(client, depar
     started = time.monotonic()
     answer = held_status(client, env_id, after_step=0, wait="20")
     assert time.monotonic() - started < 2.0
-    assert answer.json()["current_step"] == 1 and not departures_held.is_set()
+    assert answer.json()["current_step"] == 1 and not held.is_set()
 
 
-def test_a_held_env_status_answers_after_its_wait_and_checks_its_step(client, departures_held):
+def test_a_held_env_status_answers_after_its_wait_and_checks_its_step(client, held):
     env_id = env_of_a_started_trainer(client)
     started = time.monotonic()
     answer = held_status(client, env_id, after_step=0, wait="1.5")
     waited = time.monotonic() - started
-    assert departures_held.is_set() and 1.4 <= waited < 5.0
+    assert held.is_set() and 1.4 <= waited < 5.0
     assert answer.json()["current_step"] == 0
     assert answer.headers["preference-applied"] == "wait=1.5"
     bad = client.get("/status-env", params={"env_id": env_id, "after_step": -1})
