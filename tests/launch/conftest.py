@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from tests.support.launch import LaunchRun, write_config
+from tests.support.launch import Launches
 
 
 @pytest.fixture
 def launch(tmp_path):
-    runs: list[LaunchRun] = []
+    """Starts launches for one test: `launch(config)`, or `launch(None, "--resume", dir)`."""
+    launches = Launches(tmp_path)
+    yield launches
+    launches.stop()
 
-    def start(config: dict[str, Any] | None = None, *arguments: str) -> LaunchRun:
-        """A launch of `config` (written to a file), or with `arguments` alone (--resume)."""
-        if config is not None:
-            path = write_config(tmp_path / f"launch{len(runs)}.yaml", config)
-            arguments = (str(path), *arguments)
-        run = LaunchRun(list(arguments), tmp_path / f"launch{len(runs)}.out")
-        runs.append(run)
-        return run
 
-    yield start
-    for run in runs:
-        if run.proc.poll() is None:
-            run.proc.kill()
+@pytest.fixture(scope="module")
+def module_launch(request, tmp_path_factory):
+    """`launch` for a run several tests of one module read (a module-scoped fixture of
+    that module starts it): its files under a directory of the module's name."""
+    launches = Launches(tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2]))
+    yield launches
+    launches.stop()

@@ -7,98 +7,220 @@ import json
 import os
 import re
 import signal
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from atroposlib.trainer_contract import read_metrics
-from tests.support.launch import check_the_console, console_rows, launch_config
+from atroposlib.trainer_contract import read_events, read_metrics
+from tests.support.launch import LaunchRun, check_the_console, console_rows, launch_config
+from tests.support.pace import Pace
 from tests.support.source import REPO
 
 EXITS_TWO_ENV = REPO / "tests" / "support" / "exits_two_env.py"
 
-pytestmark = pytest.mark.e2e
+# Every wait on a run is allowed what it costs at the run's own pace (tests/support/
+# pace.py), so these bound each test; this only catches a hang outside them.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 
 def trained_steps(run_dir) -> int:
     return len(read_metrics(run_dir / "checkpoints" / "metrics.jsonl"))
 
 
-def long_run(launch, run_dir, until_steps: int, steps: int = 50):
-    """A run of `steps` (no engine restarts), once the trainer has done `until_steps`."""
-    config = launch_config(run_dir, steps=steps)
+def long_run(launch, config, until_steps: int) -> tuple[LaunchRun, Pace]:
+    """The launch of `config`, once its trainer has done `until_steps`; and its pace."""
+    run, run_dir = launch(config), Path(config["run_dir"])
+    pace = run.pace(run_dir)
+    reached = lambda: trained_steps(run_dir) >= until_steps  # noqa: E731
+    assert run.wait(until=reached, pace=pace, steps=until_steps, restarts=1) is None
+    return run, pace
+
+
+def fifty_steps(run_dir) -> dict:
+    """A run of 50 steps (no engine restarts): longer than any test here lets it go."""
+    config = launch_config(run_dir, steps=50)
     config["trainer"]["args"]["vllm_restart_interval"] = 100
-    run = launch(config)
-    assert run.wait(240, until=lambda: trained_steps(run_dir) >= until_steps) is None
-    return run
+    return config
 
 
-@pytest.mark.learning
-def test_short_quickstart_runs_reports_and_cleans_up(launch, tmp_path):
-    run_dir = tmp_path / "run"
-    run = launch(launch_config(run_dir, steps=4))
-    assert run.wait(300) == 0, run.output()[-4000:]
-    out = run.output()
+@dataclass
+class Finished:
+    """A launch that ran to its end, and what it left for the tests that read it."""
+
+    run: LaunchRun
+    run_dir: Path
+    code: int | None
+    leftovers: list[int]  # processes alive once the launcher exited (and a grace)
+
+    def output(self) -> str:
+        return self.run.output()
+
+    def numbers(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def log(self, name: str) -> str:
+        return (self.run_dir / "logs" / f"{name}.log").read_text()
+
+
+def finish(run: LaunchRun, run_dir: Path, steps: int) -> Finished:
+    """Wait for `run` to end, allowed what its start, `steps` steps and its report cost
+    at its own pace (tests/support/pace.py)."""
+    code = run.wait(pace=run.pace(run_dir), steps=steps, restarts=2)
+    return Finished(run, run_dir, code, run.leftovers())
+
+
+# One short run (4 steps, the engine restarted from the checkpoint of step 2, an
+# ephemeral API) answers each question below about how a run starts, logs, checkpoints,
+# reports and cleans up.
+
+
+@pytest.fixture(scope="module")
+def short_run(module_launch) -> Finished:
+    run_dir = module_launch.base / "short"
+    finished = finish(module_launch(launch_config(run_dir, steps=4)), run_dir, steps=4)
+    assert finished.code == 0, finished.output()[-4000:]
+    return finished
+
+
+def test_each_process_of_a_run_logs_to_its_file_and_the_console(short_run):
+    out = short_run.output()
     for name in ("api", "trainer", "arith_env"):
-        assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0
+        assert (short_run.run_dir / "logs" / f"{name}.log").stat().st_size > 0
         assert f"{name} " in out  # prefixed lines streamed to the console
     check_the_console(out, "arith_env", steps=4)
-    # each engine start (the first, the restart at step 2): a short line on the console,
-    # the whole command in the trainer's log file
+
+
+def test_each_engine_start_is_one_console_line_and_its_command_is_in_the_log(short_run):
+    """The first start and the restart at step 2 on the step-2 checkpoint: a short line on
+    the console, the whole command in the trainer's log file; the last step restarts
+    nothing."""
+    out = short_run.output()
     starts = [line for line in out.splitlines() if "| starting transformers engine on" in line]
     assert len(starts) == 2 and starts[1].endswith(": step-2"), starts
     assert all(console_rows(line) == 1 for line in starts), starts
-    trainer_log = (run_dir / "logs" / "trainer.log").read_text()
+    trainer_log = short_run.log("trainer")
     assert trainer_log.count("DEBUG atroposlib.inference.command: engine command: ") == 2
-    # the env's whole metrics dict of each step: in its log file as JSON, not on the console
-    env_log = (run_dir / "logs" / "arith_env.log").read_text()
+    checkpoints = short_run.run_dir / "checkpoints"
+    assert f"--model {checkpoints}/step-2" in trainer_log
+    assert f"--model {checkpoints}/step-4" not in trainer_log, "the last step restarted the engine"
+
+
+def test_the_environments_whole_metrics_go_to_its_log_as_json(short_run):
+    """The env's whole metrics dict of each step: in its log file as JSON, not on the console."""
+    env_log = short_run.log("arith_env")
     full = re.findall(r"DEBUG atroposlib\.envs\.metrics: step \d+ metrics: (.*)", env_log)
     assert full and all("train/accuracy" in json.loads(d) for d in full), env_log[-3000:]
     assert "np.float64" not in env_log
-    assert (run_dir / "checkpoints" / "step-2" / "model.safetensors").exists()
-    assert (run_dir / "checkpoints" / "step-4" / "trainer_state.pt").exists()
-    assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_a_restart_mode_run_checkpoints_records_its_events_and_trains_the_weights(
+    short_run, tiny_model_path
+):
+    checkpoints = short_run.run_dir / "checkpoints"
+    assert (checkpoints / "step-2" / "model.safetensors").exists()
+    assert (checkpoints / "step-4" / "trainer_state.pt").exists()
+    assert [r.step for r in read_metrics(short_run.run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    events = [
+        (e.kind.value, e.step, e.detail.get("reason"))
+        for e in read_events(checkpoints / "events.jsonl")
+    ]
+    assert events == [
+        ("engine_started", 0, None),
+        ("checkpoint_saved", 2, None),
+        ("engine_restarted", 2, "new weights"),
+        ("checkpoint_saved", 4, None),
+    ]
+    assert (checkpoints / "engine.log").exists()
+    from safetensors.numpy import load_file  # float32 tensors, without importing torch
+
+    base = load_file(tiny_model_path / "model.safetensors")
+    trained = load_file(checkpoints / "step-4" / "model.safetensors")
+    assert set(trained) == set(base)
+    assert any((base[name] != trained[name]).any() for name in base), "no weight changed"
+
+
+def test_the_report_shows_the_figure_the_rollouts_and_the_machine(short_run):
+    run_dir = short_run.run_dir
     assert (run_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (run_dir / "report.html").read_text()
     assert "data:image/png;base64," in page and "What is" in page  # plot and rollouts
     assert "Sample rollouts: end of training" in page
-    numbers = json.loads((run_dir / "summary.json").read_text())
+    machine = short_run.numbers()["machine"]
+    assert "What these numbers depend on" in page and html.escape(machine["cpu"]) in page
+    assert f"[launch] report: {run_dir / 'report.html'}" in short_run.output()
+
+
+def test_the_summary_of_a_short_run_says_it_is_too_short_to_judge(short_run):
+    numbers = short_run.numbers()
     assert numbers["steps"] == 4 and numbers["learned"] is None and numbers["seed"] == 0
     assert numbers["engine_restarts"] == 1 and numbers["checkpoints_saved"] == 2  # not at the end
     assert "too few steps to judge learning (4 < 20)" in numbers["verdict"]
+    assert "too few steps to judge learning" in short_run.output()
     machine = numbers["machine"]
     assert machine["cpu"] and machine["torch_cpu_capability"] and machine["transformers_version"]
+
+
+@pytest.mark.learning
+def test_the_summary_gives_the_tiny_models_greedy_accuracy(short_run):
+    numbers = short_run.numbers()
     assert numbers["tiny_model"]["greedy_accuracy"] >= 0.3 and numbers["tiny_model"]["seed"] == 0
-    assert "What these numbers depend on" in page and html.escape(machine["cpu"]) in page
-    assert "too few steps to judge learning" in out
-    assert f"[launch] report: {run_dir / 'report.html'}" in out
-    assert run.seen, "the launcher started no processes"
-    assert run.leftovers() == [], "processes outlived the launcher"
 
 
-def test_a_run_that_does_not_learn_says_so(launch, tmp_path):
-    """Every sample scores 0.5, so nothing can be learned: the panel and report say it."""
-    run_dir = tmp_path / "run"
+def test_no_process_of_a_finished_run_outlives_the_launcher(short_run):
+    assert short_run.run.seen, "the launcher started no processes"
+    assert short_run.leftovers == [], "processes outlived the launcher"
+
+
+# One run of 20 steps in which every sample scores 0.5, its environment sampling from
+# an engine of the launcher's own (an `engine:` section), not the trainer's.
+
+
+@pytest.fixture(scope="module")
+def flat_run(module_launch) -> Finished:
+    run_dir = module_launch.base / "flat"
     config = launch_config(run_dir, steps=20)
     config["trainer"]["args"]["vllm_restart_interval"] = 100
     config["environments"][0]["env"].update(fixed_score=0.5, ensure_scores_are_not_same=False)
-    run = launch(config)
-    assert run.wait(300) == 0, run.output()[-4000:]
-    numbers = json.loads((run_dir / "summary.json").read_text())
+    config["engine"] = {"engine": "transformers", "args": ["--num-threads", "1"]}
+    finished = finish(module_launch(config), run_dir, steps=20)
+    assert finished.code == 0, finished.output()[-4000:]
+    return finished
+
+
+def test_a_run_that_does_not_learn_says_so(flat_run):
+    """Every sample scores 0.5, so nothing can be learned: the panel and report say it."""
+    numbers = flat_run.numbers()
     assert numbers["learned"] is False and numbers["steps"] == 20
     expected = "THE SCORE DID NOT RISE: mean score 0.500 over the first 10 steps, 0.500 over"
     assert numbers["verdict"].startswith(expected)
-    assert expected in re.sub(r"[│\s]+", " ", run.output())  # the panel wraps lines
-    page = (run_dir / "report.html").read_text()
+    assert expected in re.sub(r"[│\s]+", " ", flat_run.output())  # the panel wraps lines
+    page = (flat_run.run_dir / "report.html").read_text()
     assert f'<tr class="verdict bad"><th>Verdict</th><td>{expected}' in page
-    assert run.leftovers() == []
+    assert flat_run.leftovers == []
+
+
+def test_a_standalone_engine_serves_the_environments(flat_run):
+    """With an `engine:` section the trainer starts none; envs sample from that engine."""
+    commands = json.loads((flat_run.run_dir / "commands.json").read_text())
+    assert "atroposlib.cli.inference_server" in " ".join(commands["engine"])
+    trainer = commands["trainer"]
+    assert trainer[trainer.index("--inference-engine") + 1] == "none"
+    engine_port = commands["engine"][commands["engine"].index("--port") + 1]
+    env = commands["arith_env"]
+    assert env[env.index("--openai.base_url") + 1] == f"http://127.0.0.1:{engine_port}/v1"
+    assert trained_steps(flat_run.run_dir) == 20
+    assert "starting transformers engine on" not in flat_run.log("trainer")
+    assert flat_run.leftovers == []
 
 
 def test_a_killed_ephemeral_api_stops_the_run_with_the_cause(launch, tmp_path):
     """An API without a store cannot be restarted: its queue died with it."""
     run_dir = tmp_path / "run"
-    run = long_run(launch, run_dir, until_steps=1)
+    run, pace = long_run(launch, fifty_steps(run_dir), until_steps=1)
     os.kill(run.child_pid("atroposlib.cli.run_api"), signal.SIGKILL)
-    assert run.wait(120) == 1
+    pace.killed()
+    assert run.wait(pace=pace, restarts=1) == 1  # it stops: no longer than a start
     out = run.output()
     assert "api exited with code -9; the API runs with ephemeral: true" in out
     assert f"last lines of {run_dir / 'logs' / 'api.log'}" in out.replace("\n", "")
@@ -107,13 +229,12 @@ def test_a_killed_ephemeral_api_stops_the_run_with_the_cause(launch, tmp_path):
 
 def test_a_crash_past_the_restart_budget_stops_the_run_with_the_cause(launch, tmp_path):
     run_dir = tmp_path / "run"
-    config = launch_config(run_dir, steps=50)
-    config["trainer"]["args"]["vllm_restart_interval"] = 100
+    config = fifty_steps(run_dir)
     config["environments"][0]["max_restarts"] = 0
-    run = launch(config)
-    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 1) is None
+    run, pace = long_run(launch, config, until_steps=1)
     os.kill(run.child_pid("arith_env.py"), signal.SIGKILL)
-    assert run.wait(120) == 1
+    pace.killed()
+    assert run.wait(pace=pace, restarts=1) == 1
     expected = "arith_env crashed 1 time in a row (exit code -9); its restart budget (0) is spent"
     assert expected in re.sub(r"\s+", " ", run.output())
     assert run.leftovers() == []
@@ -141,10 +262,10 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
     run_dir = tmp_path / "run"
     config = launch_config(run_dir, steps=12, api={"args": {}})  # a durable API store
     config["trainer"]["args"]["vllm_restart_interval"] = 100
-    run = launch(config)
-    assert run.wait(240, until=lambda: trained_steps(run_dir) >= 3) is None
+    run, pace = long_run(launch, config, until_steps=3)
     run.proc.send_signal(signal.SIGINT)
-    assert run.wait(120) == 130
+    pace.killed()
+    assert run.wait(pace=pace, restarts=1) == 130
     assert list((run_dir / "checkpoints").glob("step-*")), "no final checkpoint on Ctrl-C"
     assert (run_dir / "report.html").exists()
     assert run.leftovers() == []
@@ -158,11 +279,13 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
 
     # the same run directory is refused without --resume, and the message says how
     again = launch(config)
-    assert again.wait(60) == 2
+    assert again.wait(pace=pace, restarts=1) == 2
     assert f"continue it with `{command}`" in again.output()
 
     resumed = launch(None, "--resume", str(run_dir))
-    assert resumed.wait(300) == 0, resumed.output()[-4000:]
+    # the resumed launch's start, its steps and its report, at the first launch's pace
+    left = 12 - stopped_at
+    assert resumed.wait(pace=pace, steps=left, restarts=2) == 0, resumed.output()[-4000:]
     out = resumed.output()
     assert f"resuming the run in {run_dir}" in out
     assert f"the trainer resumes from {run_dir / 'checkpoints'}" in out
@@ -179,7 +302,7 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
 
     # a finished run is not started again: one line says how to train on
     again = launch(None, "--resume", str(run_dir))
-    assert again.wait(60) == 2
+    assert again.wait(pace=pace, restarts=1) == 2
     assert "finished all 12 steps" in again.output()
     assert "--set trainer.args.training_steps=24" in again.output()
 
@@ -192,8 +315,9 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     config = yaml.safe_load((REPO / "configs" / "quickstart_cpu.yaml").read_text())
     config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
     config["run_dir"] = str(tmp_path / "run")
-    run = launch(config)
-    assert run.wait(600) == 0, run.output()[-4000:]
+    finished = finish(launch(config), tmp_path / "run", steps=100)
+    run = finished.run
+    assert finished.code == 0, run.output()[-4000:]
     numbers = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert numbers["steps"] == config["trainer"]["args"]["training_steps"]
     # The margin rules out chance, not a speed: each 10-step mean averages 10 x 64
@@ -214,7 +338,7 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     # the console a new user reads: mostly step and status lines, each env's on one row
     share = check_the_console(run.output(), "mod_arithmetic", steps=100)
     assert share >= 0.8, (share, run.output()[-4000:])
-    assert run.leftovers() == []
+    assert finished.leftovers == []
 
 
 @pytest.mark.learning
@@ -240,24 +364,6 @@ def test_a_black_box_agent_learns_through_the_proxy(launch, tmp_path):
     assert run.leftovers() == []
 
 
-def test_a_standalone_engine_serves_the_environments(launch, tmp_path):
-    """With an `engine:` section the trainer starts none; envs sample from that engine."""
-    run_dir = tmp_path / "run"
-    config = launch_config(run_dir, steps=2)
-    config["engine"] = {"engine": "transformers", "args": ["--num-threads", "1"]}
-    run = launch(config)
-    assert run.wait(300) == 0, run.output()[-4000:]
-    commands = json.loads((run_dir / "commands.json").read_text())
-    assert "atroposlib.cli.inference_server" in " ".join(commands["engine"])
-    trainer = commands["trainer"]
-    assert trainer[trainer.index("--inference-engine") + 1] == "none"
-    engine_port = commands["engine"][commands["engine"].index("--port") + 1]
-    env = commands["arith_env"]
-    assert env[env.index("--openai.base_url") + 1] == f"http://127.0.0.1:{engine_port}/v1"
-    assert trained_steps(run_dir) == 2
-    assert run.leftovers() == []
-
-
 def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch, tmp_path):
     """tests/support/minimal_trainer.py knows nothing of example_trainer; the run still works."""
     run_dir = tmp_path / "run"
@@ -267,9 +373,9 @@ def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch
         "module": "tests.support.minimal_trainer",
         "args": {"training_steps": 3, "seq_len": 128, "batch_size": 8},
     }
-    run = launch(config)
-    assert run.wait(300) == 0, run.output()[-4000:]
-    out = run.output()
+    finished = finish(launch(config), run_dir, steps=3)
+    assert finished.code == 0, finished.output()[-4000:]
+    out = finished.output()
     assert "starting transformers engine: (not really" in out  # printed, and not counted
     numbers = json.loads((run_dir / "summary.json").read_text())
     assert numbers["steps"] == 3
@@ -278,7 +384,7 @@ def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch
     assert re.search(r"engine restarts: 0; checkpoints saved: 3", re.sub(r"[│\s]+", " ", out))
     assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert (run_dir / "checkpoints" / "step-3" / "state.json").exists()
-    assert run.leftovers() == []
+    assert finished.leftovers == []
 
 
 @pytest.mark.learning
@@ -290,13 +396,12 @@ def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_pa
     import httpx
     import yaml
 
-    from atroposlib.trainer_contract import read_events
-
     config = yaml.safe_load((REPO / "configs" / "quickstart_fsdp_cpu.yaml").read_text())
     config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
     run_dir = tmp_path / "run"
     config["run_dir"] = str(run_dir)
     run = launch(config)
+    pace = run.pace(run_dir)
     served: dict[int, int] = {}
 
     def both_engines_served() -> bool:
@@ -319,8 +424,11 @@ def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_pa
             served[index] = int(found.group(1)) if found else 0
         return len(served) == 2 and min(served.values()) > 0
 
-    assert run.wait(300, until=both_engines_served) is None, f"engines served {served}"
-    assert run.wait(600) == 0, run.output()[-4000:]
+    # both serve the first batches, within the first steps
+    started = run.wait(until=both_engines_served, pace=pace, steps=3, restarts=1)
+    assert started is None, f"engines served {served}"
+    steps = config["trainer"]["args"]["training_steps"]
+    assert run.wait(pace=pace, steps=steps, restarts=2) == 0, run.output()[-4000:]
     trainer = json.loads((run_dir / "commands.json").read_text())["trainer"]
     assert trainer[trainer.index("--nproc") + 1] == "2"
     assert trainer[trainer.index("--parallelism") + 1] == "fsdp"
@@ -331,7 +439,6 @@ def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_pa
     ]
     assert sorted(started) == [0, 1]
     rows = read_metrics(run_dir / "metrics.jsonl")
-    steps = config["trainer"]["args"]["training_steps"]
     assert [r.step for r in rows] == list(range(1, steps + 1))
     assert all(r.model_dump()["sync_s"] > 0 for r in rows[:-1]), "a step pushed no weights"
     assert (run_dir / "checkpoints" / f"step-{steps}" / "optimizer").is_dir()  # sharded

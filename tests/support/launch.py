@@ -9,12 +9,14 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from atroposlib.utils.processes import descendant_matching
+from tests.support.pace import Pace
 from tests.support.process_tree import alive, descendants
 from tests.support.processes import ARITH_ENV
 from tests.support.source import REPO
@@ -69,6 +71,7 @@ class LaunchRun:
 
     def __init__(self, arguments: list[str], log_path: Path) -> None:
         self.log_path = log_path
+        self.started = time.time()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "atroposlib.cli.launch", *arguments],
             stdout=open(log_path, "wb"),
@@ -84,8 +87,22 @@ class LaunchRun:
     def watch(self) -> None:
         self.seen |= descendants(self.proc.pid)
 
-    def wait(self, timeout: float = 300, until=None) -> int | None:
-        """Wait for exit (or for `until()` to be true); records the tree meanwhile."""
+    def pace(self, run_dir: Path) -> Pace:
+        """The pace of this launch's trainer, measured from the launch (tests/support/pace.py)."""
+        return Pace(run_dir / "checkpoints" / "metrics.jsonl", started=self.started)
+
+    def wait(
+        self,
+        timeout: float = 300,
+        until=None,
+        *,
+        pace: Pace | None = None,
+        steps: int = 0,
+        restarts: int = 0,
+    ) -> int | None:
+        """Wait for exit (or for `until()` to be true); records the tree meanwhile. With a
+        `pace`, the wait is allowed what `steps` steps and `restarts` restarts cost at the
+        run's own pace instead of `timeout`."""
 
         def outcome() -> tuple[int | None] | None:
             self.watch()
@@ -96,7 +113,11 @@ class LaunchRun:
             return None
 
         try:
-            (code,) = wait_until(outcome, timeout, "launch did not finish", poll_s=0.3)
+            if pace is None:
+                (code,) = wait_until(outcome, timeout, "launch did not finish", poll_s=0.3)
+            else:
+                what = "launch did not finish"
+                (code,) = pace.wait(outcome, what, steps, restarts, poll_s=0.3)
         except AssertionError as failure:
             self.proc.kill()
             raise AssertionError(f"{failure}:\n{self.output()[-3000:]}") from None
@@ -118,6 +139,31 @@ class LaunchRun:
         except AssertionError:
             pass
         return sorted(pid for pid in self.seen if alive(pid))
+
+
+class Launches:
+    """Starts `atropos-launch` runs with their files under `base`, and kills what is
+    still running at `stop()`: the `launch` fixture's (one test) and the
+    `module_launch` fixture's (a run that several tests of a module read)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.runs: list[LaunchRun] = []
+
+    def __call__(self, config: dict[str, Any] | None = None, *arguments: str) -> LaunchRun:
+        """A launch of `config` (written to a file), or with `arguments` alone (--resume)."""
+        index = len(self.runs)
+        if config is not None:
+            path = write_config(self.base / f"launch{index}.yaml", config)
+            arguments = (str(path), *arguments)
+        run = LaunchRun(list(arguments), self.base / f"launch{index}.out")
+        self.runs.append(run)
+        return run
+
+    def stop(self) -> None:
+        for run in self.runs:
+            if run.proc.poll() is None:
+                run.proc.kill()
 
 
 def console_rows(line: str, columns: int = COLUMNS) -> int:
