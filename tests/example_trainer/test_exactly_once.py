@@ -19,10 +19,11 @@ import pytest
 from atroposlib.trainer_contract import read_metrics
 from atroposlib.utils.ports import free_port
 from tests.support.http_proxy import LossyProxy
-from tests.support.waiting import wait_until
+from tests.support.pace import Pace
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.e2e
+# the waits are paced by the trainer's own steps (tests/support/pace.py); this is a last resort
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 STEPS, GROUP, BATCH = 6, 4, 8
 TAGS = range(10, 10 + STEPS * BATCH // GROUP)
@@ -56,22 +57,29 @@ def trained_steps(save: Path) -> list[int]:
 def test_a_lost_answer_and_a_killed_trainer_lose_no_group(api_factory, tiny_model_path, tmp_path):
     api = api_factory()
     save, log = tmp_path / "ckpt", tmp_path / "trainer.log"
+    pace = Pace(save / "metrics.jsonl")
     with LossyProxy(api.url, drop_step=2) as proxy, httpx.Client(base_url=api.url) as client:
         first = trainer(tiny_model_path, proxy.url, save, log)
         registered = lambda: client.get("/info").json()["batch_size"] == BATCH  # noqa: E731
-        wait_until(registered, 120, "the trainer did not register")
+        pace.wait(registered, "the trainer did not register")
         for tag in TAGS:
             answer = client.post("/scored_data", json=group(tag))
             assert answer.status_code == 200, answer.text
         try:
-            wait_until(lambda: len(trained_steps(save)) >= 3, 240, "no third step")
+            pace.wait(lambda: len(trained_steps(save)) >= 3, "no third step", steps=3, restarts=1)
         finally:
             first.send_signal(signal.SIGKILL)
             first.wait(30)
+        pace.killed()
         assert (save / "step-2").exists()
         second = trainer(tiny_model_path, proxy.url, save, log, "--resume", str(save / "step-2"))
         try:
-            assert second.wait(300) == 0, log.read_text()[-3000:]
+            finished = lambda: second.poll() is not None  # noqa: E731
+            try:
+                pace.wait(finished, "the resumed trainer did not finish", STEPS - 2, restarts=2)
+            except AssertionError as failure:
+                raise AssertionError(f"{failure}\n{log.read_text()[-3000:]}") from None
+            assert second.returncode == 0, log.read_text()[-3000:]
         finally:
             if second.poll() is None:
                 second.kill()
