@@ -27,6 +27,7 @@ from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, ExposureRule, key_
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.listen import ListenError, listen_socket, serve
 from atroposlib.utils.logging import configure_logging
+from atroposlib.utils.tokenizers import TokenizerLoadError, load_tokenizer
 
 PROXY_KEY_ENVIRONMENT = ("ATROPOS_PROXY_API_KEY",)
 DEFAULT_PORT = 9100
@@ -106,8 +107,6 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(settings: ProxySettings, config: dict, sock: socket.socket) -> int:
     """Load the tokenizer and the backends, then serve on the socket bound for them."""
     configure_logging(settings.log_level)
-    from transformers import AutoTokenizer
-
     from atroposlib.envs.server_handling.managed_server_proxy import (
         create_app,
         servers_from_config,
@@ -116,8 +115,8 @@ def _serve(settings: ProxySettings, config: dict, sock: socket.socket) -> int:
 
     model_name = config["model_name"]
     try:
-        tokenizer = AutoTokenizer.from_pretrained(config.get("tokenizer_name", model_name))
-    except (OSError, ValueError) as exc:
+        tokenizer = load_tokenizer(config.get("tokenizer_name", model_name), "--config")
+    except TokenizerLoadError as exc:
         print(f"atropos-proxy: cannot load the tokenizer: {exc}", file=sys.stderr)
         return 1
     manager = ServerManager(configs=servers_from_config(config))

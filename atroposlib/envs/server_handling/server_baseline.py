@@ -249,23 +249,23 @@ class APIServer(ABC):
     def tokenizer(self) -> Any:
         """The served model's tokenizer: `tokenizer_name`, or `model_name` when that is 'none'.
 
-        Loaded with `AutoTokenizer` on first use (upstream loads it when a vLLM client is
-        made); a name that cannot be loaded raises ValueError saying what to set.
+        Loaded as `AutoTokenizer` would (utils/tokenizers.py) on first use (upstream loads
+        it when a vLLM client is made); a name that cannot be loaded raises ValueError
+        saying what to set.
         """
         if self._tokenizer is None:
             name = self.config.tokenizer_name
             if not name or name == "none":
                 name = self.config.model_name
-            try:
-                from transformers import AutoTokenizer
+            from atroposlib.utils.tokenizers import TokenizerLoadError, load_tokenizer
 
-                self._tokenizer = AutoTokenizer.from_pretrained(name)
-            except Exception as exc:
+            try:
+                self._tokenizer = load_tokenizer(name, f"the server config of {self.endpoint_url}")
+            except TokenizerLoadError as exc:
                 raise ValueError(
-                    f"cannot load the tokenizer {name!r} for {self.endpoint_url}: {exc}. "
-                    "Set tokenizer_name in the server config to a hub name or directory, "
-                    "or pass tokenizer= to managed_server()"
-                ) from exc
+                    f"{exc}. Set tokenizer_name in the server config to a hub name or "
+                    "directory, or pass tokenizer= to managed_server()"
+                ) from None
         return self._tokenizer
 
     @tokenizer.setter
