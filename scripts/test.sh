@@ -89,8 +89,10 @@ run_pytest() {  # NAME PYTEST_ARGS...: one pytest session, its JUnit in .test-lo
     local name=$1
     shift
     echo "== $name"
-    # each tier's totals and 20 slowest tests at the end (tests/support/tier_report.py)
-    python -m pytest -q --tier-durations=20 --junitxml=".test-logs/$name.xml" "$@" \
+    # each tier's totals and 20 slowest tests at the end, its figures as a markdown table,
+    # and a failed run where a tier's CPU is over its budget (tests/support/tier_report.py)
+    python -m pytest -q --tier-durations=20 --junitxml=".test-logs/$name.xml" \
+        --cpu-budget tests/cpu_budget.toml --tier-table ".test-logs/$name-tiers.md" "$@" \
         "${PYTEST_ARGS[@]}" || STATUS=$?
 }
 

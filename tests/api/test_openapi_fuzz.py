@@ -5,7 +5,9 @@ Every operation is driven from `/openapi.json` with schemathesis's every check
 app without a key and once with `api_key`. The app is `run-api`'s own `create_app`,
 served in-process through schemathesis's ASGI transport (one lifespan per app, so the
 real SQLite store serves every call); uvicorn and auth over a socket are tested in
-test_uvicorn_target.py and test_auth.py. A failure means the app answered something
+test_uvicorn_target.py and test_auth.py. The fuzzing runs in the integration tier (its
+CPU, about 25 s a key mode, would be a third of the unit tier's); the checks of the 401s,
+the JSON types and the content types stay in the unit tier. A failure means the app answered something
 its document does not promise: fix the app or the document, never the checks.
 
 One aid to generation, not to judging: JSON Schema cannot say "as many masks as
@@ -182,6 +184,7 @@ def _fuzz(schema: schemathesis.BaseSchema) -> FuzzRun:
     return run
 
 
+@pytest.mark.integration  # in-process, but 25 s of CPU a key mode: the unit tier stays quick
 def test_every_operation_keeps_to_the_document(served: Served):
     schema = _load_schema(served)
     paths = schema.raw_schema["paths"]

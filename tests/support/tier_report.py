@@ -12,15 +12,25 @@ a test that waits is cheap and one that starts processes is not. Each test also 
 `cpu_s`, the CPU seconds of its worker and of the processes it started and reaped
 (`getrusage`), from its setup to its teardown; the report gives each tier's total and
 `--tier-durations` lists the costliest tests by CPU too.
+
+That CPU is also what keeps the suite under its time goal: the 2-core machine runs out
+of CPU, not of waiting. `--cpu-budget FILE` (tests/cpu_budget.toml, which scripts/test.sh
+passes) compares each budgeted group of tiers with its budget, and fails the run, naming
+the costliest tests, when a group goes over by more than the file's tolerance.
+`--tier-table FILE` writes the per-tier figures as the markdown table docs/testing.md
+shows.
 """
 
 from __future__ import annotations
 
 import resource
+import tomllib
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,6 +41,69 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="after the run, list the N slowest tests of each tier (0: totals only)",
     )
+    parser.addoption(
+        "--cpu-budget",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="fail the run when a group of tiers uses more CPU than FILE allows",
+    )
+    parser.addoption(
+        "--tier-table",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write each tier's figures to FILE as a markdown table",
+    )
+
+
+class CpuBudget(BaseModel):
+    """tests/cpu_budget.toml: CPU seconds per group of tiers, and the overrun allowed."""
+
+    model_config = ConfigDict(extra="forbid")
+    seconds: dict[str, float] = Field(
+        description="CPU seconds per group of tiers; a group is tier names joined by '+'"
+    )
+    tolerance: float = Field(ge=0, description="the share over budget that still passes")
+
+    @classmethod
+    def read(cls, path: Path) -> CpuBudget:
+        return cls.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
+
+
+class BudgetVerdict(BaseModel):
+    group: str
+    used: float
+    budget: float
+    tolerance: float
+
+    @property
+    def share(self) -> float:
+        return self.used / self.budget
+
+    @property
+    def exceeded(self) -> bool:
+        return self.used > self.budget * (1 + self.tolerance)
+
+    def line(self) -> str:
+        said = f"{self.group}: CPU {self.used:,.0f} s of a {self.budget:,.0f} s budget"
+        said += f" ({self.share:.0%})"
+        if self.exceeded:
+            said += f": OVER BUDGET by more than {self.tolerance:.0%}"
+        return said
+
+
+def budget_verdicts(cpu_by_tier: dict[str, float], budget: CpuBudget) -> list[BudgetVerdict]:
+    """One verdict per budgeted group of which at least one tier ran."""
+    verdicts = []
+    for group, seconds in budget.seconds.items():
+        tiers = group.split("+")
+        if any(tier in cpu_by_tier for tier in tiers):
+            used = sum(cpu_by_tier.get(tier, 0.0) for tier in tiers)
+            verdicts.append(
+                BudgetVerdict(group=group, used=used, budget=seconds, tolerance=budget.tolerance)
+            )
+    return verdicts
 
 
 def cpu_seconds() -> float:
@@ -55,9 +128,15 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
 CPU_AT_SETUP = pytest.StashKey[float]()
 
 
+TIERS = ("unit", "integration", "e2e")
+
+
 class TierReport:
-    def __init__(self, slowest: int) -> None:
+    def __init__(self, slowest: int, budget: CpuBudget | None, table: Path | None) -> None:
         self.slowest = slowest
+        self.budget = budget
+        self.table = table
+        self.session: pytest.Session | None = None
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.cpu: dict[str, dict[str, float]] = defaultdict(dict)
@@ -75,29 +154,77 @@ class TierReport:
         elif report.when == "teardown" and report.failed:
             self.outcomes[tier]["error"] += 1
 
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
+
+    def ran(self) -> list[str]:
+        return [tier for tier in TIERS if tier in self.seconds]
+
+    def summary(self, tier: str) -> str:
+        outcomes = sorted(self.outcomes[tier].items())
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in outcomes)
+        total = sum(self.seconds[tier].values())
+        return (
+            f"{tier}: {len(self.seconds[tier])} tests ({counts}), sum of test times "
+            f"{total:.0f} s, CPU {sum(self.cpu[tier].values()):.0f} s"
+        )
+
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.seconds:
             return
         write = terminalreporter.write_line
         terminalreporter.section("tiers")
-        for tier in ("unit", "integration", "e2e"):
-            if tier not in self.seconds:
-                continue
-            times = self.seconds[tier]
-            outcomes = sorted(self.outcomes[tier].items())
-            counts = ", ".join(f"{n} {outcome}" for outcome, n in outcomes)
-            total, cpu = sum(times.values()), self.cpu[tier]
-            write(
-                f"{tier}: {len(times)} tests ({counts}), sum of test times {total:.0f} s, "
-                f"CPU {sum(cpu.values()):.0f} s"
-            )
+        for tier in self.ran():
+            times, cpu = self.seconds[tier], self.cpu[tier]
+            write(self.summary(tier))
             for nodeid, seconds in sorted(times.items(), key=lambda kv: -kv[1])[: self.slowest]:
                 write(f"  {seconds:7.1f} s  {nodeid}")
             if self.slowest and cpu:
                 write(f"{tier}, the costliest by CPU (the worker and the processes it reaped):")
             for nodeid, seconds in sorted(cpu.items(), key=lambda kv: -kv[1])[: self.slowest]:
                 write(f"  {seconds:7.1f} s CPU  {nodeid}")
+        if self.table is not None:
+            self.table.write_text(self.markdown(), encoding="utf-8")
+        if self.budget is not None:
+            self.check_budget(write, self.budget)
+
+    def check_budget(self, write, budget: CpuBudget) -> None:
+        """A line per budgeted group; over budget, the costliest tests and a failed run."""
+        cpu_by_tier = {tier: sum(self.cpu[tier].values()) for tier in self.ran()}
+        for verdict in budget_verdicts(cpu_by_tier, budget):
+            write(verdict.line(), red=verdict.exceeded, bold=verdict.exceeded)
+            if not verdict.exceeded:
+                continue
+            tiers = verdict.group.split("+")
+            costs = [(s, n) for tier in tiers for n, s in self.cpu.get(tier, {}).items()]
+            write(f"{verdict.group}: the 20 costliest tests by CPU:", red=True)
+            for seconds, nodeid in sorted(costs, reverse=True)[:20]:
+                write(f"  {seconds:7.1f} s CPU  {nodeid}")
+            write(
+                "Cut what these cost, or raise the budget in tests/cpu_budget.toml in the "
+                "same commit, with the reason in its message.",
+                red=True,
+            )
+            if self.session is not None:
+                self.session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def markdown(self) -> str:
+        """The per-tier figures as docs/testing.md tabulates them."""
+        rows = ["| tier | tests | sum of test times | CPU |", "|---|---:|---:|---:|"]
+        for tier in self.ran():
+            rows.append(
+                f"| {tier} | {len(self.seconds[tier])} | "
+                f"{sum(self.seconds[tier].values()):,.0f} s | "
+                f"{sum(self.cpu[tier].values()):,.0f} s |"
+            )
+        return "\n".join(rows) + "\n"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(TierReport(config.getoption("tier_durations")), "tier-report")
+    path = config.getoption("cpu_budget")
+    report = TierReport(
+        config.getoption("tier_durations"),
+        CpuBudget.read(path) if path is not None else None,
+        config.getoption("tier_table"),
+    )
+    config.pluginmanager.register(report, "tier-report")
