@@ -138,9 +138,9 @@ def _serve(settings: ViewRunSettings, multimodal: bool, tool: str) -> int:
         print(f"{tool}: {error}", file=sys.stderr)
         return 2
     with sock:
-        try:
-            _import_gradio()
+        try:  # the tokenizer first: a mistyped name fails in a second, not after Gradio
             decoder = load_tokenizer(settings.tokenizer)
+            _import_gradio()
         except ViewerError as error:
             print(f"{tool}: error: {error}", file=sys.stderr)
             return 2
