@@ -19,6 +19,10 @@ The run must reach its last step, and every group an environment got a 200 for m
 trained exactly once or still be queued: ids from the environments' ledgers against
 the trainer's ledger and the API's store, not totals. One run holds every fault
 because each launch costs about 30 s of CPU to start.
+
+Every wait is allowed what it should cost at the run's own pace (tests/support/pace.py:
+its first step's time, its steps' and its restarts'), a generous multiple of it, so a
+run on a busy machine passes and a stalled one fails saying where it stopped.
 """
 
 from __future__ import annotations
@@ -42,10 +46,12 @@ from atroposlib.trainer_contract import (
 )
 from atroposlib.utils.processes import descendant_matching
 from tests.support.launch import launch_config
+from tests.support.pace import SLACK, Pace
 from tests.support.source import REPO
-from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.e2e
+# The waits' own deadlines, from the run's pace, bound each test; this only catches a
+# hang outside them (both runs take 2 to 4 minutes on a quiet 2-core machine).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 GROUPS_PER_STEP = 2  # batch_size 8 / group_size 4
 CLIENT_TIMEOUT_S = 3.0
@@ -77,8 +83,12 @@ def trained_steps(run_dir) -> int:
     return len(read_metrics(run_dir / "checkpoints" / "metrics.jsonl"))
 
 
-def assert_every_acknowledged_group_trained_once(run, run_dir, where: str, steps: int) -> dict:
-    assert run.wait(420) == 0, f"{where}\n{run.output()[-5000:]}"
+def assert_every_acknowledged_group_trained_once(
+    run, run_dir, pace: Pace, where: str, steps: int
+) -> dict:
+    # the steps after the newest checkpoint, the restart to them and the report at the end
+    left = steps - newest_checkpoint(run_dir)
+    assert run.wait(pace=pace, steps=left, restarts=2) == 0, f"{where}\n{run.output()[-5000:]}"
     assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(1, steps + 1))
     groups = account(
         run_dir / "env-state",
@@ -133,9 +143,13 @@ def the_key_is_nowhere_but_its_file(run_dir) -> None:
     assert kept and not [p for p in kept if key in p.read_text(errors="replace")]
 
 
-def passed(run_dir, step: int) -> None:
-    wait_until(
-        lambda: newest_row_step(run_dir) > step, 300, f"the trainer never passed step {step}"
+def passed(run_dir, pace: Pace, step: int) -> None:
+    """Wait for a row past `step`, allowing for a restart of whatever was killed last."""
+    pace.wait(
+        lambda: newest_row_step(run_dir) > step,
+        f"the trainer never passed step {step}",
+        steps=max(1, step + 1 - newest_row_step(run_dir)),
+        restarts=1,
     )
 
 
@@ -180,7 +194,9 @@ def checkpoint_recorded(run_dir, step: int) -> bool:
     )
 
 
-def kill_the_trainer_after_each_step(run, run_dir, last_kill: int, saved_at, on_kill=None) -> int:
+def kill_the_trainer_after_each_step(
+    run, run_dir, pace: Pace, last_kill: int, saved_at, on_kill=None
+) -> int:
     """SIGKILL the trainer after each of steps 1 to `last_kill`; the number of kills.
 
     A step counts once a row for it comes from the trainer running now (rows written
@@ -198,15 +214,18 @@ def kill_the_trainer_after_each_step(run, run_dir, last_kill: int, saved_at, on_
             pid = descendant_matching(run.proc.pid, TARGETS["trainer"])
             return pid if pid not in (None, killed) else None
 
-        pid = wait_until(running, 120, "the trainer was not restarted", poll_s=0.05)
+        pid = pace.wait(running, "the trainer was not restarted", restarts=1)
 
         def reached(step=step, seen=seen) -> bool:
             assert run.proc.poll() is None, f"the run ended before step {step}"
             fresh = metric_lines(run_dir)[seen:]
             return bool(fresh) and json.loads(fresh[-1])["step"] >= step and saved_at(step)
 
-        wait_until(reached, 300, f"the trainer never reached step {step}", poll_s=0.02)
+        # a restart, and at most every step again (from step 0, before a checkpoint)
+        what = f"the trainer never reached step {step}"
+        pace.wait(reached, what, steps=step, restarts=1, poll_s=0.02)
         os.kill(pid, signal.SIGKILL)
+        pace.killed()
         killed, kills = pid, kills + 1
         if on_kill is not None:
             on_kill(step)
@@ -226,9 +245,11 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
     config = fault_config(run_dir, steps)
     config["trainer"]["max_restarts"] = 2 * last_kill
     run = launch(config)
+    pace = run.pace(run_dir)
     kills = kill_the_trainer_after_each_step(
         run,
         run_dir,
+        pace,
         last_kill,
         # the last kill waits for the checkpoint, written after the step's records
         saved_at=lambda step: step < last_kill or checkpoint_recorded(run_dir, step),
@@ -236,28 +257,32 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
     )
     # then the environment, the API and the engine, each once the trainer has moved on
     for target, after in (("mod_arithmetic", 10), ("api", 11), ("engine", 12)):
-        passed(run_dir, after)
+        passed(run_dir, pace, after)
         os.kill(run.child_pid(TARGETS[target]), signal.SIGKILL)
-    passed(run_dir, 13)
+        pace.killed()
+    passed(run_dir, pace, 13)
     api, before = run.child_pid(TARGETS["api"]), timeouts_logged(run_dir)
     os.kill(api, signal.SIGSTOP)
     try:  # longer than both clients' timeouts: their calls time out and are asked again
-        wait_until(
+        # each asks the API about once a step, and its call then times out
+        pace.wait(
             lambda: both_more(timeouts_logged(run_dir), before),
-            60,
             "no client timed out while the API was frozen",
+            steps=2,
+            plus_s=SLACK * CLIENT_TIMEOUT_S,
         )
     finally:
         os.kill(api, signal.SIGCONT)
     # LCH-2: a SIGTERM from outside (a scheduler's preemption) makes the trainer checkpoint
     # and exit 0 before its last step; that is no finish, and it is resumed like a crash
-    passed(run_dir, 14)
+    passed(run_dir, pace, 14)
     os.kill(run.child_pid(TARGETS["trainer"]), signal.SIGTERM)
+    pace.killed()
     where = (
         f"the trainer killed after each of steps 1 to {last_kill} ({kills} kills), then the "
         "environment, the API and the engine, the API frozen, then the trainer TERMed"
     )
-    numbers = assert_every_acknowledged_group_trained_once(run, run_dir, where, steps)
+    numbers = assert_every_acknowledged_group_trained_once(run, run_dir, pace, where, steps)
     the_key_is_nowhere_but_its_file(run_dir)
     restarts = {name: n for name, n in numbers["restarts"].items() if n}
     # the frozen API is no crash
@@ -302,9 +327,11 @@ def test_every_process_killed_at_every_step_of_a_restart_mode_run_loses_nothing(
                 os.kill(run.child_pid(TARGETS[target]), signal.SIGKILL)
 
     run = launch(config)
+    pace = run.pace(run_dir)
     kills = kill_the_trainer_after_each_step(
         run,
         run_dir,
+        pace,
         last_kill,
         saved_at=lambda step: step % interval or checkpoint_recorded(run_dir, step),
         on_kill=kill_the_others,
@@ -313,7 +340,7 @@ def test_every_process_killed_at_every_step_of_a_restart_mode_run_loses_nothing(
         f"restart mode, the trainer killed after each of steps 1 to {last_kill}, the "
         f"environment and the API with it after each of steps 1 to {everything_until}"
     )
-    numbers = assert_every_acknowledged_group_trained_once(run, run_dir, where, steps)
+    numbers = assert_every_acknowledged_group_trained_once(run, run_dir, pace, where, steps)
     assert together and together[-1] >= everything_until - 1, together
     expected = {"trainer": kills, **{target: len(together) for target in others}}
     assert {k: numbers["restarts"][k] for k in expected} == expected, (where, numbers)
