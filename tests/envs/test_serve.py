@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from atroposlib.utils.retry_notes import NOTE_AFTER_S
 from tests.support.groups import drain_batches, register_env, start_trainer
+from tests.support.pace import CountPace
 from tests.support.processes import EnvProcess, serve_args
 from tests.support.waiting import wait_until
 
@@ -177,6 +179,7 @@ def test_process_writes_jsonl_and_html(inference_server, tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(3600)  # a last resort: the waits are paced by the groups' arrival
 def test_api_outage_loses_and_duplicates_nothing(api_factory, inference_server, tmp_path):
     api = api_factory()
     saved = tmp_path / "produced.jsonl"
@@ -204,21 +207,25 @@ def test_api_outage_loses_and_duplicates_nothing(api_factory, inference_server, 
     )
     puller = threading.Thread(target=trainer)
     puller.start()
+    # the waits are allowed what they cost at the pace the groups arrive (tests/support/pace.py)
+    pace = CountPace(lambda: len(received))
     try:
-        wait_until(lambda: len(received) >= 2, 120, "no groups reached the trainer")
+        pace.wait(lambda: len(received) >= 2, "no groups reached the trainer", steps=2)
         notes = env.log().count("still fails after")
         api.stop()
+        pace.killed()
         # the outage lasts until the env has retried for 10 s (its retry log's second note)
-        wait_until(
+        pace.wait(
             lambda: env.log().count("still fails after") > notes,
-            60,
             "the env did not keep retrying while the API was down",
+            steps=2,
+            plus_s=2 * NOTE_AFTER_S[1],
         )
         api.start()
         before = len(received)
-        wait_until(
-            lambda: len(received) >= before + 3, 90, "delivery did not resume after the outage"
-        )
+        # the env's next try comes at most its longest back-off (10 s) after the restart
+        what = "delivery did not resume after the outage"
+        pace.wait(lambda: len(received) >= before + 3, what, steps=3, restarts=1, plus_s=10.0)
     finally:
         env.stop()  # delivers what it has spooled before it exits
         stop_pulling.set()

@@ -71,11 +71,11 @@ class Pace:
         return self.rows[0][1] - self.started if self.rows else None
 
     def _intervals(self) -> list[float]:
-        """Seconds between consecutive steps of one trainer (no kill between them)."""
+        """Seconds a step took, between rows of one trainer (no kill between them)."""
         found = []
         for (step0, t0), (step1, t1) in zip(self.rows, self.rows[1:], strict=False):
-            if step1 == step0 + 1 and not any(t0 <= k < t1 for k in self.kills):
-                found.append(t1 - t0)
+            if step1 > step0 and not any(t0 <= k < t1 for k in self.kills):
+                found.append((t1 - t0) / (step1 - step0))
         return found
 
     @property
@@ -141,3 +141,17 @@ class Pace:
                     f"for {steps} steps and {restarts} restarts; {self.describe()}"
                 )
             time.sleep(poll_s)
+
+
+class CountPace(Pace):
+    """The pace of a count the test reads itself (groups received, say): each unit is a
+    step, timed when a poll first sees it."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        super().__init__(Path("/nonexistent"))
+        self.count = count
+
+    def read(self) -> None:
+        now, seen = time.time(), self.count()
+        if seen > (self.rows[-1][0] if self.rows else 0):
+            self.rows.append((seen, now))
