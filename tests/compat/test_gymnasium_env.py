@@ -4,7 +4,7 @@ A scripted model offers "hit" and "stick" each turn; the env parses them with
 `parse_tool_call`, scores each by simulating it, keeps the best with
 `select_best_index` and shortens its thinking with `truncate_thinking`. The
 test re-plays every scored alternative on gymnasium itself, so the scores are
-checked against the game.
+checked against the game. Its `serve` is a row of tests/environments/test_env_table.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from tests.support.compat_policies import (
     blackjack_reply,
     long_episode_seed,
 )
-from tests.support.compat_runs import process_groups, serve_flags, serve_groups, tiny_flags
+from tests.support.compat_runs import process_groups, tiny_flags
+from tests.support.env_table import Run, ServeRow, chat, compat_env
 from tests.support.policy_server import policy_fixture
 
 pytest.importorskip("torch")
@@ -74,23 +75,28 @@ def test_process_plays_several_turns_scored_by_the_game(model, tiny_model_path, 
     assert sorted({g["seed"] for g in groups}) == [seed, seed + 1]
 
 
-def test_serve_sends_every_turn_as_a_group(api_factory, model, tiny_model_path, tmp_path):
-    seed = long_episode_seed()
-    api = api_factory()
-    args = [
-        *tiny_flags(tiny_model_path, model.url),
-        *serve_flags(api.url, "--env.ensure_scores_are_not_same", "false"),
-        *("--env.first_seed", str(seed), "--env.max_num_workers", "1"),
-    ]
-    groups, _ = serve_groups(
-        api.url, SCRIPT, tmp_path / "serve", *args, batch_size=4, max_token_len=4096
-    )
-    assert len(groups) == 4
+def check_serve(groups: list[dict], run: Run) -> None:
     for group in groups:
-        assert len(group["tokens"]) == 2
         for messages, score in zip(group["messages"], group["scores"], strict=True):
             check_history(messages)
             assert action_in(messages[-1]["content"]) in (HIT, STICK)
             assert score in (-1.0, 0.0, 1.0)
     turns = [len(history_actions(g["messages"][0])) for g in groups]
     assert max(turns) >= 1, f"no group came from a second turn: {turns}"
+
+
+# Its row of the env table (tests/environments/test_env_table.py): `serve` sends every
+# turn as a group.
+SERVE = ServeRow(
+    env=compat_env(SCRIPT, "BlackjackBestOfNEnv"),
+    model=chat(blackjack_policy),
+    group_size=2,
+    batch_size=4,
+    max_token_len=4096,
+    groups=4,
+    args=lambda run: [
+        *("--env.first_seed", str(long_episode_seed()), "--env.max_num_workers", "1"),
+        *("--env.ensure_scores_are_not_same", "false"),
+    ],
+    check=check_serve,
+)

@@ -1,9 +1,10 @@
 """An upstream gsm8k_server-style env (ManagedServer, `n=group_size`) run unchanged.
 
-It serves a real run-api and trainer stand-in from the CPU inference server, writes
-groups with `process` (twice: the second run must not overwrite the first), and
-runs its `evaluate` subcommand on a local eval set, which must leave upstream's
-metrics.json / samples.jsonl in `--env.data_dir_to_save_evals`.
+It writes groups with `process`, run as upstream runs it (twice: the second run must
+not overwrite the first). It serves a real run-api and trainer stand-in from the CPU
+inference server, and its `evaluate` subcommand on a local eval set must leave
+upstream's metrics.json / samples.jsonl in `--env.data_dir_to_save_evals`: those two
+are its rows of the env table (tests/environments/test_env_table.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.compat_runs import read_jsonl, run_env_ok, serve_flags, serve_groups, tiny_flags
+from tests.support.compat_runs import read_jsonl, run_env_ok, tiny_flags
+from tests.support.env_table import (
+    EvaluateRow,
+    Run,
+    ServeRow,
+    compat_env,
+    read_evaluation,
+    tiny_engine,
+)
 
 pytest.importorskip("torch")
 
@@ -49,38 +58,6 @@ def check_managed_sequence(tokens: list[int], masks: list[int], logprobs: list[f
     return len(prompt)
 
 
-def test_serve_sends_managed_groups_to_the_trainer(
-    api_factory, inference_server, tiny_model_path, tmp_path
-):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    api = api_factory()
-    workdir = tmp_path / "serve"
-    args = [
-        *data_flags(workdir),
-        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
-        *serve_flags(api.url, "--env.ensure_scores_are_not_same", "false"),
-    ]
-    groups, env = serve_groups(api.url, SCRIPT, workdir, *args, batch_size=4, max_token_len=2048)
-    assert len(groups) == 4, env.log()[-3000:]
-    questions = {q for q, _ in TRAIN}
-    for group in groups:
-        assert len(group["tokens"]) == 2 and set(group["scores"]) <= {1.0, -1.0}
-        for tokens, masks, logprobs, messages in zip(
-            group["tokens"],
-            group["masks"],
-            group["inference_logprobs"],
-            group["messages"],
-            strict=True,
-        ):
-            prompt_len = check_managed_sequence(tokens, masks, logprobs)
-            assert messages[1]["content"] in questions
-            assert messages[1]["content"] in tokenizer.decode(tokens[:prompt_len])
-            assert messages[-1]["role"] == "assistant"
-    assert "Traceback" not in env.log(), env.log()[-6000:]
-
-
 def test_process_writes_jsonl_and_html_and_keeps_an_earlier_run(
     inference_server, tiny_model_path, tmp_path
 ):
@@ -106,18 +83,25 @@ def test_process_writes_jsonl_and_html_and_keeps_an_earlier_run(
     assert not (tmp_path / "out" / "gsm8k_2.jsonl").exists()
 
 
-def test_evaluate_writes_upstream_metrics_and_samples(inference_server, tiny_model_path, tmp_path):
-    evals = tmp_path / "evals"
-    run_env_ok(
-        SCRIPT,
-        "evaluate",
-        tmp_path,
-        *data_flags(tmp_path),
-        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
-        *("--env.data_dir_to_save_evals", str(evals), "--env.max_answer_tokens", "7"),
-        *("--env.eval_temperature", "0.0", "--env.max_token_length", "300"),
-    )
-    metrics = json.loads((evals / "metrics.json").read_text())
+def check_serve(groups: list[dict], run: Run) -> None:
+    questions = {q for q, _ in TRAIN}
+    for group in groups:
+        assert set(group["scores"]) <= {1.0, -1.0}
+        for tokens, masks, logprobs, messages in zip(
+            group["tokens"],
+            group["masks"],
+            group["inference_logprobs"],
+            group["messages"],
+            strict=True,
+        ):
+            prompt_len = check_managed_sequence(tokens, masks, logprobs)
+            assert messages[1]["content"] in questions
+            assert messages[1]["content"] in run.tokenizer.decode(tokens[:prompt_len])
+            assert messages[-1]["role"] == "assistant"
+
+
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
+    metrics, _ = read_evaluation(run)
     assert set(metrics) == {"config_general", "results"}
     general = metrics["config_general"]
     assert general["model_name"] == "tiny"
@@ -128,18 +112,46 @@ def test_evaluate_writes_upstream_metrics_and_samples(inference_server, tiny_mod
         "temperature": 0.0,
         "max_tokens": 7,
     }
-    results = metrics["results"]
-    assert set(results) == {"atropos|gsm8k_local_eval|0", "all"}
-    assert results["all"] == results["atropos|gsm8k_local_eval|0"]
-    assert results["all"]["eval/num_samples"] == len(EVAL)
-    assert 0.0 <= results["all"]["eval/percent_correct"] <= 1.0
-    samples = read_jsonl(evals / "samples.jsonl")
+    assert set(metrics["results"]) == {"atropos|gsm8k_local_eval|0", "all"}
+    assert results == metrics["results"]["atropos|gsm8k_local_eval|0"]
+    assert results["eval/num_samples"] == len(EVAL)
+    assert 0.0 <= results["eval/percent_correct"] <= 1.0
     assert sorted(s["question"] for s in samples) == sorted(q for q, _ in EVAL)
     assert all(s["messages"][-1]["role"] == "assistant" for s in samples)
-    assert sum(s["score"] for s in samples) / len(samples) == results["all"]["eval/percent_correct"]
+    assert sum(s["score"] for s in samples) / len(samples) == results["eval/percent_correct"]
     # upstream's evaluate also records the resolved config beside the results
-    dumped = yaml.safe_load((evals / "evaluate_config.yaml").read_text())
+    dumped = yaml.safe_load((run.tmp_path / "evals" / "evaluate_config.yaml").read_text())
     assert dumped["env"]["eval_file"].endswith("test.jsonl")
     assert dumped["env"]["max_answer_tokens"] == 7
     servers = dumped["openai"] if isinstance(dumped["openai"], list) else [dumped["openai"]]
-    assert servers[0]["base_url"] == f"{inference_server.url}/v1"
+    assert servers[0]["base_url"] == run.model.url
+
+
+# Its rows of the env table (tests/environments/test_env_table.py): `serve` to a real
+# run-api and trainer stand-in from the CPU inference server; `evaluate` on a local eval
+# set, which must leave upstream's metrics.json / samples.jsonl.
+ENV = compat_env(SCRIPT, "GSM8kLocalEnv")
+SERVE = ServeRow(
+    env=ENV,
+    model=tiny_engine,
+    group_size=2,
+    batch_size=4,
+    max_token_len=2048,
+    groups=4,
+    args=lambda run: [
+        *data_flags(run.tmp_path / "data"),
+        *("--env.ensure_scores_are_not_same", "false"),
+    ],
+    check=check_serve,
+)
+EVALUATE = EvaluateRow(
+    env=ENV,
+    model=tiny_engine,
+    samples=len(EVAL),
+    args=lambda run: [
+        *data_flags(run.tmp_path / "data"),
+        *("--env.max_answer_tokens", "7", "--env.eval_temperature", "0.0"),
+        *("--env.max_token_length", "300"),
+    ],
+    check=check_evaluate,
+)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.envs.base import APIServerConfig
-from tests.support.compat_runs import failure, read_jsonl, run_env
 
 ACTION = re.compile(r'<tool_call>\n\{"name": "take_action", "arguments": \{"action": "(\w+)"\}\}')
 PENALTY = -1.5
@@ -76,29 +75,6 @@ def make_env(env_cls: type, model: Any, tiny_model_path: Path, **settings: Any) 
     return env_cls(config, [server], slurm=False)
 
 
-def process_in_process(env: Any, workdir: Path) -> list[dict[str, Any]]:
-    """The env's real `process` (jsonl and html) in this process, saving a Python start-up."""
-    out = workdir / "groups.jsonl"
-    env.config.data_path_to_save_groups = str(out)
-    asyncio.run(env.process_manager())
-    assert out.with_suffix(".html").is_file()
-    return read_jsonl(out)
-
-
-def evaluate_in_process(env: Any, workdir: Path) -> tuple[dict, list[dict]]:
-    """The env's `evaluate` as the command runs it; (metrics.json's results, samples)."""
-    evals = workdir / "evals"
-    env.config.data_dir_to_save_evals = str(evals)
-
-    async def run() -> None:
-        await env.setup()
-        await env.evaluate()
-
-    asyncio.run(run())
-    metrics = json.loads((evals / "metrics.json").read_text())["results"]["all"]
-    return metrics, read_jsonl(evals / "samples.jsonl")
-
-
 def collect(env: Any, seed: int) -> dict[str, Any]:
     """One group of `seed`, straight from `collect_trajectories`."""
 
@@ -109,19 +85,3 @@ def collect(env: Any, seed: int) -> dict[str, Any]:
         return group
 
     return asyncio.run(run())
-
-
-def process(script: str, workdir: Path, *args: str) -> list[dict[str, Any]]:
-    """`python script process ARGS` run to success; the groups it wrote (html beside)."""
-    out = workdir / "groups.jsonl"
-    done = run_env(
-        script,
-        "process",
-        workdir,
-        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
-        *("--env.ensure_scores_are_not_same", "false"),
-        *args,
-    )
-    assert done.returncode == 0, failure(done)
-    assert out.with_suffix(".html").is_file()
-    return read_jsonl(out)

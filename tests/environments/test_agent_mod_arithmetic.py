@@ -7,8 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from environments.agent_mod_arithmetic import score
-from tests.support.library_envs import evaluate_files, process_groups
+from environments.agent_mod_arithmetic import AgentModArithmeticEnv, score
+from tests.support.env_table import EvaluateRow, Run, tiny_engine
+from tests.support.library_envs import process_groups
 from tests.support.proxy import ProxyProcess, proxy_config
 
 transformers = pytest.importorskip("transformers")
@@ -79,16 +80,16 @@ def test_process_uses_a_running_proxy_named_by_atropos_proxy_url(
         proxy.stop()
 
 
-@pytest.mark.integration
-def test_evaluate_asks_the_agent_greedily(inference_server, tiny_model_path, tmp_path):
-    metrics, samples = evaluate_files(
-        "agent_mod_arithmetic.py",
-        tmp_path,
-        tiny_model_path,
-        engine_flags(inference_server.url),
-        "--env.eval_size",
-        "5",
-    )
-    assert len(samples) == 5
-    accuracy = sum(s["score"] for s in samples) / 5
-    assert metrics["results"]["all"]["eval/accuracy"] == pytest.approx(accuracy)
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
+    assert results["eval/accuracy"] == pytest.approx(sum(s["score"] for s in samples) / 5)
+
+
+# Its row of the env table (tests/environments/test_env_table.py): `evaluate` asks the
+# agent greedily, on the tiny model.
+EVALUATE = EvaluateRow(
+    env=AgentModArithmeticEnv,
+    model=tiny_engine,
+    samples=5,
+    args=lambda run: ["--env.eval_size", "5"],
+    check=check_evaluate,
+)

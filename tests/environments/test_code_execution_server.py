@@ -1,5 +1,6 @@
-"""The code-execution env: the sandboxed harness against real and adversarial answers,
-`process` and `evaluate` end to end, and the hub path."""
+"""The code-execution env: the sandboxed harness against real and adversarial answers, the
+hub path, and its rows of the env table (`process` and `evaluate` end to end:
+tests/environments/test_env_table.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import asyncio
 import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -26,12 +26,10 @@ from environments.code_execution_server import (
     CodeExecutionConfig,
     CodeExecutionEnv,
 )
-from tests.support.compat_runs import failure, run_env, tiny_flags
 from tests.support.env_groups import assert_prompt_masked
-from tests.support.policy_server import PolicyChatServer
-from tests.support.scripted_model import last_turn, scripted_model_fixture
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, chat, scripted
+from tests.support.scripted_model import last_turn
 
-SCRIPT = str(Path(__file__).resolve().parents[2] / "environments" / "code_execution_server.py")
 ADD = {
     "task_id": "Test/0",
     "prompt": 'def add(a, b):\n    """Return a + b."""\n',
@@ -228,9 +226,71 @@ SCRIPTED = [
     ANSWERS["sys.exit(0) at import"][0],
     ANSWERS["infinite loop"][0],
 ]
-scripted = scripted_model_fixture(
-    lambda prompt, n: SCRIPTED[:n] if "def add(" in last_turn(prompt) else ["?"] * n
+
+
+def write_problems(run: Run, *problems: dict) -> str:
+    """A dataset of ADD and `problems` in the run's folder."""
+    path = run.tmp_path / "problems.jsonl"
+    path.write_text("".join(json.dumps(problem) + "\n" for problem in (ADD, *problems)))
+    return str(path)
+
+
+def check_process(groups: list[dict], run: Run) -> None:
+    (group,) = groups
+    assert [m[-1]["content"] for m in group["messages"]] == SCRIPTED
+    assert_prompt_masked(group, run.tokenizer)
+
+
+SECOND = {
+    **ADD,
+    "task_id": "Test/1",
+    "prompt": ADD["prompt"].replace("add", "plus"),
+    "entry_point": "plus",
+}
+
+
+def eval_policy(messages: list[dict], n: int) -> list[str]:
+    text = messages[-1]["content"]
+    return [RIGHT if "def add(" in text else fenced("def plus(a, b):\n    return 3")] * n
+
+
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
+    assert results["eval/pass@1"] == 0.5
+    assert results["eval/case_pass_rate"] == pytest.approx((1.0 + 0.25) / 2)
+    by_id = {s["task_id"]: s for s in samples}
+    assert (by_id["Test/1"]["passed_cases"], by_id["Test/1"]["total_cases"]) == (1, 4)
+
+
+def check_offline(groups: list[dict]) -> None:
+    """The documented command on the tiny model: its noise passes no case of the sample."""
+    for group in groups:
+        assert set(group["scores"]) == {0.0}
+        assert "Complete this function" in group["messages"][0][1]["content"]
+
+
+# The questions every env is asked (tests/environments/test_env_table.py).
+PROCESS = ProcessRow(
+    env=CodeExecutionEnv,
+    model=scripted(
+        lambda prompt, n: SCRIPTED[:n] if "def add(" in last_turn(prompt) else ["?"] * n
+    ),
+    group_size=4,
+    steps=1,
+    scores=lambda group: [1.0, 0.5, 0.0, 0.0],
+    args=lambda run: [
+        *("--env.dataset_path", write_problems(run), "--env.case_timeout_s", "0.5"),
+        *("--env.max_token_length", "1024", "--env.max_tokens", "128"),
+    ],
+    check=check_process,
 )
+EVALUATE = EvaluateRow(
+    env=CodeExecutionEnv,
+    model=chat(eval_policy),
+    samples=2,
+    args=lambda run: ["--env.dataset_path", write_problems(run, SECOND)],
+    check=check_evaluate,
+)
+OFFLINE = check_offline
 
 
 @pytest.fixture
@@ -238,80 +298,6 @@ def problems_file(tmp_path):
     path = tmp_path / "problems.jsonl"
     path.write_text(json.dumps(ADD) + "\n")
     return path
-
-
-def test_process_scores_a_scripted_policy_exactly(
-    scripted, problems_file, tiny_model_path, tmp_path
-):
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        *("--env.dataset_path", str(problems_file), "--env.tokenizer_name", str(tiny_model_path)),
-        *("--env.group_size", "4", "--env.total_steps", "1", "--env.case_timeout_s", "0.5"),
-        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
-        *("--env.max_token_length", "1024", "--env.max_tokens", "128"),
-        *scripted.flags(),
-    )
-    assert done.returncode == 0, failure(done)
-    (group,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert out.with_suffix(".html").is_file()
-    assert group["scores"] == [1.0, 0.5, 0.0, 0.0]
-    assert [m[-1]["content"] for m in group["messages"]] == SCRIPTED
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
-    assert_prompt_masked(group, tokenizer)
-
-
-def test_process_on_the_tiny_model_uses_the_sample(inference_server, tiny_model_path, tmp_path):
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        *("--env.group_size", "2", "--env.total_steps", "1", "--env.max_tokens", "8"),
-        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
-        *("--env.max_token_length", "512", "--env.ensure_scores_are_not_same", "false"),
-        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
-    )
-    assert done.returncode == 0, failure(done)
-    (group,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(group["tokens"]) == 2 and group["scores"] == [0.0, 0.0]  # noise passes nothing
-    assert "Complete this function" in group["messages"][0][1]["content"]
-
-
-def test_evaluate_writes_pass_at_1_and_samples(problems_file, tiny_model_path, tmp_path):
-    second = {
-        **ADD,
-        "task_id": "Test/1",
-        "prompt": ADD["prompt"].replace("add", "plus"),
-        "test": ADD["test"],
-        "entry_point": "plus",
-    }
-    with problems_file.open("a") as f:
-        f.write(json.dumps(second) + "\n")
-
-    def policy(messages, n):
-        text = messages[-1]["content"]
-        return [RIGHT if "def add(" in text else fenced("def plus(a, b):\n    return 3")] * n
-
-    with PolicyChatServer(policy) as server:
-        done = run_env(
-            SCRIPT,
-            "evaluate",
-            tmp_path,
-            *("--env.dataset_path", str(problems_file), "--env.use_wandb", "false"),
-            *("--env.data_dir_to_save_evals", str(tmp_path / "ev")),
-            *tiny_flags(tiny_model_path, server.url),
-        )
-    assert done.returncode == 0, failure(done)
-    results = json.loads((tmp_path / "ev" / "metrics.json").read_text())["results"]["all"]
-    assert results["eval/pass@1"] == 0.5
-    assert results["eval/case_pass_rate"] == pytest.approx((1.0 + 0.25) / 2)
-    samples = {s["task_id"]: s for s in read_jsonl(tmp_path / "ev" / "samples.jsonl")}
-    assert (samples["Test/1"]["passed_cases"], samples["Test/1"]["total_cases"]) == (1, 4)
 
 
 def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):

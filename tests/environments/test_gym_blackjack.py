@@ -2,7 +2,8 @@
 
 Scripted policies play fixed strategies through a vLLM look-alike; every episode the
 env wrote is re-played with gymnasium itself from its seed and the actions found in
-its messages, so the scores are checked against the game, not the env's own code.
+its messages, so the scores are checked against the game, not the env's own code
+(`process`, `serve` and `evaluate` are rows of tests/environments/test_env_table.py).
 There is no dataset (items are generated seeds), so there is no hub path to test.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -27,19 +27,14 @@ from tests.environments.gym_tool_game_checks import (
     call,
     check_sequence,
     collect,
-    evaluate_in_process,
     make_env,
     played_actions,
-    process,
-    process_in_process,
 )
-from tests.support.compat_runs import serve_flags, serve_groups
-from tests.support.processes import InferenceProcess
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, ServeRow, scripted
 from tests.support.scripted_model import ScriptedModel, last_turn
 
 gymnasium = pytest.importorskip("gymnasium")
 
-SCRIPT = str(Path(__file__).resolve().parents[2] / "environments" / "gym_blackjack.py")
 MULTI_TURN_SEED = 3  # a 7 against a 10: a hit gives 17, the hand goes on
 
 # ---------------------------------------------------------------- the parser
@@ -138,30 +133,6 @@ def mixed_policy(prompt: str, n: int) -> list[str]:
     return [threshold_reply(prompt, next(THRESHOLDS)) for _ in range(n)]
 
 
-@pytest.fixture
-def scripted(tiny_model_path):
-    with ScriptedModel(mixed_policy, tiny_model_path) as server:
-        yield server
-
-
-def test_process_scores_equal_the_games_returns(scripted, tiny_model_path, tmp_path):
-    env = make_env(GymBlackjackEnv, scripted, tiny_model_path, group_size=3, total_steps=4, seed=7)
-    groups = process_in_process(env, tmp_path)
-    assert len(groups) == 4
-    turns = []
-    for group in groups:
-        assert len(group["tokens"]) == len(group["masks"]) == len(group["scores"]) == 3
-        assert 0 <= group["seed"] < TRAIN_SEEDS
-        for i, messages in enumerate(group["messages"]):
-            actions = played_actions(messages)
-            game_return, done, _ = replay(group["seed"], actions)
-            assert done and group["actions"][i] == actions
-            assert group["scores"][i] == group["returns"][i] == game_return
-            check_sequence(group["tokens"][i], group["masks"][i], messages, env.tokenizer)
-            turns.append(len(actions))
-    assert max(turns) >= 2, f"no episode lasted several turns: {turns}"
-
-
 # ---------------------------------------------------------------- episodes in-process
 
 
@@ -208,67 +179,28 @@ def test_the_turn_cap_scores_what_the_game_paid_so_far(tiny_model_path):
     assert [m["role"] for m in group["messages"][0]][-1] == "assistant"
 
 
-# ---------------------------------------------------------------- the tiny model, serve, evaluate
+# ---------------------------------------------------------------- the env table's rows
 
 
-@pytest.fixture(scope="module")
-def long_context_tiny(tiny_model_path, tmp_path_factory):
-    """The tiny model served with room for the tools prompt (~1300 tokens here; its
-    trained 512 positions are too few, and RoPE positions beyond them only add noise)."""
-    server = InferenceProcess(
-        tiny_model_path, tmp_path_factory.mktemp("tiny"), "tiny", "--max-model-len", "2048"
-    )
-    yield server
-    server.stop()
+def game_returns(group: dict) -> list[float]:
+    """What Blackjack-v1 itself pays for each episode's actions, from the group's seed."""
+    return [replay(group["seed"], played_actions(messages))[0] for messages in group["messages"]]
 
 
-def test_process_on_the_tiny_model(long_context_tiny, tiny_model_path, tmp_path):
-    groups = process(
-        SCRIPT,
-        tmp_path,
-        *("--env.tokenizer_name", str(tiny_model_path), "--env.group_size", "2"),
-        *("--env.total_steps", "1", "--env.max_tokens", "24"),
-        *("--env.max_token_length", "2048"),
-        *("--openai.base_url", f"{long_context_tiny.url}/v1", "--openai.model_name", "tiny"),
-        *("--openai.server_type", "vllm", "--openai.api_key", "x"),
-    )
-    assert len(groups) == 1
-    group = groups[0]
-    assert len(group["tokens"]) == len(group["masks"]) == len(group["scores"]) == 2
-    for tokens, masks, messages, score in zip(
-        group["tokens"], group["masks"], group["messages"], group["scores"], strict=True
-    ):
-        assert len(tokens) == len(masks) <= 2048 and masks[0] == -100 and masks[-1] != -100
-        if parse_action(messages[-1]["content"], ACTIONS).action is None:
-            assert score == PENALTY  # noise is no action
-        else:
-            assert -1.0 <= score <= 1.0
-
-
-def test_serve_sends_whole_episodes_to_the_api(api, scripted, tiny_model_path, tmp_path):
-    args = [
-        *("--env.tokenizer_name", str(tiny_model_path), *scripted.flags()),
-        *serve_flags(api.url, "--env.ensure_scores_are_not_same", "false"),
-        *("--env.group_size", "2", "--env.max_tokens", "128", "--env.use_wandb", "false"),
-    ]
-    groups, _ = serve_groups(
-        api.url, SCRIPT, tmp_path / "serve", *args, batch_size=4, max_token_len=4096, batches=1
-    )
-    assert len(groups) == 2
+def check_process(groups: list[dict], run: Run) -> None:
+    turns = []
     for group in groups:
-        assert len(group["tokens"]) == len(group["scores"]) == 2
-        for messages, score in zip(group["messages"], group["scores"], strict=True):
-            assert score == replay(group["seed"], played_actions(messages))[0]
+        assert 0 <= group["seed"] < TRAIN_SEEDS
+        for i, messages in enumerate(group["messages"]):
+            actions = played_actions(messages)
+            assert replay(group["seed"], actions)[1] and group["actions"][i] == actions
+            assert group["scores"][i] == group["returns"][i]
+            check_sequence(group["tokens"][i], group["masks"][i], messages, run.tokenizer)
+            turns.append(len(actions))
+    assert max(turns) >= 2, f"no episode lasted several turns: {turns}"
 
 
-def test_evaluate_plays_the_eval_seeds_greedily(tiny_model_path, tmp_path):
-    def policy(prompt: str, n: int) -> list[str]:
-        return [threshold_reply(prompt, 17)] * n
-
-    with ScriptedModel(policy, tiny_model_path) as model:
-        env = make_env(GymBlackjackEnv, model, tiny_model_path, eval_episodes=6)
-        metrics, samples = evaluate_in_process(env, tmp_path)
-        assert {r["temperature"] for r in model.requests} == {0.0}
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
     assert sorted(s["seed"] for s in samples) == list(range(TRAIN_SEEDS, TRAIN_SEEDS + 6))
     returns = []
     for sample in samples:
@@ -277,7 +209,59 @@ def test_evaluate_plays_the_eval_seeds_greedily(tiny_model_path, tmp_path):
         # the strategy itself: hit below 17, then stick (unless the hit ended the hand)
         assert sample["actions"] == ["hit" if h < 17 else "stick" for h in hands]
         returns.append(game_return)
-    assert metrics["eval/win_rate"] == pytest.approx(sum(r > 0 for r in returns) / 6)
-    assert metrics["eval/mean_return"] == pytest.approx(sum(returns) / 6)
-    assert metrics["eval/invalid_action_rate"] == 0.0
+    assert results["eval/win_rate"] == pytest.approx(sum(r > 0 for r in returns) / 6)
+    assert results["eval/mean_return"] == pytest.approx(sum(returns) / 6)
+    assert results["eval/invalid_action_rate"] == 0.0
     assert json.dumps(samples)  # plain JSON
+
+
+def check_offline(groups: list[dict]) -> None:
+    """The documented command on the tiny model: its noise is no action, and penalised."""
+    budget = GymBlackjackEnv.config_init()[0].max_token_length
+    for group in groups:
+        for tokens, masks, messages, score in zip(
+            group["tokens"], group["masks"], group["messages"], group["scores"], strict=True
+        ):
+            assert len(tokens) <= budget and masks[-1] != -100
+            if parse_action(messages[-1]["content"], ACTIONS).action is None:
+                assert score == PENALTY
+            else:
+                assert -1.0 <= score <= 1.0
+
+
+# The questions every env is asked (tests/environments/test_env_table.py): whole
+# episodes in `process` and `serve`, scored as the game pays; greedy `evaluate`.
+MIXED = scripted(mixed_policy)
+PROCESS = ProcessRow(
+    env=GymBlackjackEnv,
+    model=MIXED,
+    group_size=3,
+    steps=4,
+    scores=game_returns,
+    args=lambda run: [
+        *("--env.seed", "7", "--env.max_tokens", "128", "--env.max_token_length", "4096"),
+    ],
+    check=check_process,
+)
+SERVE = ServeRow(
+    env=GymBlackjackEnv,
+    model=MIXED,
+    group_size=2,
+    batch_size=4,
+    max_token_len=4096,
+    groups=2,
+    batches=1,
+    scores=game_returns,
+    args=lambda run: ["--env.max_tokens", "128", "--env.ensure_scores_are_not_same", "false"],
+)
+EVALUATE = EvaluateRow(
+    env=GymBlackjackEnv,
+    model=scripted(lambda prompt, n: [threshold_reply(prompt, 17)] * n),
+    samples=6,
+    args=lambda run: [
+        *("--env.eval_episodes", "6", "--env.max_tokens", "128"),
+        *("--env.max_token_length", "4096"),
+    ],
+    check=check_evaluate,
+)
+OFFLINE = check_offline

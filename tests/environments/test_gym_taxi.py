@@ -4,7 +4,8 @@ The scripted driver finds its way with its own breadth-first search over gymnasi
 map, reading the taxi, passenger and destination from the env's words; every
 episode the env wrote is re-played with gymnasium from its seed and the actions in
 its messages, and its score recomputed from the module doc's formula with the
-driver's own optimum. There is no dataset (items are generated seeds), so no hub
+driver's own optimum (`process`, `serve` and `evaluate` are rows of
+tests/environments/test_env_table.py). There is no dataset (items are generated seeds), so no hub
 path; the action parser's tests are in test_gym_blackjack.py (the games share it).
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import itertools
 import re
 from collections import deque
-from pathlib import Path
 
 import pytest
 
@@ -24,18 +24,15 @@ from tests.environments.gym_tool_game_checks import (
     call,
     check_sequence,
     collect,
-    evaluate_in_process,
     make_env,
     played_actions,
-    process_in_process,
 )
-from tests.support.compat_runs import serve_flags, serve_groups
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, ServeRow, scripted
 from tests.support.scripted_model import ScriptedModel, last_turn
 
 gymnasium = pytest.importorskip("gymnasium")
 from gymnasium.envs.toy_text.taxi import MAP  # noqa: E402
 
-SCRIPT = str(Path(__file__).resolve().parents[2] / "environments" / "gym_taxi.py")
 GAME_ID = "Taxi-v4" if "Taxi-v4" in gymnasium.registry else "Taxi-v3"
 ACTION_IDS = {"south": 0, "north": 1, "east": 2, "west": 3, "pickup": 4, "dropoff": 5}
 STAND = r"\w \(row (\d), column (\d)\)"
@@ -169,32 +166,6 @@ def mixed(prompt: str, n: int) -> list[str]:
     ]
 
 
-def test_process_scores_the_normalised_returns(tiny_model_path, tmp_path):
-    with ScriptedModel(mixed, tiny_model_path) as model:
-        env = make_env(
-            GymTaxiEnv,
-            model,
-            tiny_model_path,
-            group_size=2,
-            total_steps=2,
-            max_turns=20,
-            max_token_length=8192,
-        )
-        groups = process_in_process(env, tmp_path)
-    assert len(groups) == 2
-    delivered = 0
-    for group in groups:
-        assert len(group["tokens"]) == len(group["masks"]) == len(group["scores"]) == 2
-        for i, messages in enumerate(group["messages"]):
-            actions = played_actions(messages)
-            assert group["actions"][i] == actions and len(actions) <= 20
-            assert group["returns"][i] == replay(group["seed"], actions)[0]
-            assert group["scores"][i] == pytest.approx(expected_score(group["seed"], actions, 20))
-            check_sequence(group["tokens"][i], group["masks"][i], messages, env.tokenizer)
-            delivered += replay(group["seed"], actions)[1]
-    assert delivered >= 1, "the driver should deliver someone"
-
-
 def test_optimal_driving_scores_one_and_idling_zero(tiny_model_path):
     with ScriptedModel(driver, tiny_model_path) as model:
         env = make_env(GymTaxiEnv, model, tiny_model_path, max_turns=20, max_token_length=8192)
@@ -220,50 +191,79 @@ def test_running_out_of_tokens_charges_the_unplayed_turns(tiny_model_path):
     assert group["returns"] == [-1.0] and group["scores"] == [0.0]
 
 
-# ---------------------------------------------------------------- serve, evaluate
+# ---------------------------------------------------------------- the env table's rows
 
 
-def test_serve_sends_whole_episodes_to_the_api(api, tiny_model_path, tmp_path):
-    with ScriptedModel(mixed, tiny_model_path) as model:
-        args = [
-            *("--env.tokenizer_name", str(tiny_model_path), *model.flags()),
-            *serve_flags(api.url, "--env.ensure_scores_are_not_same", "false"),
-            *("--env.group_size", "2", "--env.max_tokens", "128", "--env.use_wandb", "false"),
-            *("--env.max_turns", "6"),
+def expected_scores(horizon: int):
+    """Each episode's score by the module doc's formula, from the game and the driver."""
+
+    def scores(group: dict) -> list[float]:
+        return [
+            expected_score(group["seed"], played_actions(messages), horizon)
+            for messages in group["messages"]
         ]
-        groups, _ = serve_groups(
-            api.url,
-            SCRIPT,
-            tmp_path / "serve",
-            *args,
-            batch_size=4,
-            max_token_len=8192,
-            batches=1,
-        )
-    assert len(groups) == 2
+
+    return scores
+
+
+def check_process(groups: list[dict], run: Run) -> None:
+    delivered = 0
     for group in groups:
-        assert len(group["tokens"]) == len(group["scores"]) == 2
-        for messages, score in zip(group["messages"], group["scores"], strict=True):
+        for i, messages in enumerate(group["messages"]):
             actions = played_actions(messages)
-            assert score == pytest.approx(expected_score(group["seed"], actions, 6))
+            assert group["actions"][i] == actions and len(actions) <= 20
+            game_return, done = replay(group["seed"], actions)
+            assert group["returns"][i] == game_return
+            check_sequence(group["tokens"][i], group["masks"][i], messages, run.tokenizer)
+            delivered += done
+    assert delivered >= 1, "the driver should deliver someone"
 
 
-def test_evaluate_drives_the_eval_seeds_greedily(tiny_model_path, tmp_path):
-    with ScriptedModel(driver, tiny_model_path) as model:
-        env = make_env(
-            GymTaxiEnv,
-            model,
-            tiny_model_path,
-            eval_episodes=3,
-            max_turns=20,
-            max_token_length=8192,
-        )
-        metrics, samples = evaluate_in_process(env, tmp_path)
-        assert {r["temperature"] for r in model.requests} == {0.0}
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
     assert sorted(s["seed"] for s in samples) == [TRAIN_SEEDS, TRAIN_SEEDS + 1, TRAIN_SEEDS + 2]
     for sample in samples:
         assert replay(sample["seed"], sample["actions"]) == (sample["return"], True)
         assert sample["score"] == 1.0 and len(sample["actions"]) == plan_length(sample["seed"])
-    assert metrics["eval/win_rate"] == 1.0
-    assert metrics["eval/mean_return"] == pytest.approx(sum(s["return"] for s in samples) / 3)
-    assert metrics["eval/mean_score"] == 1.0
+    assert results["eval/win_rate"] == 1.0
+    assert results["eval/mean_return"] == pytest.approx(sum(s["return"] for s in samples) / 3)
+    assert results["eval/mean_score"] == 1.0
+
+
+# The questions every env is asked (tests/environments/test_env_table.py): whole
+# episodes in `process` and `serve`, scored by the normalised return; greedy `evaluate`.
+PROCESS = ProcessRow(
+    env=GymTaxiEnv,
+    model=scripted(mixed),
+    group_size=2,
+    steps=2,
+    scores=expected_scores(20),
+    args=lambda run: [
+        *("--env.max_turns", "20", "--env.max_tokens", "128"),
+        *("--env.max_token_length", "8192"),
+    ],
+    check=check_process,
+)
+SERVE = ServeRow(
+    env=GymTaxiEnv,
+    model=scripted(mixed),
+    group_size=2,
+    batch_size=4,
+    max_token_len=8192,
+    groups=2,
+    batches=1,
+    scores=expected_scores(6),
+    args=lambda run: [
+        *("--env.max_tokens", "128", "--env.max_turns", "6"),
+        *("--env.ensure_scores_are_not_same", "false"),
+    ],
+)
+EVALUATE = EvaluateRow(
+    env=GymTaxiEnv,
+    model=scripted(driver),
+    samples=3,
+    args=lambda run: [
+        *("--env.eval_episodes", "3", "--env.max_turns", "20", "--env.max_tokens", "128"),
+        *("--env.max_token_length", "8192"),
+    ],
+    check=check_evaluate,
+)

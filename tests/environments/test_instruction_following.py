@@ -1,7 +1,8 @@
-"""The instruction-following env: row conversion, `process` and `evaluate` end to end, the hub.
+"""The instruction-following env: row conversion, the hub, and its rows of the env table.
 
-The scripted policy answers by what the prompt asks, so the scores in the written groups
-are exact; one run on the real tiny model checks the shape on the shipped sample.
+In the table (tests/environments/test_env_table.py) a scripted policy answers by what
+the prompt asks, so the scores in the written groups are exact; the documented offline
+command's groups on the real tiny model are checked on the shipped sample (`OFFLINE`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import asyncio
 import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -31,12 +31,9 @@ from environments.instruction_following import (
     item_from_row,
     items_from_rows,
 )
-from tests.support.compat_runs import failure, run_env, tiny_flags
 from tests.support.env_groups import assert_prompt_masked
-from tests.support.policy_server import PolicyChatServer
-from tests.support.scripted_model import last_turn, scripted_model_fixture
-
-SCRIPT = str(Path(__file__).resolve().parents[2] / "environments" / "instruction_following.py")
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, chat, scripted
+from tests.support.scripted_model import last_turn
 
 ROWS = [
     {
@@ -86,16 +83,6 @@ def item_ids(row: dict) -> list[str]:
 
 def replies_for(text: str) -> list[str]:
     return next(replies for start, (replies, _) in REPLIES.items() if start in text)
-
-
-scripted = scripted_model_fixture(lambda prompt, n: replies_for(last_turn(prompt))[:n])
-
-
-@pytest.fixture
-def rows_file(tmp_path):
-    path = tmp_path / "ifeval.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-    return path
 
 
 def test_the_shipped_sample_converts_completely_but_for_missing_punkt_data():
@@ -149,79 +136,67 @@ def test_loose_reading_forgives_a_preamble_line_only():
     assert instruction_results("", checks) == {"strict": [False], "loose": [False]}
 
 
-def test_process_scores_a_scripted_policy_exactly(scripted, rows_file, tiny_model_path, tmp_path):
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        *("--env.dataset_path", str(rows_file), "--env.tokenizer_name", str(tiny_model_path)),
-        *("--env.group_size", "2", "--env.total_steps", "3", "--env.seed", "1"),
-        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
-        *("--env.max_token_length", "512", "--env.max_tokens", "64"),
-        *scripted.flags(),
-    )
-    assert done.returncode == 0, failure(done)
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 3 and out.with_suffix(".html").is_file()
-    from transformers import AutoTokenizer
+def write_rows(run: Run) -> str:
+    path = run.tmp_path / "ifeval.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    return str(path)
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
-    seen = set()
+
+def start_of(group: dict) -> str:
+    """The REPLIES key of the group's prompt."""
+    return next(s for s in REPLIES if group["messages"][0][1]["content"].startswith(s))
+
+
+def check_process(groups: list[dict], run: Run) -> None:
     for group in groups:
-        assert len(group["tokens"]) == len(group["masks"]) == len(group["scores"]) == 2
-        prompt = group["messages"][0][1]["content"]
-        start = next(s for s in REPLIES if prompt.startswith(s))
-        seen.add(start)
-        assert group["scores"] == pytest.approx(REPLIES[start][1])
-        assert [m[-1]["content"] for m in group["messages"]] == REPLIES[start][0]
-        assert_prompt_masked(group, tokenizer)
-    assert seen == set(REPLIES)
+        assert [m[-1]["content"] for m in group["messages"]] == REPLIES[start_of(group)][0]
+        assert_prompt_masked(group, run.tokenizer)
+    assert {start_of(group) for group in groups} == set(REPLIES)
 
 
-def test_process_on_the_tiny_model_uses_the_sample(inference_server, tiny_model_path, tmp_path):
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        *("--env.group_size", "2", "--env.total_steps", "2", "--env.max_tokens", "8"),
-        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
-        *("--env.max_token_length", "512", "--env.ensure_scores_are_not_same", "false"),
-        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
-    )
-    assert done.returncode == 0, failure(done)
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 2
-    prompts = {row["messages"][0]["content"] for row in read_jsonl(SAMPLE_DIR / "train.jsonl")}
-    for group in groups:
-        assert len(group["tokens"]) == 2 and all(0.0 <= s <= 1.0 for s in group["scores"])
-        assert group["messages"][0][1]["content"] in prompts
+def eval_policy(messages: list[dict], n: int) -> list[str]:
+    text = messages[-1]["content"]
+    return [next(r for s, r in EVAL_REPLIES.items() if text.startswith(s))] * n
 
 
-def test_evaluate_writes_ifeval_metrics_and_samples(rows_file, tiny_model_path, tmp_path):
-    def policy(messages, n):
-        text = messages[-1]["content"]
-        return [next(r for s, r in EVAL_REPLIES.items() if text.startswith(s))] * n
-
-    with PolicyChatServer(policy) as server:
-        done = run_env(
-            SCRIPT,
-            "evaluate",
-            tmp_path,
-            *("--env.dataset_path", str(rows_file), "--env.use_wandb", "false"),
-            *("--env.data_dir_to_save_evals", str(tmp_path / "evals")),
-            *tiny_flags(tiny_model_path, server.url),
-        )
-    assert done.returncode == 0, failure(done)
-    results = json.loads((tmp_path / "evals" / "metrics.json").read_text())["results"]["all"]
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
     assert results["eval/prompt_level_strict_acc"] == pytest.approx(1 / 3)
     assert results["eval/prompt_level_loose_acc"] == pytest.approx(2 / 3)
     assert results["eval/inst_level_strict_acc"] == pytest.approx(3 / 5)
     assert results["eval/inst_level_loose_acc"] == pytest.approx(4 / 5)
-    samples = read_jsonl(tmp_path / "evals" / "samples.jsonl")
     assert sorted(s["key"] for s in samples) == ["1", "2", "3"]
     assert {s["key"]: s["follow_instruction_list"] for s in samples}["1"] == [True] * 3
+
+
+def check_offline(groups: list[dict]) -> None:
+    """The documented command on the tiny model: the shipped sample's prompts, scored in [0, 1]."""
+    prompts = {row["messages"][0]["content"] for row in read_jsonl(SAMPLE_DIR / "train.jsonl")}
+    for group in groups:
+        assert all(0.0 <= s <= 1.0 for s in group["scores"])
+        assert group["messages"][0][1]["content"] in prompts
+
+
+# The questions every env is asked (tests/environments/test_env_table.py).
+PROCESS = ProcessRow(
+    env=InstructionFollowingEnv,
+    model=scripted(lambda prompt, n: replies_for(last_turn(prompt))[:n]),
+    group_size=2,
+    steps=3,
+    scores=lambda group: REPLIES[start_of(group)][1],
+    args=lambda run: [
+        *("--env.dataset_path", write_rows(run), "--env.seed", "1"),
+        *("--env.max_token_length", "512", "--env.max_tokens", "64"),
+    ],
+    check=check_process,
+)
+EVALUATE = EvaluateRow(
+    env=InstructionFollowingEnv,
+    model=chat(eval_policy),
+    samples=3,
+    args=lambda run: ["--env.dataset_path", write_rows(run)],
+    check=check_evaluate,
+)
+OFFLINE = check_offline
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Letter counting: generated items over the shipped word list, scored exactly."""
+"""Letter counting: generated items over the shipped word list, scored exactly; its rows of
+the env table (tests/environments/test_env_table.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ import re
 
 from environments.letter_counting_environment import (
     WORDS,
+    LetterCountingEnv,
     letter_count_score,
     load_words,
     make_item,
 )
 from tests.support.env_groups import assert_prompt_masked
-from tests.support.library_envs import chat_flags, evaluate_files, process_groups
-from tests.support.policy_server import policy_fixture
-from tests.support.scripted_model import last_turn, scripted_model_fixture
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, chat, scripted
+from tests.support.scripted_model import last_turn
 
 QUESTION = re.compile(r"letter '(\w)' appear in '(\w+)'")
 
@@ -35,12 +36,6 @@ def tagged_policy(prompt: str, n: int) -> list[str]:
     return replies[:n]
 
 
-scripted = scripted_model_fixture(tagged_policy)
-judge_free_chat = policy_fixture(
-    lambda messages, n: [f"<answer>{true_count(messages[-1]['content'])}</answer>"] * n
-)
-
-
 def test_the_word_list_ships_and_items_cover_absent_letters():
     words = load_words(WORDS)
     assert len(words) > 2500 and all(w.isalpha() and w.islower() for w in words)
@@ -57,44 +52,38 @@ def test_scores_in_both_answer_formats():
     assert letter_count_score("<think>2", 2, "bare") == 0.0
 
 
-def test_process_scores_a_scripted_policy_exactly(scripted, tiny_model_path, tmp_path):
-    groups = process_groups(
-        "letter_counting_environment.py",
-        tmp_path,
-        tiny_model_path,
-        scripted.flags(),
-        *("--env.max_tokens", "64", "--env.max_token_length", "512"),
-    )
-    assert len(groups) == 2 and all(g["scores"] == [1.0, 0.0, 0.0, 0.0] for g in groups)
-    from transformers import AutoTokenizer
-
-    assert_prompt_masked(groups[0], AutoTokenizer.from_pretrained(str(tiny_model_path)))
+def check_process(groups: list[dict], run: Run) -> None:
+    for group in groups:
+        assert_prompt_masked(group, run.tokenizer)
 
 
-def test_process_on_the_tiny_model_in_the_bare_format(inference_server, tiny_model_path, tmp_path):
-    groups = process_groups(
-        "letter_counting_environment.py",
-        tmp_path,
-        tiny_model_path,
-        [
-            *("--openai.base_url", f"{inference_server.url}/v1", "--openai.model_name", "tiny"),
-            *("--openai.server_type", "vllm", "--openai.api_key", "x"),
-        ],
-        *("--env.answer_format", "bare", "--env.max_tokens", "4"),
-        *("--env.max_token_length", "128"),
-    )
-    assert all(set(g["scores"]) <= {0.0, 1.0} for g in groups)
-    assert "Answer with the number only." in str(groups[0]["messages"][0])
-
-
-def test_evaluate_writes_accuracy_and_samples(judge_free_chat, tiny_model_path, tmp_path):
-    metrics, samples = evaluate_files(
-        "letter_counting_environment.py",
-        tmp_path,
-        tiny_model_path,
-        chat_flags(judge_free_chat.url),
-        *("--env.eval_size", "12"),
-    )
-    results = metrics["results"]["all"]
-    assert results["eval/accuracy"] == 1.0 and len(samples) == 12
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
+    assert results["eval/accuracy"] == 1.0
     assert all(s["count"] == s["word"].count(s["letter"]) for s in samples)
+
+
+def check_offline(groups: list[dict]) -> None:
+    """The documented command (the bare format) on the tiny model."""
+    for group in groups:
+        assert set(group["scores"]) <= {0.0, 1.0}
+        assert "Answer with the number only." in str(group["messages"][0])
+
+
+# The questions every env is asked (tests/environments/test_env_table.py).
+PROCESS = ProcessRow(
+    env=LetterCountingEnv,
+    model=scripted(tagged_policy),
+    group_size=4,
+    steps=2,
+    scores=lambda group: [1.0, 0.0, 0.0, 0.0],
+    args=lambda run: ["--env.max_tokens", "64", "--env.max_token_length", "512"],
+    check=check_process,
+)
+EVALUATE = EvaluateRow(
+    env=LetterCountingEnv,
+    model=chat(lambda messages, n: [f"<answer>{true_count(messages[-1]['content'])}</answer>"] * n),
+    samples=12,
+    args=lambda run: ["--env.eval_size", "12"],
+    check=check_evaluate,
+)
+OFFLINE = check_offline

@@ -1,12 +1,11 @@
-"""The MATH env: samples and rows, `process`/`serve`/`evaluate` end to end, the hub path."""
+"""The MATH env: samples and rows, the hub path, and its rows of the env table
+(`process`/`serve`/`evaluate` end to end: tests/environments/test_env_table.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -21,11 +20,10 @@ from environments.math_server import (
     accuracy_metrics,
     item_from_row,
 )
-from tests.support.compat_runs import failure, run_env, serve_flags, serve_groups, tiny_flags
-from tests.support.policy_server import PolicyChatServer
-from tests.support.scripted_model import last_turn, scripted_model_fixture
+from tests.support.env_groups import assert_prompt_masked
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, ServeRow, chat, scripted
+from tests.support.scripted_model import last_turn
 
-SCRIPT = str(Path(__file__).resolve().parents[2] / "environments" / "math_server.py")
 TRAIN = read_jsonl(SAMPLE_DIR / "train.jsonl")
 TEST = read_jsonl(EVAL_SAMPLE_DIR / "test.jsonl")
 GOLD = {r["question"]: r["final_answer"] for r in TRAIN} | {r["problem"]: r["answer"] for r in TEST}
@@ -48,7 +46,7 @@ def replies(problem: str) -> list[str]:
 
 
 EXPECTED = [1.0, 0.9, 0.0, -0.1]
-scripted = scripted_model_fixture(lambda prompt, n: replies(last_turn(prompt))[:n])
+POLICY = scripted(lambda prompt, n: replies(last_turn(prompt))[:n])
 
 
 def test_the_shipped_samples_have_the_hub_columns_and_gradeable_golds():
@@ -100,76 +98,13 @@ def test_accuracy_metrics_by_subject_and_level():
     )
 
 
-def process_args(tiny_model_path: Path) -> list[str]:
-    return [
-        *("--env.tokenizer_name", str(tiny_model_path), "--env.max_tokens", str(MAX_TOKENS)),
-        *("--env.group_size", "4", "--env.max_token_length", "2048", "--env.use_wandb", "false"),
-    ]
-
-
-def test_process_scores_a_scripted_policy_exactly(scripted, tiny_model_path, tmp_path):
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        *process_args(tiny_model_path),
-        *("--env.total_steps", "2", "--env.data_path_to_save_groups", str(out)),
-        *scripted.flags(),
-    )
-    assert done.returncode == 0, failure(done)
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 2 and out.with_suffix(".html").is_file()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
+def check_process(groups: list[dict], run: Run) -> None:
     train_questions = {r["question"] for r in TRAIN}
     for group in groups:
-        problem = group["messages"][0][1]["content"]
-        assert problem in train_questions
-        assert group["scores"] == pytest.approx(EXPECTED)
+        assert group["messages"][0][1]["content"] in train_questions
         assert group["overrides"] == [{}, {}, {}, {"set_advantage_to_zero": True}]
-        for tokens, masks, messages in zip(
-            group["tokens"], group["masks"], group["messages"], strict=True
-        ):
-            rendered = tokenizer.apply_chat_template(
-                messages[:-1], add_generation_prompt=True, tokenize=False
-            )
-            prompt = tokenizer(rendered)["input_ids"]
-            assert tokens[: len(prompt)] == prompt and masks[: len(prompt)] == [-100] * len(prompt)
-            assert masks[len(prompt) :] == tokens[len(prompt) :]
-    assert all(r["top_p"] == 0.95 for r in scripted.requests)
-
-
-def test_process_on_the_tiny_model(inference_server, tiny_model_path, tmp_path):
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({"problem": "Compute 1/2 + 1/4.", "answer": "\\frac{3}{4}"}) + "\n")
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        *("--env.dataset_path", str(rows), "--env.system_prompt", "Think, then box."),
-        *("--env.group_size", "2", "--env.total_steps", "1", "--env.max_tokens", "8"),
-        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
-        *("--env.max_token_length", "512", "--env.ensure_scores_are_not_same", "false"),
-        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
-    )
-    assert done.returncode == 0, failure(done)
-    (group,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(group["tokens"]) == len(group["masks"]) == 2
-    assert set(group["scores"]) <= {1.0, 0.9, 0.0, -0.1}
-    assert group["messages"][0][1]["content"] == "Compute 1/2 + 1/4."
-
-
-def test_serve_sends_scored_groups_to_a_real_api(api, scripted, tiny_model_path, tmp_path):
-    args = [*process_args(tiny_model_path), *scripted.flags(), *serve_flags(api.url)]
-    groups, _ = serve_groups(
-        api.url, SCRIPT, tmp_path / "serve", *args, batch_size=8, max_token_len=2048
-    )
-    assert len(groups) >= 2
-    for group in groups:
-        assert group["scores"] == pytest.approx(EXPECTED) and len(group["tokens"]) == 4
+        assert_prompt_masked(group, run.tokenizer)
+    assert all(r["top_p"] == 0.95 for r in run.model.requests)
 
 
 def eval_reply(problem: str) -> str:
@@ -183,19 +118,8 @@ def eval_reply(problem: str) -> str:
     return f"<think>easy</think> \\boxed{{{answer}}}"
 
 
-def test_evaluate_writes_metrics_and_samples(tiny_model_path, tmp_path):
-    with PolicyChatServer(lambda messages, n: [eval_reply(messages[-1]["content"])] * n) as s:
-        done = run_env(
-            SCRIPT,
-            "evaluate",
-            tmp_path,
-            *("--env.use_wandb", "false", "--env.data_dir_to_save_evals", str(tmp_path / "ev")),
-            *tiny_flags(tiny_model_path, s.url),
-        )
-        requests = list(s.requests)
-    assert done.returncode == 0, failure(done)
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
     level_one = [r for r in TEST if r["level"] == 1]
-    results = json.loads((tmp_path / "ev" / "metrics.json").read_text())["results"]["all"]
     assert results["eval/math500_percent_correct"] == pytest.approx(len(level_one) / len(TEST))
     assert results["eval/overall_percent_correct"] == results["eval/math500_percent_correct"]
     assert results["eval/math500_level_1_percent_correct"] == 1.0
@@ -205,13 +129,49 @@ def test_evaluate_writes_metrics_and_samples(tiny_model_path, tmp_path):
         sum(r["level"] == 1 for r in algebra) / len(algebra)
     )
     assert results["eval/format_rate"] == 1.0
-    samples = {s["unique_id"]: s for s in read_jsonl(tmp_path / "ev" / "samples.jsonl")}
-    assert len(samples) == len(TEST) == len(requests)
+    by_id = {s["unique_id"]: s for s in samples}
+    assert len(by_id) == len(TEST) == len(run.model.requests)
     for row in TEST:
-        sample = samples[row["unique_id"]]
+        sample = by_id[row["unique_id"]]
         assert sample["score"] == int(row["level"] == 1) and sample["gold_answer"] == row["answer"]
         assert sample["response"] == eval_reply(row["problem"])
-    assert all(r["temperature"] == 0.0 for r in requests)
+
+
+def check_offline(groups: list[dict]) -> None:
+    """The documented command on the tiny model: its noise scores within the reward's range."""
+    for group in groups:
+        assert set(group["scores"]) <= set(EXPECTED)
+        assert group["messages"][0][1]["content"] in GOLD
+
+
+# The questions every env is asked (tests/environments/test_env_table.py).
+ARGS = ["--env.max_tokens", str(MAX_TOKENS), "--env.max_token_length", "2048"]
+PROCESS = ProcessRow(
+    env=MathEnv,
+    model=POLICY,
+    group_size=4,
+    steps=2,
+    scores=lambda group: EXPECTED,
+    args=lambda run: ARGS,
+    check=check_process,
+)
+SERVE = ServeRow(
+    env=MathEnv,
+    model=POLICY,
+    group_size=4,
+    batch_size=8,
+    max_token_len=2048,
+    groups=4,
+    scores=lambda group: EXPECTED,
+    args=lambda run: ARGS,
+)
+EVALUATE = EvaluateRow(
+    env=MathEnv,
+    model=chat(lambda messages, n: [eval_reply(messages[-1]["content"])] * n),
+    samples=len(TEST),
+    check=check_evaluate,
+)
+OFFLINE = check_offline
 
 
 def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):

@@ -1,4 +1,5 @@
-"""MCQA with thinking: MMLU rows to lettered prompts, the letter reward, the MMLU-style eval."""
+"""MCQA with thinking: MMLU rows to lettered prompts, the hub path, and its rows of the env
+table (the letter reward, the MMLU-style eval: tests/environments/test_env_table.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import sys
 import types
 
 from environments.mcqa_thinking_env import SAMPLE, MCQAThinkingEnv, item_from_row
-from tests.support.library_envs import chat_flags, evaluate_files, process_groups
-from tests.support.policy_server import policy_fixture
-from tests.support.scripted_model import last_turn, scripted_model_fixture
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, chat, scripted
+from tests.support.scripted_model import last_turn
 
 GOLD = {
     row["question"]: chr(ord("A") + row["answer"])
@@ -36,9 +36,6 @@ def policy(prompt: str, n: int) -> list[str]:
     return replies[:n]
 
 
-scripted = scripted_model_fixture(policy)
-
-
 def biology_wrong(messages, n):
     """Right on every subject but biology, so per-subject accuracy is checkable."""
     question = messages[-1]["content"]
@@ -48,9 +45,6 @@ def biology_wrong(messages, n):
     return [f"<think>ok</think><answer>{letter}</answer>"] * n
 
 
-graded_chat = policy_fixture(biology_wrong)
-
-
 def test_rows_become_lettered_items_and_malformed_rows_are_skipped():
     row = {"question": "Q?", "subject": "x", "choices": ["a", "b", "c"], "answer": 2}
     assert item_from_row(row)["gold"] == "C"
@@ -58,29 +52,32 @@ def test_rows_become_lettered_items_and_malformed_rows_are_skipped():
     assert item_from_row({**row, "choices": "abc"}) is None
 
 
-def test_process_scores_a_scripted_policy_exactly(scripted, tiny_model_path, tmp_path):
-    groups = process_groups(
-        "mcqa_thinking_env.py",
-        tmp_path,
-        tiny_model_path,
-        scripted.flags(),
-        *("--env.max_tokens", "64", "--env.max_token_length", "512"),
-    )
-    assert [g["scores"] for g in groups] == [[1.0, 0.0, 0.0, 0.0]] * 2
+def check_process(groups: list[dict], run: Run) -> None:
     assert re.search(r"\nA\) .*\nB\) ", groups[0]["messages"][0][1]["content"])
 
 
-def test_evaluate_reports_accuracy_per_subject(graded_chat, tiny_model_path, tmp_path):
-    metrics, samples = evaluate_files(
-        "mcqa_thinking_env.py", tmp_path, tiny_model_path, chat_flags(graded_chat.url)
-    )
-    results = metrics["results"]["all"]
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
     biology = [s for s in samples if s["subject"] == "high_school_biology"]
     wrong = [s for s in biology if s["score"] == 0.0]
-    assert len(samples) == 40 and results["eval/accuracy"] == (40 - len(wrong)) / 40
+    assert results["eval/accuracy"] == (40 - len(wrong)) / 40
     assert 0 < len(wrong) < len(biology)
     assert results["eval/accuracy_high_school_biology"] == 1 - len(wrong) / len(biology)
     assert results["eval/accuracy_world_history"] == 1.0
+
+
+# The questions every env is asked (tests/environments/test_env_table.py).
+PROCESS = ProcessRow(
+    env=MCQAThinkingEnv,
+    model=scripted(policy),
+    group_size=4,
+    steps=2,
+    scores=lambda group: [1.0, 0.0, 0.0, 0.0],
+    args=lambda run: ["--env.max_tokens", "64", "--env.max_token_length", "512"],
+    check=check_process,
+)
+EVALUATE = EvaluateRow(
+    env=MCQAThinkingEnv, model=chat(biology_wrong), samples=40, check=check_evaluate
+)
 
 
 def test_the_hub_path_reads_mmlu(monkeypatch, tiny_model_path):

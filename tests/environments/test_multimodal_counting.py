@@ -1,4 +1,5 @@
-"""Multimodal counting: the picture reaches the model as an OpenAI image part, and the group.
+"""Multimodal counting: the picture reaches the model as an OpenAI image part, and the group
+(its rows of the env table: tests/environments/test_env_table.py).
 
 The scripted model counts the asked shapes in the PNG it was sent, by itself (colour
 components, classified by how much of their bounding box they fill), so the test
@@ -11,9 +12,13 @@ import base64
 import io
 import re
 
-from environments.multimodal_counting import COLOURS, count_score, make_item
-from tests.support.library_envs import chat_flags, evaluate_files, process_groups
-from tests.support.policy_server import policy_fixture
+from environments.multimodal_counting import (
+    COLOURS,
+    MultimodalCountingEnv,
+    count_score,
+    make_item,
+)
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, chat
 
 QUESTION = re.compile(r"How many (\w+) (\w+)s are in the image\?")
 
@@ -68,10 +73,6 @@ def policy(messages, n):
     return replies[:n]
 
 
-model = policy_fixture(policy)
-counter = policy_fixture(lambda messages, n: [f"<answer>{seen_count(messages)}</answer>"] * n)
-
-
 def test_the_independent_count_agrees_with_the_generator():
     for seed in range(30):
         item = make_item(seed)
@@ -89,34 +90,37 @@ def test_scores_right_wrong_and_adversarial():
     assert count_score("<answer>2</answer>" + "x" * 10000, 2) == 1.0  # only the tag is read
 
 
-def test_process_sends_the_image_and_scores_exactly(model, tiny_model_path, tmp_path):
-    groups = process_groups(
-        "multimodal_counting.py",
-        tmp_path,
-        tiny_model_path,
-        chat_flags(model.url),
-        *("--env.max_tokens", "64", "--env.max_token_length", "512"),
-    )
-    assert [g["scores"] for g in groups] == [[1.0, 0.0, 0.0, 0.0]] * 2
-    sent = [r["messages"][-1]["content"][1]["image_url"]["url"] for r in model.requests]
+def check_process(groups: list[dict], run: Run) -> None:
+    """The picture reached the model as an image part, and the group keeps it."""
+    sent = [r["messages"][-1]["content"][1]["image_url"]["url"] for r in run.model.requests]
     for group in groups:
         assert len(group["images"]) == 4 and len(set(group["images"])) == 1
         assert f"data:image/png;base64,{group['images'][0]}" in sent
-        for tokens, masks, conversation in zip(
-            group["tokens"], group["masks"], group["messages"], strict=True
-        ):
-            assert "<image>" in conversation[1]["content"]
-            trained = [t for t, m in zip(tokens, masks, strict=True) if m != -100]
-            assert len(trained) < len(tokens) and masks[0] == -100
+        assert all("<image>" in conversation[1]["content"] for conversation in group["messages"])
 
 
-def test_evaluate_writes_accuracy_and_samples(counter, tiny_model_path, tmp_path):
-    metrics, samples = evaluate_files(
-        "multimodal_counting.py",
-        tmp_path,
-        tiny_model_path,
-        chat_flags(counter.url),
-        *("--env.eval_size", "10"),
-    )
-    assert metrics["results"]["all"]["eval/accuracy"] == 1.0 and len(samples) == 10
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
+    assert results["eval/accuracy"] == 1.0
     assert all("image" not in s for s in samples)
+
+
+# The questions every env is asked (tests/environments/test_env_table.py).
+PROCESS = ProcessRow(
+    env=MultimodalCountingEnv,
+    model=chat(policy),
+    group_size=4,
+    steps=2,
+    scores=lambda group: [1.0, 0.0, 0.0, 0.0],
+    args=lambda run: [
+        *("--env.max_tokens", "64", "--env.max_token_length", "512"),
+        *("--env.train_size", "8"),  # not the default 5000 pictures: two groups need two
+    ],
+    check=check_process,
+)
+EVALUATE = EvaluateRow(
+    env=MultimodalCountingEnv,
+    model=chat(lambda messages, n: [f"<answer>{seen_count(messages)}</answer>"] * n),
+    samples=10,
+    args=lambda run: ["--env.eval_size", "10", "--env.train_size", "1"],
+    check=check_evaluate,
+)

@@ -1,4 +1,5 @@
-"""RLAIF: the policy's group is scored by a judge model behind its own `--judge.*` flags."""
+"""RLAIF: the policy's group is scored by a judge model behind its own `--judge.*` flags
+(its `process` and `evaluate` are rows of the env table: tests/environments/test_env_table.py)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,15 @@ import pytest
 from atroposlib.envs.base import APIServerConfig
 from environments.rlaif_server import RLAIFEnv, item_from_row
 from tests.support.compat_runs import run_env
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, chat, scripted
 from tests.support.judges import prefer_good
-from tests.support.library_envs import LIBRARY, chat_flags, evaluate_files, process_groups
+from tests.support.library_envs import LIBRARY
 from tests.support.policy_server import PolicyChatServer, policy_fixture
 from tests.support.scripted_model import scripted_model_fixture
 
 REPLIES = ["GOOD: a clear answer.", "bad", "GOOD: another clear answer.", "meh"]
-scripted = scripted_model_fixture(lambda prompt, n: REPLIES[:n])
+replies_model = scripted_model_fixture(lambda prompt, n: REPLIES[:n])
 judge = policy_fixture(prefer_good)
-policy_chat = policy_fixture(lambda messages, n: ["GOOD reply"] * n)
 
 
 def judge_flags(url: str) -> list[str]:
@@ -30,16 +31,8 @@ def judge_flags(url: str) -> list[str]:
     ]
 
 
-def test_process_scores_the_group_by_pairwise_wins(scripted, judge, tiny_model_path, tmp_path):
-    groups = process_groups(
-        "rlaif_server.py",
-        tmp_path,
-        tiny_model_path,
-        [*scripted.flags(), *judge_flags(judge.url)],
-        *("--env.max_tokens", "32", "--env.max_token_length", "512"),
-    )
-    assert [g["scores"] for g in groups] == [[1.0, 0.0, 1.0, 0.0]] * 2
-    shown = [r["messages"][-1]["content"] for r in judge.requests]
+def check_process(groups: list[dict], run: Run) -> None:
+    shown = [r["messages"][-1]["content"] for r in run.servers["judge"].requests]
     assert len(shown) == 16  # 2 groups x a ring of 4 pairs x both orders
     prompts = {g["messages"][0][1]["content"] for g in groups}
     assert all(any(p in s for p in prompts) for s in shown)  # the judge sees the prompt
@@ -47,7 +40,38 @@ def test_process_scores_the_group_by_pairwise_wins(scripted, judge, tiny_model_p
     assert sorted(set(firsts)) == sorted(REPLIES)
 
 
-def test_a_dead_judge_drops_groups_and_process_says_so(scripted, tiny_model_path, tmp_path):
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
+    assert all(s["response"] == "GOOD reply" for s in samples)
+    assert results["eval/mean_score"] == pytest.approx(8 / 9)
+
+
+# The questions every env is asked (tests/environments/test_env_table.py): `process`
+# scores the group by pairwise wins; `evaluate` reports the judge's mean rating.
+JUDGE = {"judge": chat(prefer_good, model_name="judge")}
+PROCESS = ProcessRow(
+    env=RLAIFEnv,
+    model=scripted(lambda prompt, n: REPLIES[:n]),
+    group_size=4,
+    steps=2,
+    scores=lambda group: [1.0, 0.0, 1.0, 0.0],
+    args=lambda run: [
+        *run.servers["judge"].flags("judge"),
+        *("--env.max_tokens", "32", "--env.max_token_length", "512"),
+    ],
+    check=check_process,
+    servers=JUDGE,
+)
+EVALUATE = EvaluateRow(
+    env=RLAIFEnv,
+    model=chat(lambda messages, n: ["GOOD reply"] * n),
+    samples=8,
+    args=lambda run: run.servers["judge"].flags("judge"),
+    check=check_evaluate,
+    servers=JUDGE,
+)
+
+
+def test_a_dead_judge_drops_groups_and_process_says_so(replies_model, tiny_model_path, tmp_path):
     dead = PolicyChatServer(prefer_good)
     dead.close()
     done = run_env(
@@ -58,7 +82,7 @@ def test_a_dead_judge_drops_groups_and_process_says_so(scripted, tiny_model_path
         *("--env.group_size", "2", "--env.total_steps", "1", "--env.max_tokens", "8"),
         *("--env.judge_unavailable_s", "0.5", "--env.max_token_length", "512"),
         *("--env.data_path_to_save_groups", str(tmp_path / "out.jsonl")),
-        *scripted.flags(),
+        *replies_model.flags(),
         *judge_flags(dead.url),
     )
     assert done.returncode == 1
@@ -66,26 +90,15 @@ def test_a_dead_judge_drops_groups_and_process_says_so(scripted, tiny_model_path
     assert "no rollout was kept" in done.stderr
 
 
-def test_no_judge_is_a_clear_error(scripted, tiny_model_path, tmp_path):
+def test_no_judge_is_a_clear_error(replies_model, tiny_model_path, tmp_path):
     done = run_env(
         str(LIBRARY / "rlaif_server.py"),
         "process",
         tmp_path,
         *("--env.tokenizer_name", str(tiny_model_path), "--env.use_wandb", "false"),
-        *scripted.flags(),
+        *replies_model.flags(),
     )
     assert done.returncode != 0 and "no judge: pass --judge.base_url" in done.stderr
-
-
-def test_evaluate_reports_the_judges_mean_rating(policy_chat, judge, tiny_model_path, tmp_path):
-    metrics, samples = evaluate_files(
-        "rlaif_server.py",
-        tmp_path,
-        tiny_model_path,
-        [*chat_flags(policy_chat.url), *judge_flags(judge.url)],
-    )
-    assert len(samples) == 8 and all(s["response"] == "GOOD reply" for s in samples)
-    assert metrics["results"]["all"]["eval/mean_score"] == pytest.approx(8 / 9)
 
 
 def test_the_hub_path_reads_wildchats_first_user_turns(monkeypatch, judge, tiny_model_path):

@@ -1,4 +1,5 @@
-"""The structured-output env: rows to items, `process` and `evaluate` end to end, the hub path."""
+"""The structured-output env: rows to items, the hub path, and its rows of the env table
+(`process` and `evaluate` end to end: tests/environments/test_env_table.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import asyncio
 import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -19,12 +19,10 @@ from environments.structured_output import (
     item_from_row,
     split_rows,
 )
-from tests.support.compat_runs import failure, run_env, tiny_flags
 from tests.support.env_groups import assert_prompt_masked
-from tests.support.policy_server import PolicyChatServer
-from tests.support.scripted_model import last_turn, scripted_model_fixture
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, chat, scripted
+from tests.support.scripted_model import last_turn
 
-SCRIPT = str(Path(__file__).resolve().parents[2] / "environments" / "structured_output.py")
 HEAD = "from pydantic import BaseModel, Field\nfrom typing import Literal, List\n\n"
 MODELS = {
     "Book": "class Book(BaseModel):\n    title: str\n    year: int = Field(ge=1400)\n",
@@ -73,16 +71,6 @@ def model_named(text: str) -> str:
     return next(name for name in MODELS if f"model named {name}" in text)
 
 
-scripted = scripted_model_fixture(lambda prompt, n: REPLIES[model_named(last_turn(prompt))][0][:n])
-
-
-@pytest.fixture
-def rows_file(tmp_path):
-    path = tmp_path / "schemas.jsonl"
-    path.write_text("".join(json.dumps(row(name)) + "\n" for name in MODELS))
-    return path
-
-
 def test_the_shipped_sample_builds_every_model():
     rows = read_jsonl(SAMPLE_DIR / "train.jsonl")
     train, test = split_rows(rows, 0.1, 0)
@@ -104,76 +92,61 @@ def test_a_row_whose_model_does_not_build_is_skipped():
     assert item_from_row(row("Book"))["schema"]["required"] == ["title", "year"]
 
 
-def test_process_scores_a_scripted_policy_exactly(scripted, rows_file, tiny_model_path, tmp_path):
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        *("--env.dataset_path", str(rows_file), "--env.tokenizer_name", str(tiny_model_path)),
-        *("--env.group_size", "2", "--env.total_steps", "2"),
-        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
-        *("--env.max_token_length", "1024", "--env.max_tokens", "64"),
-        *scripted.flags(),
-    )
-    assert done.returncode == 0, failure(done)
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 2 and out.with_suffix(".html").is_file()
-    from transformers import AutoTokenizer
+def write_rows(run: Run) -> str:
+    path = run.tmp_path / "schemas.jsonl"
+    path.write_text("".join(json.dumps(row(name)) + "\n" for name in MODELS))
+    return str(path)
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
-    names = []
+
+def name_of(group: dict) -> str:
+    return model_named(group["messages"][0][1]["content"])
+
+
+def check_process(groups: list[dict], run: Run) -> None:
     for group in groups:
-        name = model_named(group["messages"][0][1]["content"])
-        names.append(name)
-        assert group["scores"] == REPLIES[name][1]
-        assert [m[-1]["content"] for m in group["messages"]] == REPLIES[name][0]
-        assert_prompt_masked(group, tokenizer)
-    assert len(set(names)) == 2  # two training problems; the third is held out
+        assert [m[-1]["content"] for m in group["messages"]] == REPLIES[name_of(group)][0]
+        assert_prompt_masked(group, run.tokenizer)
+    assert len({name_of(group) for group in groups}) == 2  # two training problems; one held out
 
 
-def test_process_on_the_tiny_model(inference_server, rows_file, tiny_model_path, tmp_path):
-    # the tiny model's context (512) is shorter than the sample's schemas: small rows
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        "--env.dataset_path",
-        str(rows_file),
-        *("--env.group_size", "2", "--env.total_steps", "1", "--env.max_tokens", "8"),
-        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
-        *("--env.max_token_length", "512", "--env.ensure_scores_are_not_same", "false"),
-        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
-    )
-    assert done.returncode == 0, failure(done)
-    (group,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(group["tokens"]) == 2 and set(group["scores"]) <= {0.0, 0.25, 1.0}
-    assert "pydantic model named" in group["messages"][0][1]["content"]
-
-
-def test_evaluate_writes_metrics_and_samples(rows_file, tiny_model_path, tmp_path):
-    def policy(messages, n):
-        return [EVAL_REPLIES[model_named(messages[-1]["content"])]] * n
-
-    with PolicyChatServer(policy) as server:
-        done = run_env(
-            SCRIPT,
-            "evaluate",
-            tmp_path,
-            *("--env.dataset_path", str(rows_file), "--env.eval_fraction", "1.0"),
-            *("--env.use_wandb", "false", "--env.data_dir_to_save_evals", str(tmp_path / "ev")),
-            *tiny_flags(tiny_model_path, server.url),
-        )
-    assert done.returncode == 0, failure(done)
-    results = json.loads((tmp_path / "ev" / "metrics.json").read_text())["results"]["all"]
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
     assert results["eval/valid_rate"] == pytest.approx(1 / 3)
     assert results["eval/json_rate"] == pytest.approx(2 / 3)
     assert results["eval/mean_score"] == pytest.approx(1.25 / 3)
-    samples = {s["model_name"]: s for s in read_jsonl(tmp_path / "ev" / "samples.jsonl")}
-    assert set(samples) == set(MODELS)
-    assert samples["Planet"]["score"] == 0.25 and samples["Planet"]["schema_errors"]
-    assert samples["Pet"]["is_json"] is False
+    by_name = {s["model_name"]: s for s in samples}
+    assert set(by_name) == set(MODELS)
+    assert by_name["Planet"]["score"] == 0.25 and by_name["Planet"]["schema_errors"]
+    assert by_name["Pet"]["is_json"] is False
+
+
+def check_offline(groups: list[dict]) -> None:
+    """The documented command on the tiny model: the sample's schemas, its reward's steps."""
+    for group in groups:
+        assert set(group["scores"]) <= {0.0, 0.25, 1.0}
+        assert "pydantic model named" in group["messages"][0][1]["content"]
+
+
+# The questions every env is asked (tests/environments/test_env_table.py).
+PROCESS = ProcessRow(
+    env=StructuredOutputEnv,
+    model=scripted(lambda prompt, n: REPLIES[model_named(last_turn(prompt))][0][:n]),
+    group_size=2,
+    steps=2,
+    scores=lambda group: REPLIES[name_of(group)][1],
+    args=lambda run: [
+        *("--env.dataset_path", write_rows(run)),
+        *("--env.max_token_length", "1024", "--env.max_tokens", "64"),
+    ],
+    check=check_process,
+)
+EVALUATE = EvaluateRow(
+    env=StructuredOutputEnv,
+    model=chat(lambda messages, n: [EVAL_REPLIES[model_named(messages[-1]["content"])]] * n),
+    samples=3,
+    args=lambda run: ["--env.dataset_path", write_rows(run), "--env.eval_fraction", "1.0"],
+    check=check_evaluate,
+)
+OFFLINE = check_offline
 
 
 def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):

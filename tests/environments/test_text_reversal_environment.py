@@ -1,4 +1,5 @@
-"""Text reversal: the shipped sample, exact and partial credit, and the hub path."""
+"""Text reversal: the hub path, and its rows of the env table (the shipped sample, exact and
+partial credit: tests/environments/test_env_table.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import sys
 import types
 
 from environments.text_reversal_environment import TextReversalEnv
-from tests.support.library_envs import chat_flags, evaluate_files, process_groups
-from tests.support.policy_server import policy_fixture
-from tests.support.scripted_model import last_turn, scripted_model_fixture
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, chat, scripted
+from tests.support.scripted_model import last_turn
 
 
 def policy(prompt: str, n: int) -> list[str]:
@@ -23,31 +23,36 @@ def policy(prompt: str, n: int) -> list[str]:
     return replies[:n]
 
 
-scripted = scripted_model_fixture(policy)
-exact_chat = policy_fixture(
-    lambda messages, n: [f"<reversed_text>{messages[-1]['content'][::-1]}</reversed_text>"] * n
-)
-
-
-def test_process_scores_exact_partial_and_untagged(scripted, tiny_model_path, tmp_path):
-    groups = process_groups(
-        "text_reversal_environment.py",
-        tmp_path,
-        tiny_model_path,
-        scripted.flags(),
-        *("--env.max_tokens", "200", "--env.max_token_length", "512"),
-    )
+def check_process(groups: list[dict], run: Run) -> None:
     for group in groups:
         exact, near, untagged, hidden = group["scores"]
         assert exact == 1.0 and 0.4 < near < 0.5 and untagged == hidden == 0.0
 
 
-def test_evaluate_on_the_test_split(exact_chat, tiny_model_path, tmp_path):
-    metrics, samples = evaluate_files(
-        "text_reversal_environment.py", tmp_path, tiny_model_path, chat_flags(exact_chat.url)
-    )
-    assert metrics["results"]["all"]["eval/accuracy"] == 1.0 and len(samples) == 12
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
+    assert results["eval/accuracy"] == 1.0
     assert all(s["gold"] == s["text"][::-1] for s in samples)
+
+
+# The questions every env is asked (tests/environments/test_env_table.py): exact,
+# partial and untagged replies in `process`; `evaluate` on the test split.
+PROCESS = ProcessRow(
+    env=TextReversalEnv,
+    model=scripted(policy),
+    group_size=4,
+    steps=2,
+    scores=None,
+    args=lambda run: ["--env.max_tokens", "200", "--env.max_token_length", "512"],
+    check=check_process,
+)
+EVALUATE = EvaluateRow(
+    env=TextReversalEnv,
+    model=chat(
+        lambda messages, n: [f"<reversed_text>{messages[-1]['content'][::-1]}</reversed_text>"] * n
+    ),
+    samples=12,
+    check=check_evaluate,
+)
 
 
 def test_the_hub_path_reads_upstreams_dataset(monkeypatch, tiny_model_path):

@@ -1,4 +1,5 @@
-"""The single-turn tool-calling env: rows to items, `process`/`serve`/`evaluate`, the hub path."""
+"""The single-turn tool-calling env: rows to items, the hub path, and its rows of the env table
+(`process`/`serve`/`evaluate` end to end: tests/environments/test_env_table.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import asyncio
 import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -19,13 +19,11 @@ from environments.tool_calling_server import (
     item_from_row,
     parse_tools,
 )
-from tests.support.compat_runs import failure, run_env, serve_flags, serve_groups, tiny_flags
-from tests.support.policy_server import PolicyChatServer
-from tests.support.scripted_model import last_turn, scripted_model_fixture
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, ServeRow, chat, scripted
+from tests.support.scripted_model import last_turn
 
 pytest.importorskip("torch")
 
-SCRIPT = str(Path(__file__).resolve().parents[2] / "environments" / "tool_calling_server.py")
 TOOLS = {
     "get_weather": {"city": {"type": "string"}},
     "convert_currency": {"amount": {"type": "number"}, "to": {"type": "string"}},
@@ -94,15 +92,6 @@ def row(request: str, tools: list[str]) -> dict:
 
 ROWS = [row(r, ["get_weather", "convert_currency"]) for r in CASES]
 
-scripted = scripted_model_fixture(lambda prompt, n: CASES[last_turn(prompt)][1][:n])
-
-
-@pytest.fixture
-def rows_file(tmp_path):
-    path = tmp_path / "rows.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    return path
-
 
 def test_the_shipped_sample_converts_and_its_gold_calls_use_offered_tools():
     for split, count in (("train", 30), ("test", 20)):
@@ -151,103 +140,83 @@ def assert_prompt_masked(group: dict) -> None:
         assert masks[prompt:] == tokens[prompt:]
 
 
-def test_process_scores_a_scripted_policy_exactly(scripted, rows_file, tiny_model_path, tmp_path):
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        *("--env.dataset_path", str(rows_file), "--env.tokenizer_name", str(tiny_model_path)),
-        *("--env.group_size", "4", "--env.total_steps", "2", "--env.max_tokens", "200"),
-        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
-        *("--env.max_token_length", "4096"),
-        *scripted.flags(),
-    )
-    assert done.returncode == 0, failure(done)
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 2 and out.with_suffix(".html").is_file()
-    assert {g["messages"][0][1]["content"] for g in groups} == set(CASES)
+def write_rows(run: Run) -> str:
+    path = run.tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return str(path)
+
+
+def request_of(group: dict) -> str:
+    return group["messages"][0][1]["content"]
+
+
+def check_process(groups: list[dict], run: Run) -> None:
+    assert {request_of(g) for g in groups} == set(CASES)
     for group in groups:
-        request = group["messages"][0][1]["content"]
-        assert len(group["tokens"]) == len(group["masks"]) == 4
-        assert group["scores"] == CASES[request][2]
-        assert [m[-1]["content"] for m in group["messages"]] == CASES[request][1]
+        assert [m[-1]["content"] for m in group["messages"]] == CASES[request_of(group)][1]
         assert_prompt_masked(group)
-    prompt = scripted.tokenizer.decode(scripted.requests[0]["prompt"])
+    prompt = run.tokenizer.decode(run.model.requests[0]["prompt"])
     assert "<tools>" in prompt and '"convert_currency"' in prompt  # the tools reach the model
 
 
-def test_process_on_the_tiny_model(inference_server, tiny_model_path, tmp_path):
-    # the tiny model reads 512 tokens (characters, nearly): one bare tool and a short prompt
-    bare = {"type": "function", "function": {"name": "f", "parameters": {}}}
-    tiny_row = {
-        "conversations": [
-            {"from": "system", "value": f"<tools>[{json.dumps(bare)}]</tools>"},
-            {"from": "human", "value": "Call f."},
-            {"from": "gpt", "value": '<tool_call>{"name": "f", "arguments": {}}</tool_call>'},
-        ]
-    }
-    rows = tmp_path / "tiny.jsonl"
-    rows.write_text(json.dumps(tiny_row) + "\n")
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        *("--env.dataset_path", str(rows), "--env.system_prompt", "Call tools."),
-        *("--env.group_size", "2", "--env.total_steps", "1", "--env.max_tokens", "8"),
-        *("--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out)),
-        *("--env.max_token_length", "8192"),
-        *tiny_flags(tiny_model_path, f"{inference_server.url}/v1", server_type="vllm"),
-    )
-    assert done.returncode == 0, failure(done)
-    (group,) = read_jsonl(out)
-    assert len(group["tokens"]) == 2 and group["scores"] == [0.0, 0.0]
-    assert all(len(t) == len(m) for t, m in zip(group["tokens"], group["masks"], strict=True))
-    assert_prompt_masked(group)
-
-
-def test_serve_sends_scored_groups_to_a_real_api(
-    api, scripted, rows_file, tiny_model_path, tmp_path
-):
-    args = [
-        *("--env.dataset_path", str(rows_file), "--env.tokenizer_name", str(tiny_model_path)),
-        *("--env.group_size", "4", "--env.max_tokens", "200", "--env.use_wandb", "false"),
-        *scripted.flags(),
-        *serve_flags(api.url),
-    ]
-    groups, _ = serve_groups(
-        api.url, SCRIPT, tmp_path / "serve", *args, batch_size=8, max_token_len=4096
-    )
-    assert len(groups) >= 2
+def check_serve(groups: list[dict], run: Run) -> None:
     for group in groups:
         assert sorted(group["scores"]) == [0.0, 0.0, 0.0, 1.0]
         assert_prompt_masked(group)
 
 
-def test_evaluate_writes_metrics_and_samples(rows_file, tiny_model_path, tmp_path):
-    with PolicyChatServer(lambda messages, n: [EVAL_REPLIES[messages[-1]["content"]]] * n) as s:
-        done = run_env(
-            SCRIPT,
-            "evaluate",
-            tmp_path,
-            *("--env.dataset_path", str(rows_file), "--env.use_wandb", "false"),
-            *("--env.data_dir_to_save_evals", str(tmp_path / "ev")),
-            *tiny_flags(tiny_model_path, s.url),
-        )
-        requests = list(s.requests)
-    assert done.returncode == 0, failure(done)
-    results = json.loads((tmp_path / "ev" / "metrics.json").read_text())["results"]["all"]
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
     assert results["eval/percent_correct"] == pytest.approx(0.5)
     assert results["eval/name_accuracy"] == pytest.approx(0.5)
     assert results["eval/parse_rate"] == pytest.approx(1.0)
-    samples = {s["request"]: s for s in read_jsonl(tmp_path / "ev" / "samples.jsonl")}
-    assert samples["Convert 12 euros to dollars."]["score"] == 1.0
-    assert samples["Weather in Oslo and Rome?"]["calls"] == [
+    by_request = {s["request"]: s for s in samples}
+    assert by_request["Convert 12 euros to dollars."]["score"] == 1.0
+    assert by_request["Weather in Oslo and Rome?"]["calls"] == [
         {"name": "get_weather", "arguments": {"city": "Oslo"}}
     ]
-    assert all(r["tools"] == [tool("get_weather"), tool("convert_currency")] for r in requests)
-    assert all(r["temperature"] == 0.0 for r in requests)
+    offered = [tool("get_weather"), tool("convert_currency")]
+    assert all(r["tools"] == offered for r in run.model.requests)
+
+
+def check_offline(groups: list[dict]) -> None:
+    """The documented command on the tiny model: its noise makes no right call."""
+    for group in groups:
+        assert set(group["scores"]) == {0.0}
+        assert_prompt_masked(group)
+
+
+# The questions every env is asked (tests/environments/test_env_table.py).
+POLICY = scripted(lambda prompt, n: CASES[last_turn(prompt)][1][:n])
+PROCESS = ProcessRow(
+    env=ToolCallingEnv,
+    model=POLICY,
+    group_size=4,
+    steps=2,
+    scores=lambda group: CASES[request_of(group)][2],
+    args=lambda run: [
+        *("--env.dataset_path", write_rows(run), "--env.max_tokens", "200"),
+        *("--env.max_token_length", "4096"),
+    ],
+    check=check_process,
+)
+SERVE = ServeRow(
+    env=ToolCallingEnv,
+    model=POLICY,
+    group_size=4,
+    batch_size=8,
+    max_token_len=4096,
+    groups=4,
+    args=lambda run: ["--env.dataset_path", write_rows(run), "--env.max_tokens", "200"],
+    check=check_serve,
+)
+EVALUATE = EvaluateRow(
+    env=ToolCallingEnv,
+    model=chat(lambda messages, n: [EVAL_REPLIES[messages[-1]["content"]]] * n),
+    samples=2,
+    args=lambda run: ["--env.dataset_path", write_rows(run)],
+    check=check_evaluate,
+)
+OFFLINE = check_offline
 
 
 def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):

@@ -1,4 +1,5 @@
-"""The multi-turn tool-use env: its tools, its tasks, and whole episodes end to end.
+"""The multi-turn tool-use env: its tools, its tasks, and its rows of the env table (whole
+episodes end to end: tests/environments/test_env_table.py).
 
 A scripted model plays: the first reply to a task's question varies per request (right
 plan, a wrong direct answer, a malformed call, a call loop), later replies follow from
@@ -12,13 +13,15 @@ import json
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from atroposlib.envs.server_handling.chat_prompt import render_prompt
-from environments.tool_use_multiturn_server import ToolUseMultiturnConfig, answer_right
+from environments.tool_use_multiturn_server import (
+    ToolUseMultiturnConfig,
+    ToolUseMultiturnEnv,
+    answer_right,
+)
 from environments.tool_use_multiturn_tools import (
     KINDS,
     TOOLS,
@@ -28,12 +31,11 @@ from environments.tool_use_multiturn_tools import (
     execute,
     task_for,
 )
-from tests.support.compat_runs import failure, read_jsonl, run_env, serve_flags, serve_groups
-from tests.support.scripted_model import ScriptedModel, last_turn, turns
+from tests.support.env_table import EvaluateRow, ProcessRow, Run, ServeRow, scripted
+from tests.support.scripted_model import last_turn, turns
 
 pytest.importorskip("torch")
 
-SCRIPT = str(Path(__file__).resolve().parents[2] / "environments" / "tool_use_multiturn_server.py")
 TASKS = {
     t["question"]: t
     for kinds in (KINDS, ("lookup",))
@@ -73,13 +75,6 @@ class Policy:
         if LOOP in said[-1]:
             return [LOOP] * n
         return [call_text(plan[len(said)]) if len(said) < len(plan) else final_answer(prompt)] * n
-
-
-@pytest.fixture
-def scripted(tiny_model_path) -> Iterator[ScriptedModel]:
-    """A fresh policy per test: its per-prompt counters start at zero."""
-    with ScriptedModel(Policy(), tiny_model_path) as server:
-        yield server
 
 
 def test_calculator_parses_arithmetic_without_eval():
@@ -203,22 +198,9 @@ def check_group(group: dict, tokenizer) -> None:
         check_sequence(tokens, masks, messages, tokenizer)
 
 
-def test_process_plays_whole_episodes(scripted, tiny_model_path, tmp_path):
-    out = tmp_path / "groups.jsonl"
-    done = run_env(
-        SCRIPT,
-        "process",
-        tmp_path,
-        *("--env.tokenizer_name", str(tiny_model_path), "--env.max_turns", "4"),
-        *("--env.group_size", "4", "--env.total_steps", "3", "--env.use_wandb", "false"),
-        *("--env.data_path_to_save_groups", str(out)),
-        *scripted.flags(),
-    )
-    assert done.returncode == 0, failure(done)
-    groups = read_jsonl(out)
-    assert len(groups) == 3 and out.with_suffix(".html").is_file()
+def check_process(groups: list[dict], run: Run) -> None:
     for group in groups:
-        check_group(group, scripted.tokenizer)
+        check_group(group, run.tokenizer)
     # the stream is the seed's: tasks 0, 1 and 2 of seed 0
     assert [g["messages"][0][1]["content"] for g in groups] == [
         task_for(0, i)["question"] for i in range(3)
@@ -235,35 +217,13 @@ def test_process_plays_whole_episodes(scripted, tiny_model_path, tmp_path):
         assert sum(m["role"] == "assistant" for m in messages) == 4
 
 
-def test_serve_sends_whole_episodes_to_a_real_api(api, scripted, tiny_model_path, tmp_path):
-    args = [
-        *("--env.tokenizer_name", str(tiny_model_path), "--env.max_turns", "4"),
-        *("--env.group_size", "4", "--env.use_wandb", "false"),
-        *scripted.flags(),
-        *serve_flags(api.url),
-    ]
-    groups, _ = serve_groups(
-        api.url, SCRIPT, tmp_path / "serve", *args, batch_size=8, max_token_len=8192
-    )
-    assert len(groups) >= 2
+def check_serve(groups: list[dict], run: Run) -> None:
     for group in groups:
-        check_group(group, scripted.tokenizer)
+        check_group(group, run.tokenizer)
 
 
-def test_evaluate_writes_metrics_and_samples(scripted, tiny_model_path, tmp_path):
-    done = run_env(
-        SCRIPT,
-        "evaluate",
-        tmp_path,
-        *("--env.tokenizer_name", str(tiny_model_path), "--env.max_turns", "4"),
-        *("--env.eval_size", "4", "--env.task_kinds", "lookup", "--env.use_wandb", "false"),
-        *("--env.data_dir_to_save_evals", str(tmp_path / "ev")),
-        *scripted.flags(),
-    )
-    assert done.returncode == 0, failure(done)
-    results = json.loads((tmp_path / "ev" / "metrics.json").read_text())["results"]["all"]
-    samples = read_jsonl(tmp_path / "ev" / "samples.jsonl")
-    assert len(samples) == 4 and {s["kind"] for s in samples} == {"lookup"}
+def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
+    assert {s["kind"] for s in samples} == {"lookup"}
     # four distinct questions, each asked once: all get the first behaviour, the plan,
     # unless two tasks share a question (then the second gets the wrong answer)
     questions = Counter(s["question"] for s in samples)
@@ -273,4 +233,37 @@ def test_evaluate_writes_metrics_and_samples(scripted, tiny_model_path, tmp_path
     assert results["eval/malformed_rate"] == 0.0
     assert results["eval/tool_calls_per_episode"] == pytest.approx(right / 4)
     assert all(s["calls"][0]["name"] == "country_info" for s in samples if s["correct"])
-    assert all(r["temperature"] == 0.0 for r in scripted.requests)
+
+
+# The questions every env is asked (tests/environments/test_env_table.py): whole
+# episodes in `process` and `serve`, `evaluate`'s metrics and samples. A fresh policy
+# per run: its per-prompt counters start at zero.
+POLICY = scripted(new_policy=Policy)
+PROCESS = ProcessRow(
+    env=ToolUseMultiturnEnv,
+    model=POLICY,
+    group_size=4,
+    steps=3,
+    scores=None,
+    args=lambda run: ["--env.max_turns", "4"],
+    check=check_process,
+)
+SERVE = ServeRow(
+    env=ToolUseMultiturnEnv,
+    model=POLICY,
+    group_size=4,
+    batch_size=8,
+    max_token_len=8192,
+    groups=4,
+    args=lambda run: ["--env.max_turns", "4"],
+    check=check_serve,
+)
+EVALUATE = EvaluateRow(
+    env=ToolUseMultiturnEnv,
+    model=POLICY,
+    samples=4,
+    args=lambda run: [
+        *("--env.max_turns", "4", "--env.eval_size", "4", "--env.task_kinds", "lookup"),
+    ],
+    check=check_evaluate,
+)

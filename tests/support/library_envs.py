@@ -1,13 +1,12 @@
 """Running a library environment (environments/<name>.py) in tests: flags and outputs.
 
-The library's env tests all run the real script as a subprocess (`run_env`), against
-a scripted model or the tiny one, with the same handful of flags; this module holds
-them so each test states only what differs.
+Tests that run the real script as a subprocess (`run_env`), against the tiny model,
+share the same handful of flags; this module holds them so each test states only what
+differs. The in-process runs of the env table are in env_table.py.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -54,30 +53,3 @@ def process_groups(
     for group in groups:
         assert len(group["tokens"]) == len(group["masks"]) == len(group["scores"]) == group_size
     return groups
-
-
-def evaluate_files(
-    script: str, workdir: Path, tokenizer: Path, server_flags: list[str], *extra: str
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """`python environments/<script> evaluate ...`: (metrics.json, samples.jsonl rows)."""
-    evals = workdir / "evals"
-    done = run_env(
-        str(LIBRARY / script),
-        "evaluate",
-        workdir,
-        *("--env.tokenizer_name", str(tokenizer), "--env.use_wandb", "false"),
-        *("--env.data_dir_to_save_evals", str(evals)),
-        *server_flags,
-        *extra,
-    )
-    assert done.returncode == 0, failure(done)
-    metrics = json.loads((evals / "metrics.json").read_text())
-    return metrics, read_jsonl(evals / "samples.jsonl")
-
-
-def chat_flags(url: str) -> list[str]:
-    """`--openai.*` flags for a plain chat server (PolicyChatServer) at `url` (/v1)."""
-    return [
-        *("--openai.base_url", url, "--openai.model_name", "policy"),
-        *("--openai.server_type", "openai", "--openai.api_key", "x"),
-    ]
