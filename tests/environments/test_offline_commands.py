@@ -6,6 +6,11 @@ process|evaluate` line that names `--openai.model_name tiny`, with the
 (a longer `--max-model-len` where the prompts outgrow its 512 tokens). So the doc and this
 test cannot drift. It runs in a scratch directory where `environments/` and `./tiny-model`
 are links to the real ones, against a real server: only the doc's port 9001 is replaced.
+
+This is each env's one run as a process (the CLI contract); its other runs are in-process
+rows of test_env_table.py. The groups a `process` command writes are checked for the shape
+every env's must have (`check_shape`), and by the env's own `OFFLINE` check where its test
+module has one: the tiny model's noise must still score within the env's reward.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.compat_runs import env_vars, failure
+from tests.support.compat_runs import env_vars, failure, read_jsonl
+from tests.support.env_table import check_shape, offline_check
 from tests.support.library_envs import LIBRARY, env_scripts
 from tests.support.processes import InferenceProcess
 
@@ -116,6 +122,11 @@ def test_the_documented_offline_command_runs_as_written(
     if argv[2] == "process":
         written = [p for p in (tmp_path / "data").glob("*.jsonl") if p.stat().st_size]
         assert written, f"no groups written: {failure(done)}"
+        groups = [group for path in written for group in read_jsonl(path)]
+        size = int(argv[argv.index("--env.group_size") + 1]) if "--env.group_size" in argv else 0
+        for group in groups:
+            check_shape(group, size or len(group["tokens"]))
+        offline_check(script.stem)(groups)
     else:
         evals = argv[argv.index("--env.data_dir_to_save_evals") + 1]
         assert (tmp_path / evals / "metrics.json").is_file(), failure(done)
