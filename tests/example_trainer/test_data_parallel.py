@@ -1,61 +1,76 @@
-"""`torchrun --nproc_per_node 2` on CPU (gloo) gives the single-process gradients."""
+"""`torchrun --nproc_per_node 2` on CPU (gloo) gives the single-process gradients, and an
+FSDP checkpoint resumes on another number of ranks.
+
+One 2-rank launch (`dp_worker.main`) runs every rank's part: DDP, FSDP and LoRA under
+FSDP on one batch, an FSDP checkpoint, and its resumes. Each test compares that launch's
+outputs with the same jobs run in this process (`one_process`): a rank's process costs
+seconds of torch and transformers imports, so the ranks answer every question in one
+launch, and the one-process side, whose reference is a plain process, needs none.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.example_trainer import dp_worker  # noqa: E402
 from tests.support.tolerances import GRADIENT_REL_TO_SCALE, assert_close_to_scale  # noqa: E402
 
-WORKER = Path(__file__).with_name("dp_worker.py")
-FSDP_WORKER = Path(__file__).with_name("fsdp_worker.py")
+WORKER = Path(dp_worker.__file__)
+RANKS = 2
 
 
-def run_script(script: Path, processes: int, *args: str) -> None:
-    """`script` in one process, or in `processes` ranks under torchrun (gloo)."""
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    prefix = (
-        [sys.executable]
-        if processes == 1
-        else [torchrun, "--standalone", f"--nproc_per_node={processes}"]
-    )
-    done = subprocess.run(
-        [*prefix, str(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+@contextlib.contextmanager
+def one_process() -> Iterator[None]:
+    """This process as a run of one rank: FSDP's group of one is torn down after, so the
+    next FSDP trainer (and the next test in this worker) starts a group of its own."""
+    import torch.distributed as dist
+
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def run_worker(tiny_model_path, tmp_path_factory):
-    """dp_worker's result for (processes, grad_accum, parallelism), each run once per
-    module: the single-process and the DDP runs serve as the reference of both tests."""
-    results: dict[tuple, dict] = {}
+def runs(tiny_model_path, tmp_path_factory) -> SimpleNamespace:
+    """`one`: the jobs in this process; `two`: rank 0's results of the 2-rank launch."""
+    root, model = tmp_path_factory.mktemp("dp"), str(tiny_model_path)
+    with one_process():
+        one = {
+            "plain": dp_worker.gradients(model, root / "one", 1),
+            "lora": dp_worker.gradients(model, root / "one-lora", 1, lora=True),
+        }
+    with one_process():
+        one["saved"] = dp_worker.checkpoint(model, root / "one-ckpt")
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    done = subprocess.run(
+        [torchrun, "--standalone", f"--nproc_per_node={RANKS}", str(WORKER)]
+        + [model, str(root / "two"), str(root / "one-ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = torch.load(root / "two" / "out.pt")
+    with one_process():  # the 2-rank checkpoint, resumed by one
+        one["resumed_from_two"] = dp_worker.resumed(model, root / "two" / "ckpt", root / "r1")
+    return SimpleNamespace(root=root, one=one, two=two)
 
-    def run(processes: int, grad_accum: int, parallelism: str = "ddp", *lora: str) -> dict:
-        key = (processes, grad_accum, parallelism, *lora)
-        if key not in results:
-            out = tmp_path_factory.mktemp("dp") / "out.pt"
-            args = (str(tiny_model_path), str(out), str(grad_accum), parallelism, *lora)
-            run_script(WORKER, processes, *args)
-            results[key] = {**torch.load(out), "exports": out.parent}
-        return results[key]
 
-    return run
-
-
-def test_two_ranks_match_one_process(run_worker):
-    single = run_worker(1, 1)
-    double = run_worker(2, 2)
+def test_two_ranks_match_one_process(runs):
+    single, double = runs.one["plain"], runs.two["ddp"]
     assert single["grads"].keys() == double["grads"].keys()
     assert any(g.abs().sum() > 0 for g in single["grads"].values())
     # the same sums in another order: equal up to float32 rounding (tests/support/tolerances.py)
@@ -69,12 +84,10 @@ def test_two_ranks_match_one_process(run_worker):
     assert single["metrics"]["clip_fraction"] > 0, "the batch should exercise clipping"
 
 
-def test_fsdp_on_two_ranks_matches_one_process_with_half_the_bytes(run_worker):
+def test_fsdp_on_two_ranks_matches_one_process_with_half_the_bytes(runs):
     """FSDP2 (gloo, 2 ranks, fp32): the single-process gradients and update, while each
     rank holds about half of the parameters and optimizer state that DDP's ranks do."""
-    single = run_worker(1, 1)
-    ddp = run_worker(2, 2)
-    fsdp = run_worker(2, 2, "fsdp")
+    single, ddp, fsdp = runs.one["plain"], runs.two["ddp"], runs.two["fsdp"]
     assert fsdp["grads"].keys() == single["grads"].keys()
     for name, grad in single["grads"].items():
         assert_close_to_scale(fsdp["grads"][name], grad, GRADIENT_REL_TO_SCALE, name)
@@ -98,19 +111,18 @@ def test_fsdp_on_two_ranks_matches_one_process_with_half_the_bytes(run_worker):
     assert ddp["bytes"] == single["bytes"]  # every DDP rank holds the whole model
 
 
-def test_lora_under_fsdp_on_two_ranks_matches_one_process_and_exports_it(run_worker):
+def test_lora_under_fsdp_on_two_ranks_matches_one_process_and_exports_it(runs):
     """LoRA adapters sharded by FSDP2 on 2 ranks train as in one process, and a hot push's
     exports (gathered, then merged by peft, or the adapter alone) hold those weights."""
     from peft import PeftConfig
     from safetensors.torch import load_file
 
-    single = run_worker(1, 1, "ddp", "lora")
-    fsdp = run_worker(2, 2, "fsdp", "lora")
+    single, fsdp = runs.one["lora"], runs.two["fsdp_lora"]
     assert fsdp["grads"].keys() == single["grads"].keys()
     assert all("lora_" in name for name in single["grads"]), "only the adapters train"
     for name, grad in single["grads"].items():
         assert_close_to_scale(fsdp["grads"][name], grad, GRADIENT_REL_TO_SCALE, name)
-    exports = [(run["exports"], run) for run in (single, fsdp)]
+    exports = [(runs.root / "one-lora", single), (runs.root / "two" / "fsdp-lora", fsdp)]
     merged = [load_file(folder / "merged" / "model.safetensors") for folder, _ in exports]
     assert merged[0].keys() == merged[1].keys()
     assert not any("lora" in name or "base_layer" in name for name in merged[1])
@@ -149,26 +161,27 @@ def assert_same_state(got: dict, want: dict, where: str) -> None:
 
 
 @pytest.mark.parametrize(("saved_by", "resumed_by"), [(2, (1, 2)), (1, (2,))])
-def test_an_fsdp_checkpoint_resumes_on_another_number_of_ranks(
-    saved_by, resumed_by, tiny_model_path, tmp_path
-):
+def test_an_fsdp_checkpoint_resumes_on_another_number_of_ranks(saved_by, resumed_by, runs):
     """Saved by N ranks, resumed by M with exactly the saved weights and optimizer
     state, and the same next step. The checkpoint's weights load in plain
     transformers, as an engine loads them."""
     from transformers import AutoModelForCausalLM
 
-    save, model = tmp_path / "ckpt", str(tiny_model_path)
-    run_script(FSDP_WORKER, saved_by, model, str(save), str(tmp_path / "s.pt"), "train")
-    saved = torch.load(tmp_path / "s.pt")["saved"]
+    save, saved, resumes = {
+        2: (
+            runs.root / "two" / "ckpt",
+            runs.two["saved"],
+            {1: runs.one["resumed_from_two"], 2: runs.two["resumed"]},
+        ),
+        1: (runs.root / "one-ckpt", runs.one["saved"], {2: runs.two["resumed_from_one"]}),
+    }[saved_by]
     served = AutoModelForCausalLM.from_pretrained(save / "step-1").state_dict()
     for name, tensor in saved["weights"].items():
         assert torch.equal(served[name], tensor), name
     assert (save / "step-1" / "optimizer").is_dir()
     nexts = []
     for ranks in resumed_by:
-        out = tmp_path / f"r{ranks}.pt"
-        run_script(FSDP_WORKER, ranks, model, str(save), str(out), "resume")
-        resumed = torch.load(out)
+        resumed = resumes[ranks]
         assert resumed["step"] == 1
         assert_same_state(resumed["loaded"], saved, f"saved by {saved_by}, resumed by {ranks}")
         nexts.append(resumed["next"])
