@@ -44,21 +44,28 @@ class Pace:
         self.started = time.time() if started is None else started
         self.kills: list[float] = []
         self.rows: list[tuple[int, float]] = []  # (step, time) of every complete row
+        self._read_as: tuple[int, int] | None = None
 
     def killed(self) -> None:
         """A process of the run was just killed or stopped: a restart follows."""
         self.kills.append(time.time())
 
     def read(self) -> None:
+        try:
+            stat = self.metrics_path.stat()
+        except FileNotFoundError:
+            return
+        if (stat.st_size, stat.st_mtime_ns) == self._read_as:
+            return  # unchanged since the last poll: waits poll often
+        self._read_as = (stat.st_size, stat.st_mtime_ns)
         rows = []
-        if self.metrics_path.exists():
-            for line in self.metrics_path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # the last line, still being written
-                if row.get("time") is not None:
-                    rows.append((row["step"], float(row["time"])))
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the last line, still being written
+            if row.get("time") is not None:
+                rows.append((row["step"], float(row["time"])))
         self.rows = rows
 
     @property
