@@ -6,10 +6,7 @@ model; a checkpoint it cannot load is a directory with a config and no weights.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,7 +24,6 @@ from tests.support.trainer_batches import (  # noqa: E402
     post_groups,
     rollout_group,
 )
-from tests.support.waiting import wait_until  # noqa: E402
 
 
 def with_engine(model: Path, save: Path, **overrides) -> Trainer:
@@ -43,73 +39,62 @@ def events(save: Path) -> list[tuple]:
     ]
 
 
-def kill_engine(trainer: Trainer) -> None:
-    """SIGKILL the engine process by its port, as an outside crash would."""
-    port = trainer.config.vllm_port
-    found = subprocess.run(
-        ["pgrep", "-f", f"atroposlib.cli.inference_server.*--port {port}"],
-        capture_output=True,
-        text=True,
-    )
-    for pid in found.stdout.split():
-        os.kill(int(pid), signal.SIGKILL)
-    wait_until(lambda: not trainer.engines[0].alive(), 30, "the engine outlived SIGKILL")
+def cut_short(checkpoint: Path) -> None:
+    """Only the config is left: the engine refuses it before its imports (no weights,
+    atroposlib.utils.model_files), where a checkpoint that still held the trainer's
+    state (`trainer_state.pt`) would cost a failed load on every try."""
+    for path in checkpoint.iterdir():
+        if path.name != "config.json":
+            path.unlink()
 
 
-def unloadable(model: Path, where: Path) -> Path:
-    """A checkpoint directory the engine cannot load: the config without the weights."""
-    where.mkdir(parents=True)
-    shutil.copy(model / "config.json", where / "config.json")
-    return where
-
-
-def test_a_failed_restart_is_retried_then_falls_back_then_gives_up(tiny_model_path, tmp_path):
-    """§1.8: a restart that failed used to raise out of the run at once."""
+def test_a_failed_restart_is_retried_then_falls_back_then_gives_up_and_the_last_step_only_saves(
+    api, wire_client, tiny_model_path, tmp_path
+):
+    """§1.8: a restart that failed used to raise out of the run at once, and the last
+    step restarted the engine only for the run's end to stop it. One run of 2 steps
+    restarting at every step: step 1's checkpoint is cut short (no weights), so its
+    restart is tried twice and falls back to the base model; step 2, the last, saves
+    and restarts nothing. Then, with the base model's weights gone too, a dead engine's
+    restart gives up and names both."""
     base = tmp_path / "base"
     shutil.copytree(tiny_model_path, base)
     save = tmp_path / "ckpt"
-    trainer = with_engine(base, save)
-    try:
-        trainer.start_engines()
-        trainer.latest_checkpoint = str(unloadable(base, save / "step-3"))
-        kill_engine(trainer)
-        trainer.ensure_engines()  # two tries on step-3, then back to the base model
-        assert trainer.engines[0].alive()
-        assert events(save)[1:] == [
-            ("engine_crashed", 0, None, "step-3"),
-            ("engine_restart_failed", 0, "engine died", "step-3"),
-            ("engine_restart_failed", 0, "engine died", "step-3"),
-            ("engine_restarted", 0, "fallback: engine died", "base"),
-        ]
-        (base / "model.safetensors").unlink()  # now the fallback cannot load either
-        kill_engine(trainer)
-        with pytest.raises(EngineError, match="nor on the previous checkpoint"):
-            trainer.ensure_engines()
-        assert [e[0] for e in events(save)[5:]] == ["engine_crashed"] + [
-            "engine_restart_failed"
-        ] * 3
-    finally:
-        trainer.engines[0].stop()
-
-
-def test_the_last_step_saves_without_restarting_the_engine(
-    api, wire_client, tiny_model_path, tmp_path
-):
-    """§1.8: the last step restarted the engine only for the run's end to stop it."""
-    save = tmp_path / "ckpt"
     trainer = with_engine(
-        tiny_model_path, save, atropos_url=api.url, training_steps=2, vllm_restart_interval=1
+        base, save, atropos_url=api.url, training_steps=2, vllm_restart_interval=1
     )
+    checkpoint = trainer.save
+
+    def cut_short_at_step_one() -> Path:
+        path = checkpoint()
+        if trainer.step == 1:
+            cut_short(path)
+        return path
+
+    trainer.save = cut_short_at_step_one  # type: ignore[method-assign]
     post_groups(wire_client, 2)
     trainer.run()
     assert events(save) == [
-        ("engine_started", 0, None, tiny_model_path.name),
+        ("engine_started", 0, None, "base"),
         ("checkpoint_saved", 1, None, ""),
-        ("engine_restarted", 1, "new weights", "step-1"),
+        ("engine_restart_failed", 1, "new weights", "step-1"),
+        ("engine_restart_failed", 1, "new weights", "step-1"),
+        ("engine_restarted", 1, "fallback: new weights", "base"),
         ("checkpoint_saved", 2, None, ""),
     ]
     assert (save / "step-2" / "model.safetensors").exists()
     assert not trainer.engines[0].alive()
+
+    for model in (save / "step-2", base):  # now neither the newest nor the fallback loads
+        cut_short(model)
+    with pytest.raises(EngineError, match="nor on the previous checkpoint"):
+        trainer.ensure_engines()  # the engine the run stopped is dead to it
+    assert events(save)[6:] == [
+        ("engine_crashed", 2, None, "step-2"),
+        ("engine_restart_failed", 2, "engine died", "step-2"),
+        ("engine_restart_failed", 2, "engine died", "step-2"),
+        ("engine_restart_failed", 2, "fallback: engine died", "base"),
+    ]
 
 
 def test_keep_checkpoints_prunes_all_but_the_newest(api, wire_client, tiny_model_path, tmp_path):
