@@ -7,8 +7,9 @@ served in-process through schemathesis's ASGI transport (one lifespan per app, s
 real SQLite store serves every call); uvicorn and auth over a socket are tested in
 test_uvicorn_target.py and test_auth.py. The fuzzing runs in the integration tier (its
 CPU, about 25 s a key mode, would be a third of the unit tier's); the checks of the 401s,
-the JSON types and the content types stay in the unit tier. A failure means the app answered something
-its document does not promise: fix the app or the document, never the checks.
+the JSON types and the content types stay in the unit tier. A failure means the app
+answered something its document does not promise: fix the app or the document, never
+the checks.
 
 One aid to generation, not to judging: JSON Schema cannot say "as many masks as
 token rows" or "no longer than the registered max_token_len", so `_consistent_groups`
@@ -184,7 +185,7 @@ def _fuzz(schema: schemathesis.BaseSchema) -> FuzzRun:
     return run
 
 
-@pytest.mark.integration  # in-process, but 25 s of CPU a key mode: the unit tier stays quick
+@pytest.mark.integration  # in-process, but 25 s of CPU a key mode: keeps the unit tier quick
 def test_every_operation_keeps_to_the_document(served: Served):
     schema = _load_schema(served)
     paths = schema.raw_schema["paths"]
