@@ -1,8 +1,10 @@
 """Hot weight reload on a real `atropos-inference-server` serving the tiny model.
 
-One server, guarded by both an API key and a weight sync key (both from the
-environment), takes the reloads; the session's unguarded server shows the route
-is off without a key, and a server with only an API key shows that key guards it.
+One server process, guarded by both an API key and a weight sync key (both from the
+environment, as the trainer hands them over), takes the reloads. Which key guards
+the route when there is no sync key is the app's decision, not the process's: the
+server's app in this process (`in_process`) shows that an API key alone guards it,
+and that without any key the route is off.
 Checkpoints are built here: the tiny model with noise added, one of another hidden
 size, and a truncated copy. Logprobs are checked against a transformers forward
 pass on the checkpoint each answer says it came from.
@@ -11,6 +13,7 @@ pass on the checkpoint each answer says it came from.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +25,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+from starlette.testclient import TestClient  # noqa: E402
 
 from atroposlib.inference.launcher import EngineConfig, engine_command  # noqa: E402
 from atroposlib.utils.ports import free_port  # noqa: E402
@@ -128,16 +133,16 @@ NO_KEYS = {
 
 
 class Server:
-    """An `atropos-inference-server` spawned without waiting, so several start side by side
-    (spawned from the main thread: the child dies with the thread that spawned it)."""
+    """An `atropos-inference-server` process (spawned from the main thread: the child dies
+    with the thread that spawned it)."""
 
-    def __init__(self, model: Path, log: Path, flags: list[str], env: dict[str, str]) -> None:
+    def __init__(self, model: Path, log: Path, env: dict[str, str]) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
         config = EngineConfig(
             engine="transformers",
             served_model_name="tiny",
             port=int(self.url.rsplit(":", 1)[1]),
-            extra_args=["--num-threads", "1", *flags],
+            extra_args=["--num-threads", "1"],
         )
         self.log = log
         with open(log, "ab") as out:
@@ -155,35 +160,33 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_model_path, tmp_path_factory) -> Iterator[dict[str, Server]]:
-    """`synced` takes the reloads (its keys and first version come from the environment,
-    as the trainer sets them), `api_key_only` has just an API key, `open` has no key. The
-    keys come from the environment, as atropos-launch hands them over (argv is public)."""
-    logs = tmp_path_factory.mktemp("engines")
-    keyed = {**NO_KEYS, "ATROPOS_ENGINE_API_KEY": API_KEY}
-    flavours = {
-        "synced": (
-            [],
-            {**keyed, "ATROPOS_WEIGHT_SYNC_KEY": SYNC_KEY, "ATROPOS_WEIGHT_VERSION": "base"},
-        ),
-        "api_key_only": ([], keyed),
-        "open": ([], NO_KEYS),
+def engine(tiny_model_path, tmp_path_factory) -> Iterator[Server]:
+    """The server that takes the reloads: its keys and first version come from the
+    environment, as the trainer sets them (argv is public)."""
+    env = {
+        **NO_KEYS,
+        "ATROPOS_ENGINE_API_KEY": API_KEY,
+        "ATROPOS_WEIGHT_SYNC_KEY": SYNC_KEY,
+        "ATROPOS_WEIGHT_VERSION": "base",
     }
-    started: dict[str, Server] = {}
+    log = tmp_path_factory.mktemp("engines") / "synced.log"
+    server = Server(Path(tiny_model_path), log, env)
     try:
-        for name, (flags, env) in flavours.items():
-            started[name] = Server(Path(tiny_model_path), logs / f"{name}.log", flags, env)
-        for name, server in started.items():
-            wait_until(server.healthy, 120, f"the {name} server did not come up")
-        yield started
+        wait_until(server.healthy, 120, "the synced server did not come up")
+        yield server
     finally:
-        for server in started.values():
-            server.stop()
+        server.stop()
 
 
-@pytest.fixture(scope="module")
-def engine(servers) -> Server:
-    return servers["synced"]
+@contextlib.contextmanager
+def in_process(model: Path, api_key: str | None) -> Iterator[TestClient]:
+    """atropos-inference-server's app on `model` in this process, with no sync key."""
+    from atroposlib.inference.engine import GenerationEngine
+    from atroposlib.inference.server import create_inference_app
+
+    app = create_inference_app(GenerationEngine.load(str(model)), "tiny", api_key=api_key)
+    with TestClient(app) as client:  # runs the lifespan: the batch scheduler
+        yield client
 
 
 def reload(engine: Server, path, version: str | None, headers=SYNC) -> httpx.Response:
@@ -444,31 +447,27 @@ def test_a_malformed_body_is_a_400(engine, body):
     assert stranger.status_code == 401, stranger.text
 
 
-def test_without_any_key_the_reload_is_off(servers, tmp_path):
-    url = servers["open"].url
-    refused = httpx.post(
-        f"{url}/update_weights_from_disk",
-        json={"model_path": str(tmp_path / "nowhere"), "weight_version": "x"},
-        timeout=30,
-    )
-    assert refused.status_code == 403, refused.text
-    assert "--weight-sync-key" in refused.json()["message"]
-    assert httpx.get(f"{url}/weight_info", timeout=30).json() == {"weight_version": None}
-    choice = httpx.post(
-        f"{url}/v1/completions",
-        json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
-        timeout=30,
-    ).json()["choices"][0]
-    assert "weight_versions" not in choice, "no version given, so none is claimed"
+def test_without_any_key_the_reload_is_off(tiny_model_path, tmp_path):
+    with in_process(Path(tiny_model_path), api_key=None) as server:
+        refused = server.post(
+            "/update_weights_from_disk",
+            json={"model_path": str(tmp_path / "nowhere"), "weight_version": "x"},
+        )
+        assert refused.status_code == 403, refused.text
+        assert "--weight-sync-key" in refused.json()["message"]
+        assert server.get("/weight_info").json() == {"weight_version": None}
+        choice = server.post(
+            "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2}
+        ).json()["choices"][0]
+        assert "weight_versions" not in choice, "no version given, so none is claimed"
 
 
-def test_the_api_key_guards_the_reload_when_there_is_no_sync_key(servers, checkpoints):
-    server = servers["api_key_only"]
-    url = f"{server.url}/update_weights_from_disk"
-    body = {"model_path": str(checkpoints["noisy"]), "weight_version": "3"}
-    for headers in ({}, {"Authorization": "Bearer wrong"}):
-        assert httpx.post(url, json=body, headers=headers, timeout=30).status_code == 401
-    taken = httpx.post(url, json=body, headers=API, timeout=60)
-    assert taken.status_code == 200, taken.text
-    info = httpx.get(f"{server.url}/weight_info", headers=API, timeout=30).json()
-    assert info == {"weight_version": "3"}
+def test_the_api_key_guards_the_reload_when_there_is_no_sync_key(tiny_model_path, checkpoints):
+    with in_process(Path(tiny_model_path), api_key=API_KEY) as server:
+        body = {"model_path": str(checkpoints["noisy"]), "weight_version": "3"}
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            refused = server.post("/update_weights_from_disk", json=body, headers=headers)
+            assert refused.status_code == 401, refused.text
+        taken = server.post("/update_weights_from_disk", json=body, headers=API)
+        assert taken.status_code == 200, taken.text
+        assert server.get("/weight_info", headers=API).json() == {"weight_version": "3"}
