@@ -6,7 +6,9 @@ shapes of vllm/entrypoints/rl/online/api_router.py, /server_info's JSON form and
 update or finish without start are errors; a failed update ends the session,
 v1/worker/gpu_worker.py:1524-1604). Every call is recorded. Tests steer it
 through /_control: refuse a route with a status, hang a route until the server is
-stopped (a timeout), or exit the process on a route (the engine dies mid-push).
+stopped (a timeout), or exit the process on a route (the engine dies mid-push), and
+re-set it for the next test (`/_control/configure`: new settings, a fresh state), so a
+module starts one process instead of one per test.
 
     python -m tests.support.fake_vllm_rl --port P --settings settings.json
 """
@@ -38,14 +40,15 @@ UPDATE_FIELDS = {"names", "dtype_names", "shapes", "ipc_handles_pickled"}
 def create_app(settings: dict[str, Any]) -> FastAPI:
     """settings: model_dir, dtype, gpu_uuids, backend (None: no transfer config), insecure, tp."""
     app = FastAPI()
-    state: dict[str, Any] = {
-        "calls": [],
-        "faults": {},
-        "paused": False,
-        "active": False,
-        "version": "0",
-        "initialized": False,
-    }
+    state: dict[str, Any] = {}
+
+    def fresh_state() -> None:
+        state.clear()
+        state.update(
+            calls=[], faults={}, paused=False, active=False, version="0", initialized=False
+        )
+
+    fresh_state()
 
     @app.middleware("http")
     async def record_and_inject(request: Request, call_next):
@@ -80,6 +83,13 @@ def create_app(settings: dict[str, Any]) -> FastAPI:
     @app.post("/_control/fault")
     async def set_fault(path: str = Body(...), fault: dict = Body(...)):
         state["faults"][path] = fault
+        return {"ok": True}
+
+    @app.post("/_control/configure")
+    async def configure(new: dict = Body(...)):
+        settings.clear()
+        settings.update(new)
+        fresh_state()
         return {"ok": True}
 
     @app.post("/_control/reset")
@@ -201,6 +211,7 @@ class FakeVLLM:
         self.settings_path.write_text(json.dumps(settings))
         self.log_path = workdir / f"fake-vllm-{self.port}.log"
         self.proc: subprocess.Popen | None = None
+        self.broken = False  # a route hung or the process killed: start another one
 
     def start(self, timeout_s: float = 30.0) -> FakeVLLM:
         command = [sys.executable, "-m", "tests.support.fake_vllm_rl"]
@@ -218,8 +229,17 @@ class FakeVLLM:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def configure(self, **settings: Any) -> FakeVLLM:
+        """The same process as a new stand-in: these settings, no calls, no faults."""
+        httpx.post(f"{self.url}/_control/configure", json=settings).raise_for_status()
+        return self
+
+    def reusable(self) -> bool:
+        return not self.broken and not self.exited()
+
     def fault(self, path: str, **fault: Any) -> None:
         """status=N (refuse; once=True for one call), hang=True (never answer), die=True."""
+        self.broken = self.broken or bool(fault.get("hang") or fault.get("die"))
         httpx.post(
             f"{self.url}/_control/fault", json={"path": path, "fault": fault}
         ).raise_for_status()
@@ -234,6 +254,7 @@ class FakeVLLM:
         return self.proc is not None and self.proc.poll() is not None
 
     def kill(self) -> None:
+        self.broken = True
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)

@@ -8,6 +8,7 @@ handle export); everything else, HTTP included, runs for real.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -81,19 +82,44 @@ def tiny(tiny_model_path):
     return AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
 
 
+@pytest.fixture(scope="module")
+def stand_in() -> Iterator[dict[str, FakeVLLM]]:
+    """The module's stand-in process, kept between tests: each start costs about a second
+    of CPU (python, FastAPI, uvicorn), and `configure` makes it a new one."""
+    kept: dict[str, FakeVLLM] = {}
+    yield kept
+    for engine in kept.values():
+        engine.stop()
+
+
 @pytest.fixture
-def engines(tmp_path):
+def engines(stand_in, tmp_path) -> Iterator:
+    """A stand-in with these settings and no calls yet: the module's process re-set, or a
+    new one when a test before hung a route or killed it (or when this test asks twice)."""
     started: list[FakeVLLM] = []
 
     def make(model_dir, **settings) -> FakeVLLM:
         settings = {"model_dir": str(model_dir), "backend": "ipc", "gpu_uuids": [GPU], **settings}
-        engine = FakeVLLM(tmp_path, **settings).start()
+        kept = stand_in.get("engine")
+        if kept is not None and kept not in started and kept.reusable():
+            engine = kept.configure(**settings)
+        else:
+            engine = FakeVLLM(tmp_path, **settings).start()
         started.append(engine)
         return engine
 
     yield make
     for engine in started:
-        engine.stop()
+        if engine is stand_in.get("engine"):
+            continue
+        if engine.reusable() and "engine" not in stand_in:
+            stand_in["engine"] = engine
+        else:
+            engine.stop()
+    kept = stand_in.get("engine")
+    if kept is not None and not kept.reusable():
+        kept.stop()
+        del stand_in["engine"]
 
 
 def bridge_for(engine: FakeVLLM, model, timeout_s: float = 30.0) -> sv.SharedVLLMBridge:
