@@ -19,7 +19,6 @@ import pytest
 
 from atroposlib.utils.listen import listen_problem
 from tests.support.processes import ApiProcess
-from tests.support.viewer import ViewerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -114,15 +113,5 @@ def test_ctrl_c_stops_run_api_with_one_line(tmp_path):
     assert "Traceback" not in log and log.rstrip().endswith("run-api: stopped"), log
 
 
-@pytest.mark.parametrize(
-    ("module", "tool"),
-    [("view_run", "view-run"), ("view_run_multimodal", "view-run-multimodal")],
-)
-def test_ctrl_c_stops_view_run_with_one_line(tmp_path, tiny_model_path, module, tool):
-    viewer = ViewerProcess(tmp_path, module, "--tokenizer", str(tiny_model_path)).wait_ready()
-    try:
-        assert interrupted(viewer.proc) == 0
-    finally:
-        viewer.stop()
-    log = viewer.log()
-    assert "Traceback" not in log and log.rstrip().endswith(f"{tool}: stopped"), log
+# Ctrl-C to view-run and view-run-multimodal: tests/viewer/test_view_run_browser.py, which
+# stops its pages that way once the browser tests are done with them.

@@ -1,21 +1,30 @@
 """view-run and view-run-multimodal in a real browser, against a real run-api.
 
-Both tools run as subprocesses; headless chromium (Debian's, through Playwright) clicks
-the page's button and reads what it shows. Set ATROPOS_VIEW_RUN_SCREENSHOT=PATH to save
-the page with its groups (docs/images/view-run.png is made this way).
+Both tools run as subprocesses, each started once for the module (a start imports
+Gradio: about 8 s of CPU); headless chromium (Debian's, through Playwright) clicks the
+page's button and reads what it shows. The view-run page is pointed at one port, where
+each test puts the API it asks about: none, one that wants a token, a plain one. It binds
+0.0.0.0 with --insecure, so it also answers the exposure question for --insecure; the
+multimodal page keeps the default host. The module ends by stopping both with Ctrl-C.
+Set ATROPOS_VIEW_RUN_SCREENSHOT=PATH to save the page with its groups
+(docs/images/view-run.png is made this way).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from atroposlib.utils.ports import free_port
+from atroposlib.viewer.settings import PAGE_KEY_ENV
 from tests.support.browser import headless_chromium
 from tests.support.groups import register_env
+from tests.support.processes import ApiProcess
 from tests.support.text_groups import png_base64, text_group
 from tests.support.viewer import ViewerProcess
 
@@ -39,18 +48,51 @@ def tokenizer(tiny_model_path):
     return AutoTokenizer.from_pretrained(tiny_model_path)
 
 
-@pytest.fixture
-def viewers(tmp_path) -> Iterator:
-    started: list[ViewerProcess] = []
+@pytest.fixture(scope="module")
+def api_port() -> int:
+    """Where both pages look for run-api; each test starts there the API it needs."""
+    return free_port()
 
-    def start(module: str, *args: str, env: dict | None = None) -> ViewerProcess:
-        viewer = ViewerProcess(tmp_path, module, *args, env=env)
-        started.append(viewer)
-        return viewer.wait_ready()
+
+@pytest.fixture(scope="module")
+def api_url(api_port) -> str:
+    return f"http://127.0.0.1:{api_port}"
+
+
+@pytest.fixture
+def api_at(api_port, tmp_path) -> Iterator:
+    """`api_at(*flags)`: a fresh run-api on the pages' port, stopped after the test."""
+    started: list[ApiProcess] = []
+
+    def start(*flags: str) -> ApiProcess:
+        api = ApiProcess(tmp_path / f"state{len(started)}", *flags, port=api_port)
+        started.append(api)
+        return api.start()
 
     yield start
-    for viewer in started:
+    for api in started:
+        api.stop()
+
+
+def _viewer(log_dir: Path, module: str, *args: str) -> Iterator[ViewerProcess]:
+    viewer = ViewerProcess(log_dir, module, *args, env={PAGE_KEY_ENV: ""})
+    try:
+        yield viewer.wait_ready()
+    finally:
         viewer.stop()
+
+
+@pytest.fixture(scope="module")
+def view_run(tmp_path_factory, tiny_model_path, api_url) -> Iterator[ViewerProcess]:
+    args = ("--api-url", api_url, "--tokenizer", str(tiny_model_path), "--group-size", "2")
+    log_dir = tmp_path_factory.mktemp("view-run")
+    yield from _viewer(log_dir, "view_run", *args, "--host", "0.0.0.0", "--insecure")
+
+
+@pytest.fixture(scope="module")
+def view_run_multimodal(tmp_path_factory, tiny_model_path, api_url) -> Iterator[ViewerProcess]:
+    args = ("--api-url", api_url, "--tokenizer", str(tiny_model_path), "--group-size", "1")
+    yield from _viewer(tmp_path_factory.mktemp("view-run-multimodal"), "view_run_multimodal", *args)
 
 
 def _open(chromium, url: str):
@@ -76,15 +118,32 @@ def _post_as_env(api_url: str, groups: list[dict]) -> None:
         assert response.status_code == 200, response.text
 
 
+def test_unreachable_api_is_said_plainly(view_run, chromium, api_url):
+    page = _open(chromium, view_run.url)
+    _click_and_expect(page, f"Cannot reach the trajectory API at {api_url}: is run-api running?")
+    page.close()
+
+
+def test_insecure_serves_the_page_to_anyone(view_run):
+    """On 0.0.0.0 with --insecure, the page answers a client that has no token."""
+    page = httpx.get(view_run.url, timeout=30)
+    assert page.status_code == 200 and "<html" in page.text.lower()
+
+
+def test_api_that_wants_a_token_is_said_plainly(api_at, view_run, chromium):
+    api_at("--api-key", "s3cret")
+    page = _open(chromium, view_run.url)
+    _click_and_expect(page, "wants a token: set ATROPOS_API_KEY")
+    page.close()
+
+
 def test_view_run_shows_each_groups_prompt_completions_and_scores(
-    api, viewers, chromium, tokenizer, tiny_model_path
+    api_at, view_run, chromium, tokenizer
 ):
     from playwright.sync_api import expect
 
-    viewer = viewers(
-        "view_run", "--api-url", api.url, "--tokenizer", str(tiny_model_path), "--group-size", "2"
-    )
-    page = _open(chromium, viewer.url)
+    api = api_at()
+    page = _open(chromium, view_run.url)
     # the viewer registers on the first click; nothing is queued yet
     _click_and_expect(page, "No batch yet: the environments are still producing the first")
     expect(page.locator("#view-status")).to_contain_text("a batch needs 16 sequences")
@@ -129,19 +188,11 @@ def test_view_run_shows_each_groups_prompt_completions_and_scores(
     page.close()
 
 
-def test_view_run_multimodal_shows_the_images(api, viewers, chromium, tokenizer, tiny_model_path):
+def test_view_run_multimodal_shows_the_images(api_at, view_run_multimodal, chromium, tokenizer):
     from playwright.sync_api import expect
 
-    viewer = viewers(
-        "view_run_multimodal",
-        "--api-url",
-        api.url,
-        "--tokenizer",
-        str(tiny_model_path),
-        "--group-size",
-        "1",
-    )
-    page = _open(chromium, viewer.url)
+    api = api_at()
+    page = _open(chromium, view_run_multimodal.url)
     _click_and_expect(page, "No batch yet")
     image = png_base64((20, 160, 40), size=12)
     groups = [
@@ -162,17 +213,16 @@ def test_view_run_multimodal_shows_the_images(api, viewers, chromium, tokenizer,
     page.close()
 
 
-def test_unreachable_api_is_said_plainly(viewers, chromium, tiny_model_path):
-    nowhere = f"http://127.0.0.1:{free_port()}"
-    viewer = viewers("view_run", "--api-url", nowhere, "--tokenizer", str(tiny_model_path))
-    page = _open(chromium, viewer.url)
-    _click_and_expect(page, f"Cannot reach the trajectory API at {nowhere}: is run-api running?")
-    page.close()
-
-
-def test_api_that_wants_a_token_is_said_plainly(api_factory, viewers, chromium, tiny_model_path):
-    api = api_factory("--api-key", "s3cret")
-    viewer = viewers("view_run", "--api-url", api.url, "--tokenizer", str(tiny_model_path))
-    page = _open(chromium, viewer.url)
-    _click_and_expect(page, "wants a token: set ATROPOS_API_KEY")
-    page.close()
+@pytest.mark.integration  # the page's fixture is asked for by name, so say it
+@pytest.mark.parametrize(
+    ("module", "tool"),
+    [("view_run", "view-run"), ("view_run_multimodal", "view-run-multimodal")],
+)
+def test_ctrl_c_stops_view_run_with_one_line(request, module, tool):
+    """Ctrl-C, as a terminal sends it, to a page that served the tests above: one line,
+    exit code 0, no traceback. (Last in the module: it ends the module's viewers.)"""
+    viewer: ViewerProcess = request.getfixturevalue(module)
+    viewer.proc.send_signal(signal.SIGINT)
+    assert viewer.proc.wait(30) == 0
+    log = viewer.log()
+    assert "Traceback" not in log and log.rstrip().endswith(f"{tool}: stopped"), log

@@ -2,7 +2,10 @@
 guarded with one (Bearer header for scripts, `?token=` once then a cookie for browsers).
 
 The refusals run the real commands and need neither Gradio nor a tokenizer (the check
-comes first); the started pages bind 0.0.0.0 and are reached on 127.0.0.1.
+comes first); the guarded pages bind 0.0.0.0, are reached on 127.0.0.1, and are started
+once per tool for the module (a start imports Gradio: about 8 s of CPU), so the script's
+and the browser's questions go to the same page. `--insecure` is asked of the browser
+tests' view-run page (test_view_run_browser.py), which binds 0.0.0.0 with it.
 """
 
 from __future__ import annotations
@@ -56,33 +59,35 @@ def test_the_token_can_come_from_the_environment(monkeypatch):
     assert ViewRunSettings(host="0.0.0.0", insecure=True).exposure_problem() is None
 
 
-@pytest.fixture
-def pages(tmp_path, tiny_model_path) -> Iterator:
-    """Start a viewer on 0.0.0.0 against an API nobody serves; wait until /health answers."""
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory, tiny_model_path) -> Iterator:
+    """`guarded(module)`: that tool on 0.0.0.0 with --api-key, against an API nobody
+    serves, started on first use and kept for the module; up once /health answers."""
     pytest.importorskip("gradio")
-    started: list[ViewerProcess] = []
+    started: dict[str, ViewerProcess] = {}
     nowhere = f"http://127.0.0.1:{free_port()}"
 
-    def start(module: str, *args: str) -> ViewerProcess:
-        env = {PAGE_KEY_ENV: ""}
-        viewer = ViewerProcess(
-            tmp_path,
-            module,
-            "--host",
-            "0.0.0.0",
-            "--tokenizer",
-            str(tiny_model_path),
-            "--api-url",
-            nowhere,
-            *args,
-            env=env,
-        )
-        started.append(viewer)
-        wait_until(lambda: _healthy(viewer), 120, f"{module} did not answer /health")
-        return viewer
+    def start(module: str) -> ViewerProcess:
+        if module not in started:
+            started[module] = ViewerProcess(
+                tmp_path_factory.mktemp(module),
+                module,
+                "--host",
+                "0.0.0.0",
+                "--tokenizer",
+                str(tiny_model_path),
+                "--api-url",
+                nowhere,
+                "--api-key",
+                TOKEN,
+                env={PAGE_KEY_ENV: ""},
+            )
+            viewer = started[module]
+            wait_until(lambda: _healthy(viewer), 120, f"{module} did not answer /health")
+        return started[module]
 
     yield start
-    for viewer in started:
+    for viewer in started.values():
         viewer.stop()
 
 
@@ -95,15 +100,9 @@ def _healthy(viewer: ViewerProcess) -> bool:
         return False
 
 
-def test_insecure_serves_the_page_to_anyone(pages):
-    viewer = pages("view_run", "--insecure")
-    page = httpx.get(viewer.url, timeout=30)
-    assert page.status_code == 200 and "<html" in page.text.lower()
-
-
 @pytest.mark.parametrize("module", TOOLS)
-def test_a_token_guards_the_page_and_gradios_api(pages, module):
-    viewer = pages(module, "--api-key", TOKEN)
+def test_a_token_guards_the_page_and_gradios_api(guarded, module):
+    viewer = guarded(module)
     with httpx.Client(base_url=viewer.url, timeout=30) as anyone:
         for path in ("/", "/config", "/gradio_api/info"):
             assert anyone.get(path).status_code == 401, path
@@ -142,12 +141,12 @@ def assert_button_click_answers(browser: httpx.Client) -> None:
 
 
 @pytest.mark.e2e  # a real browser
-def test_a_browser_gets_in_with_the_token_once(pages):
+def test_a_browser_gets_in_with_the_token_once(guarded):
     """Chromium opens /?token= once; the page's own requests then carry only the cookie."""
     path = require_chromium()
     from playwright.sync_api import expect, sync_playwright
 
-    viewer = pages("view_run", "--api-key", TOKEN)
+    viewer = guarded("view_run")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=path, headless=True)
         try:
