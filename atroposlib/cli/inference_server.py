@@ -21,10 +21,6 @@ from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.listen import ListenError, listen_socket, serve
 from atroposlib.utils.logging import configure_logging
 from atroposlib.utils.model_files import local_model_problem
-from atroposlib.weight_sync.disk_routes import (
-    WEIGHT_SYNC_KEY_ENVIRONMENT,
-    WEIGHT_VERSION_ENVIRONMENT,
-)
 
 KEY_ENVIRONMENT = ENGINE_KEY_ENVIRONMENT
 
@@ -125,6 +121,10 @@ def _load_app(settings: InferenceServerSettings) -> Any:
 
     from atroposlib.inference.engine import GenerationEngine, device_problem
     from atroposlib.inference.server import create_inference_app
+    from atroposlib.weight_sync.disk_routes import (  # imports torch: not before the checks
+        WEIGHT_SYNC_KEY_ENVIRONMENT,
+        WEIGHT_VERSION_ENVIRONMENT,
+    )
 
     if problem := device_problem(settings.device):
         print(f"atropos-inference-server: {problem}", file=sys.stderr)

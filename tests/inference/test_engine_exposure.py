@@ -37,24 +37,28 @@ def no_key_in_environment(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def run_server(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "atroposlib.cli.inference_server", *args],
+def run_server(*args: str) -> tuple[int, str, set[str]]:
+    """The exit code, stderr, and the modules imported (`python -X importtime`)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "atroposlib.cli.inference_server", *args],
         capture_output=True,
         text=True,
         timeout=60,
-        env=env,
     )
+    timed = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
+    said = "\n".join(line for line in done.stderr.splitlines() if line not in timed)
+    return done.returncode, said, {line.rpartition("|")[2].strip() for line in timed}
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3"])
 def test_non_loopback_without_a_key_is_refused(tmp_path, host):
-    done = run_server("--model", str(tmp_path / "no-model"), "--host", host)
-    assert done.returncode == 2, done.stderr
-    assert f"refusing to bind {host} without an API key" in done.stderr
-    assert "--insecure" in done.stderr and "--api-key" in done.stderr
-    assert "Traceback" not in done.stderr
+    code, said, imported = run_server("--model", str(tmp_path / "no-model"), "--host", host)
+    assert code == 2, said
+    assert f"refusing to bind {host} without an API key" in said
+    assert "--insecure" in said and "--api-key" in said
+    assert "Traceback" not in said
+    assert "torch" not in imported, "the refusal waited for torch's import (seconds of CPU)"
 
 
 def test_the_key_can_come_from_vllms_variable(monkeypatch):
