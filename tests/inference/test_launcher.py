@@ -86,7 +86,9 @@ def test_command_lines_match_vllm_flags(tmp_path):
         assert flag in vllm and flag in ours
 
 
-def test_start_restart_from_new_weights_and_stop(tiny_model_path, tmp_path):
+def test_start_restart_from_new_weights_kill_9_and_stop(tiny_model_path, tmp_path):
+    """One engine through what a run does to it (three starts, each about 8 s of CPU):
+    restarted from new weights, killed with -9 and started again, stopped."""
     with EngineProcess(config(tmp_path)) as engine:
         engine.start(tiny_model_path)
         before = greedy(engine.url)
@@ -95,22 +97,15 @@ def test_start_restart_from_new_weights_and_stop(tiny_model_path, tmp_path):
         assert engine.restarts == 1 and engine.proc.pid != first_pid and gone(first_pid)
         after = greedy(engine.url)
         assert after[1] != before[1], "the engine still serves the old weights"
-        pid = engine.proc.pid
-    assert gone(pid)
 
-
-def test_kill_9_of_the_engine_is_detected(tiny_model_path, tmp_path):
-    engine = EngineProcess(config(tmp_path))
-    engine.start(tiny_model_path)
-    try:
         os.kill(engine.proc.pid, signal.SIGKILL)
         wait_until(lambda: not engine.alive(), 10, "the killed engine still counts as alive")
         with pytest.raises(EngineError, match="died"):
             engine.check()
         engine.restart()
-        assert engine.healthy()
-    finally:
-        engine.stop()
+        assert engine.restarts == 2 and engine.healthy()
+        pid = engine.proc.pid
+    assert gone(pid)
 
 
 def test_an_engine_start_is_one_short_line(tmp_path):

@@ -1,6 +1,10 @@
 """The env side of an engine restart: the trainer stops the inference server and starts it
 again from a new checkpoint, which takes minutes for a big model. Requests made meanwhile
-wait for it, as long as upstream's would (no limit), and the wait is logged."""
+wait for it, as long as upstream's would (no limit), and the wait is logged.
+
+The restarted engine is the session's CPU inference server behind a `PortRelay` on a port
+of its own: stopped, the port refuses and cuts connections; started again, it first holds
+them unanswered, as an engine that has bound its port and is loading, then serves."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from atroposlib.launch.console import console_text
 from atroposlib.utils.logging import MESSAGE_WIDTH, TEXT_FORMAT, TIME_FORMAT
 from atroposlib.utils.ports import free_port
 from tests.support.inference_servers import QUESTION, ScriptedServer, server_config
-from tests.support.processes import InferenceProcess
+from tests.support.relay import PortRelay
 from tests.support.waiting import wait_until_async
 
 LOGGER = "atroposlib.inference"
@@ -31,16 +35,15 @@ def messages(caplog, level: int, text: str) -> list[str]:
     ]
 
 
-def test_requests_wait_for_an_engine_restarted_on_the_same_port(tiny_model_path, tmp_path, caplog):
+def test_requests_wait_for_an_engine_restarted_on_the_same_port(inference_server, caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
-    port = free_port()
-    engines = [InferenceProcess(tiny_model_path, tmp_path, "tiny", port=port)]
-    manager = ServerManager([server_config(engines[0].url)], health_interval_s=0.2)
+    engine = PortRelay(inference_server.url)
+    manager = ServerManager([server_config(engine.url)], health_interval_s=0.2)
     manager.wait_log_interval_s = 0.5
 
     async def scenario():
         before = await manager.chat_completion(messages=QUESTION, max_tokens=2)
-        engines[0].stop()
+        engine.stop()
         pending = asyncio.create_task(manager.chat_completion(messages=QUESTION, max_tokens=2))
         await wait_until_async(
             lambda: messages(caplog, logging.WARNING, "waiting"),
@@ -53,17 +56,17 @@ def test_requests_wait_for_an_engine_restarted_on_the_same_port(tiny_model_path,
             "no periodic notes while waiting",
         )
         assert not pending.done(), "the request gave up instead of waiting"
-        engines.append(
-            await asyncio.to_thread(InferenceProcess, tiny_model_path, tmp_path, "tiny", port=port)
-        )
+        engine.start(loading=True)
+        await wait_until_async(lambda: engine.held(), 30, "nothing reached the loading engine")
+        assert not pending.done(), "the request went on before the engine served"
+        engine.ready()
         after = await asyncio.wait_for(pending, 60)
         return before, after
 
     try:
         before, after = asyncio.run(scenario())
     finally:
-        for engine in engines:
-            engine.stop()
+        engine.stop()
     assert before.choices and after.choices
     assert len(messages(caplog, logging.WARNING, "waiting")) == 1, "one warning per outage"
     assert messages(caplog, logging.INFO, "resum"), "no INFO when requests resume"

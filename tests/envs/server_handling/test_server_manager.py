@@ -13,9 +13,8 @@ from atroposlib.envs.server_handling.server_manager import (
     resolve_server_configs,
     slurm_server_configs,
 )
-from atroposlib.utils.ports import free_port
 from tests.support.inference_servers import QUESTION, server_config
-from tests.support.processes import InferenceProcess
+from tests.support.relay import PortRelay
 from tests.support.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance
 from tests.support.waiting import wait_until_async
 
@@ -65,16 +64,18 @@ def test_chat_with_n_split_across_requests(inference_server):
     assert len(text.choices) == 3
 
 
-def test_dead_server_leaves_rotation_and_returns(inference_server, tiny_model_path, tmp_path):
-    dead_port = free_port()
-    dead = server_config(f"http://127.0.0.1:{dead_port}", num_max_requests_at_once=1024)
+def test_dead_server_leaves_rotation_and_returns(inference_server):
+    """The dead server comes back as the session's engine behind a relay on its port
+    (tests/support/relay.py): a client sees the same as a real engine started there."""
+    revived = PortRelay(inference_server.url, start=False)
+    dead = server_config(revived.url, num_max_requests_at_once=1024)
     alive = server_config(inference_server.url)
     manager = ServerManager([dead, alive], health_interval_s=0.2)
 
     async def scenario():
         answers = [await manager.chat_completion(messages=QUESTION, max_tokens=2) for _ in range(3)]
         assert not manager.servers[0].server_healthy and manager.servers[1].server_healthy
-        revived = InferenceProcess(tiny_model_path, tmp_path, "tiny", port=dead_port)
+        revived.start()
         try:
             await wait_until_async(
                 lambda: manager.servers[0].server_healthy,
