@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import pytest
 
 torch = pytest.importorskip("torch")
-trl = pytest.importorskip("trl")
 
 from example_trainer.importance import correction_weights  # noqa: E402
 from example_trainer.loss import LossSettings, policy_loss  # noqa: E402
@@ -75,6 +74,9 @@ def trl_loss(settings: LossSettings, tensors: dict, is_ratio=None, entropy_coef=
     }
     if is_ratio is not None:
         inputs["importance_sampling_ratio"] = is_ratio
+    # TRL imports on first use, not at collection: with it come peft and bitsandbytes,
+    # about 7 s of CPU that every pytest session would pay, this module's tests or not
+    trl = pytest.importorskip("trl")
     loss = trl.GRPOTrainer._compute_loss(stand_in, None, inputs)
     loss.backward()
     return loss.detach(), logp.grad, entropy.grad

@@ -29,10 +29,6 @@ import logging
 import re
 from typing import Any
 
-import jsonschema
-from jsonschema import Draft202012Validator
-from referencing.exceptions import Unresolvable
-
 from ._final_answer import after_thinking
 from .registry import registry
 from .reward_function import RewardFunction, log_once
@@ -41,7 +37,6 @@ logger = logging.getLogger(__name__)
 
 JSON_OUTPUT = re.compile(r"<json_output>(.*?)</json_output>", re.DOTALL | re.IGNORECASE)
 FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)```", re.DOTALL)
-FORMATS = Draft202012Validator.FORMAT_CHECKER
 _NO_JSON = object()
 
 
@@ -74,13 +69,18 @@ def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:
 
     A schema that is itself invalid, or a value the validator cannot handle (an integer
     too large for a float comparison, nesting too deep), is an error, not an exception.
+    `jsonschema` is imported here, on first use: its format checks build an IRI grammar
+    at import (about 3 s of CPU), which no process that never grades JSON should pay.
     """
+    from jsonschema import Draft202012Validator, SchemaError
+    from referencing.exceptions import Unresolvable
+
     try:
         Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as exc:
+    except SchemaError as exc:
         return [f"the schema is invalid: {exc.message}"]
     try:
-        validator = Draft202012Validator(schema, format_checker=FORMATS)
+        validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
         return [error.message for error in validator.iter_errors(value)]
     except Unresolvable as exc:
         return [f"the schema's $ref cannot be resolved: {exc}"]
