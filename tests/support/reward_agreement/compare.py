@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -171,6 +174,22 @@ def _explaining_variants(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return variants
 
 
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread in this process for the block, as it was after."""
+    if importlib.util.find_spec("torch") is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def upstream_agreements(model_path: str | None, n: int = 200, seed: int = 27) -> list[Agreement]:
     """The upstream-named rewards against upstream Atropos 0.4.0's own code, one
     Agreement per module. Each case that differs is rerun upstream as rewritten for
@@ -178,7 +197,8 @@ def upstream_agreements(model_path: str | None, n: int = 200, seed: int = 27) ->
     upstream then agrees."""
     built = upstream.cases(n, seed, model_path)
     theirs = upstream.upstream_outcomes(built)
-    ours = [outcome("atroposlib", case) for case in built]
+    with one_torch_thread():  # as upstream's runner: see upstream.ONE_THREAD
+        ours = [outcome("atroposlib", case) for case in built]
     differing = [
         i for i, pair in enumerate(zip(ours, theirs, strict=True)) if not _same(*pair, 1e-5)
     ]
