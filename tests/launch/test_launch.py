@@ -291,6 +291,7 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
     assert f"the trainer resumes from {run_dir / 'checkpoints'}" in out
     rows = read_metrics(run_dir / "checkpoints" / "metrics.jsonl")
     assert [row.step for row in rows] == list(range(1, 13))
+    assert (run_dir / "checkpoints" / "step-12" / "trainer_state.pt").exists()  # the last step's
     numbers = json.loads((run_dir / "summary.json").read_text())
     assert numbers["steps"] == 12 and "resume_command" not in numbers
     assert numbers["groups"]["lost"] == 0 and numbers["groups"]["duplicated"] == 0, numbers
