@@ -235,13 +235,14 @@ def test_a_tokenizer_that_cannot_be_loaded_names_the_flag(api, wire_client, tmp_
     assert wire_client.get("/info").json()["batch_size"] == -1
 
 
-def test_unreachable_api_and_a_key_protected_one(api_factory, tmp_path, tiny_model_path):
+def test_unreachable_api_and_a_key_protected_one(api_factory, tmp_path):
+    # --save-messages: no tokenizer to load before the API is asked (transformers' import)
     url = f"http://127.0.0.1:{free_port()}"
-    tool = sft_tool(tmp_path, tmp_path / "a.jsonl", url, "--tokenizer", tiny_model_path)
+    tool = sft_tool(tmp_path, tmp_path / "a.jsonl", url, "--save-messages")
     assert tool.wait() == 1
     assert f"is run-api running at {url}?" in tool.log()
     locked = api_factory("--api-key", "k")
-    tool = sft_tool(tmp_path, tmp_path / "b.jsonl", locked.url, "--tokenizer", tiny_model_path)
+    tool = sft_tool(tmp_path, tmp_path / "b.jsonl", locked.url, "--save-messages")
     assert tool.wait() == 1
     assert "wants a token" in tool.log() and "ATROPOS_API_KEY" in tool.log()
     assert "Traceback" not in tool.log()
@@ -274,44 +275,6 @@ def test_ctrl_c_leaves_whole_lines_and_a_summary(api, wire_client, tmp_path, tin
     assert len(read_jsonl(out)) == 15
     assert "wrote 15 seqs" in tool.log() and "stopped early on request" in tool.log()
     assert httpx.get(f"{api.url}/health").status_code == 200
-
-
-def test_a_real_environments_groups_become_an_sft_dataset(
-    api, wire_client, inference_server, tmp_path, tiny_model_path
-):
-    """arith_env serving on the tiny model, sft-gen pulling: TRL prepares what it wrote."""
-    out = tmp_path / "served.jsonl"
-    tool = sft_tool(
-        tmp_path,
-        out,
-        api.url,
-        "--group-size",
-        "4",
-        "--tokenizer",
-        tiny_model_path,
-        "--num-seqs-to-save",
-        "6",
-        "--save-top-n-per-group",
-        "2",
-    )
-    env = EnvProcess(
-        tmp_path, "serve", *serve_args(api.url, inference_server.url, "--env.fixed_score", "1.0")
-    )
-    try:
-        assert tool.wait(300) == 0, tool.log() + env.log()
-    finally:
-        tool.stop()
-        env.stop()
-    records = read_jsonl(out)
-    assert len(records) == 6 and all(set(r) == {"prompt", "completion"} for r in records)
-    assert all(r["completion"] for r in records)
-    assert all(r["prompt"] == records[2 * (i // 2)]["prompt"] for i, r in enumerate(records))
-    assert all(
-        SYSTEM_PROMPT in r["prompt"] and SYSTEM_PROMPT not in r["completion"] for r in records
-    )
-    prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
-    assert len(prepared) == 6
-    assert all(any(label != -100 for label in row["labels"]) for row in prepared)
 
 
 @pytest.mark.integration
@@ -378,7 +341,11 @@ def test_run_api_restarted_under_a_serving_env_and_the_tool_stalls_neither(
     run-api killed and started again without its state: the env follows the new batch
     size (from /status-env, then /info after it registers again), the tool registers
     again, says what it waits for, and finishes. Before, the env kept the batch size it
-    first read and queued at most max_batches_offpolicy x 4 sequences: the tool sat at 0%."""
+    first read and queued at most max_batches_offpolicy x 4 sequences: the tool sat at 0%.
+
+    It is also the real environment's run: arith_env serving on the tiny model, sft-gen
+    pulling, and TRL preparing what it wrote (each such run starts an env and the tool,
+    about 12 s of CPU, so one run asks both)."""
     api = api_factory()
     with BatchPuller(api.url, 4, 2048, tool="atropos-sft-gen") as earlier:
         earlier.register()  # the earlier trainer, same run, batches of 4
@@ -422,8 +389,18 @@ def test_run_api_restarted_under_a_serving_env_and_the_tool_stalls_neither(
             tool.stop()
         env.stop()
         restarted.stop()
-    assert len(read_jsonl(out)) == 48
     assert "API holds " in tool.log() and "/16 sequences of the next batch" in tool.log()
     assert "registered again" in tool.log()
     assert "the trainer's batch size is now 16 (was 4)" in env.log()
     assert "registered again as env_id" in env.log()
+    records = read_jsonl(out)
+    assert len(records) == 48 and all(set(r) == {"prompt", "completion"} for r in records)
+    assert all(r["completion"] for r in records)
+    # the two best of each group, together: a pair shares its prompt
+    assert all(r["prompt"] == records[2 * (i // 2)]["prompt"] for i, r in enumerate(records))
+    assert all(
+        SYSTEM_PROMPT in r["prompt"] and SYSTEM_PROMPT not in r["completion"] for r in records
+    )
+    prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
+    assert len(prepared) == 48
+    assert all(any(label != -100 for label in row["labels"]) for row in prepared)
