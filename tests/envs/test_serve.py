@@ -80,14 +80,22 @@ def check_group(group: dict, group_size: int) -> None:
 
 
 def test_serve_delivers_well_formed_groups(api_factory, inference_server, tmp_path):
+    """Also test_evaluations_run_every_steps_per_eval's NONE case (evaluations beside
+    training, which they leave as it is): an env process costs about 5 s of CPU."""
     api = api_factory()
+    evals = tmp_path / "evals"
     with httpx.Client(base_url=api.url, timeout=30) as client:
         start_trainer(client, batch_size=8, max_token_len=128)
-        env = EnvProcess(tmp_path, "serve", *serve_args(api.url, inference_server.url))
+        env = EnvProcess(
+            tmp_path,
+            "serve",
+            *serve_args(api.url, inference_server.url, *evaluating(evals, "NONE")),
+        )
         try:
-            groups = pull(client, 2)
+            groups = pull(client, 3)
             # the only connected env has all of the weight
             assert client.get("/status-env", params={"env_id": 0}).json()["env_weight"] == 1.0
+            wait_until((evals / "metrics.json").exists, 60, "no evaluation was written")
         finally:
             code = env.stop()
         # once it told the API it left, no connected env carries its weight any more ...
@@ -96,12 +104,13 @@ def test_serve_delivers_well_formed_groups(api_factory, inference_server, tmp_pa
         # twin of equal context it would get half)
         newcomer = register_env(client, max_token_length=128, group_size=4)["env_id"]
         newcomers = client.get("/status-env", params={"env_id": newcomer}).json()["env_weight"]
-    assert len(groups) == 4
+    assert len(groups) == 6
     for group in groups:
         check_group(group, 4)
     assert code == 0, env.log()
     assert "Traceback" not in env.log()
     assert after < 1.0 and newcomers == 1.0, "the env did not disconnect on shutdown"
+    assert_evaluation_written(evals)
 
 
 def test_user_exceptions_are_logged_counted_and_survived(api_factory, inference_server, tmp_path):
@@ -154,28 +163,7 @@ def test_off_policy_bound_stops_generation(api_factory, inference_server, tmp_pa
     assert refilled == (2, 4), refilled
 
 
-def test_process_writes_jsonl_and_html(inference_server, tmp_path):
-    out = tmp_path / "groups.jsonl"
-    env = EnvProcess(
-        tmp_path,
-        "process",
-        "--openai.base_url",
-        f"{inference_server.url}/v1",
-        "--env.total_steps",
-        "3",
-        "--env.group_size",
-        "2",
-        "--env.data_path_to_save_groups",
-        str(out),
-    )
-    assert env.proc.wait(180) == 0, env.log()
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(groups) == 3 and all(len(g["tokens"]) == 2 for g in groups)
-    page = (tmp_path / "groups.html").read_text()
-    for group in groups:
-        for conversation in group["messages"]:
-            assert conversation[-1]["content"].replace("<", "&lt;") in page
-    assert "wrote 3 groups" in env.log()
+# `process` writing JSONL and HTML: test_serve_settings.py, beside an earlier output
 
 
 @pytest.mark.e2e
@@ -238,31 +226,33 @@ def test_api_outage_loses_and_duplicates_nothing(api_factory, inference_server, 
     assert len(produced) >= 5
 
 
-@pytest.mark.parametrize("handling", ["STOP_TRAIN", "LIMIT_TRAIN", "NONE"])
+def evaluating(evals: Path, handling: str) -> list[str]:
+    """Flags for an evaluation every 2 steps, handled as `handling`, written to `evals`."""
+    return [
+        *("--env.steps_per_eval", "2", "--env.eval_handling", handling),
+        *("--env.data_dir_to_save_evals", str(evals)),
+    ]
+
+
+def assert_evaluation_written(evals: Path) -> None:
+    metrics = json.loads((evals / "metrics.json").read_text())
+    assert "eval/accuracy" in metrics["results"]["all"]
+    assert set(metrics["config_general"]) >= {"model_name", "generation_parameters"}
+
+
+# NONE: test_serve_delivers_well_formed_groups, whose env evaluates that way
+@pytest.mark.parametrize("handling", ["STOP_TRAIN", "LIMIT_TRAIN"])
 def test_evaluations_run_every_steps_per_eval(api_factory, inference_server, tmp_path, handling):
     api = api_factory()
     evals = tmp_path / "evals"
     with httpx.Client(base_url=api.url, timeout=30) as client:
-        env = serving(
-            client,
-            api,
-            inference_server,
-            tmp_path,
-            "--env.steps_per_eval",
-            "2",
-            "--env.eval_handling",
-            handling,
-            "--env.data_dir_to_save_evals",
-            str(evals),
-        )
+        env = serving(client, api, inference_server, tmp_path, *evaluating(evals, handling))
         try:
             pull(client, 3)
             wait_until((evals / "metrics.json").exists, 60, "no evaluation was written")
         finally:
             env.stop()
-    metrics = json.loads((evals / "metrics.json").read_text())
-    assert "eval/accuracy" in metrics["results"]["all"]
-    assert set(metrics["config_general"]) >= {"model_name", "generation_parameters"}
+    assert_evaluation_written(evals)
 
 
 def test_evaluate_subcommand(inference_server, tmp_path):
