@@ -51,6 +51,7 @@ ERROR = {"message", "type", "code"}
 # one (descriptions, typed parameters) rendered into the system prompt do not fit
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
 CALL_TEXT = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 5}}\n</tool_call>'
+KEY = "sesame"
 
 
 def assert_fields(body: dict, fields: dict) -> None:
@@ -68,6 +69,20 @@ def tokenizer(tiny_model_path):
 def proxy(inference_server, tiny_model_path, tmp_path_factory):
     process = ProxyProcess(
         proxy_config(tiny_model_path, inference_server.url), tmp_path_factory.mktemp("proxy")
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed_over_a_dead_backend(tiny_model_path, tmp_path_factory):
+    """A proxy that wants KEY, over a backend nobody serves: the key's questions and the
+    dead backend's go to one proxy (a proxy process costs about 4 s of CPU)."""
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    process = ProxyProcess(
+        proxy_config(tiny_model_path, dead),
+        tmp_path_factory.mktemp("keyed-proxy"),
+        env={"ATROPOS_PROXY_API_KEY": KEY},
     )
     yield process
     process.stop()
@@ -269,33 +284,30 @@ def test_an_idle_session_expires_and_then_answers_404(scripted):
 
 
 def test_the_sdk_gets_openai_errors_for_an_unknown_session_and_a_dead_backend(
-    tiny_model_path, tmp_path
+    keyed_over_a_dead_backend,
 ):
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    proxy = ProxyProcess(proxy_config(tiny_model_path, dead), tmp_path)
-    try:
+    proxy = keyed_over_a_dead_backend
 
-        async def ask(uuid: str):
-            client = openai.AsyncOpenAI(
-                base_url=f"{proxy.url}/{uuid}/v1", api_key="x", max_retries=0, timeout=30
+    async def ask(uuid: str):
+        client = openai.AsyncOpenAI(
+            base_url=f"{proxy.url}/{uuid}/v1", api_key=KEY, max_retries=0, timeout=30
+        )
+        try:
+            return await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
-            try:
-                return await client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-                )
-            finally:
-                await client.close()
+        finally:
+            await client.close()
 
-        with pytest.raises(openai.NotFoundError, match="not found"):
-            asyncio.run(ask("no-such-session"))
-        uuid = httpx.post(f"{proxy.url}/sessions/create", json={}, timeout=30).json()["uuid"]
-        started = time.monotonic()
-        with pytest.raises(openai.APIStatusError) as refused:
-            asyncio.run(ask(uuid))
-        assert refused.value.status_code == 503 and "cannot be reached" in str(refused.value)
-        assert time.monotonic() - started < 20, "a dead backend must not hang the agent"
-    finally:
-        proxy.stop()
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        asyncio.run(ask("no-such-session"))
+    keyed = {"Authorization": f"Bearer {KEY}"}
+    created = httpx.post(f"{proxy.url}/sessions/create", json={}, headers=keyed, timeout=30)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as refused:
+        asyncio.run(ask(created.json()["uuid"]))
+    assert refused.value.status_code == 503 and "cannot be reached" in str(refused.value)
+    assert time.monotonic() - started < 20, "a dead backend must not hang the agent"
 
 
 def test_a_sessions_token_budget_and_the_session_cap_are_enforced(scripted, tokenizer):
@@ -356,19 +368,18 @@ def test_two_hundred_concurrent_sessions_never_see_each_others_turns(proxy, infe
 
 # ---------------------------------------------------------------- exposure
 def test_the_proxy_wants_its_key_and_refuses_an_open_address_without_one(
-    scripted, tiny_model_path, tmp_path
+    keyed_over_a_dead_backend, tiny_model_path, tmp_path
 ):
     import subprocess
     import sys
 
     from tests.support.proxy import PROXY_MODULE
 
-    _, proxy = scripted(env={"ATROPOS_PROXY_API_KEY": "sesame"})
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with httpx.Client(base_url=keyed_over_a_dead_backend.url, timeout=30) as http:
         assert http.get("/health").status_code == 200, "health stays open"
         refused = http.post("/sessions/create", json={})
         assert refused.status_code == 401 and "Bearer" in refused.json()["error"]["message"]
-        keyed = {"Authorization": "Bearer sesame"}
+        keyed = {"Authorization": f"Bearer {KEY}"}
         assert http.post("/sessions/create", json={}, headers=keyed).status_code == 200
     config = tmp_path / "servers.json"
     config.write_text(json.dumps(proxy_config(tiny_model_path, "http://127.0.0.1:1")))
