@@ -240,8 +240,9 @@ def assert_evaluation_written(evals: Path) -> None:
     assert set(metrics["config_general"]) >= {"model_name", "generation_parameters"}
 
 
-# NONE: test_serve_delivers_well_formed_groups, whose env evaluates that way
-@pytest.mark.parametrize("handling", ["STOP_TRAIN", "LIMIT_TRAIN"])
+# NONE: test_serve_delivers_well_formed_groups, whose env evaluates that way; STOP_TRAIN:
+# test_stops_at_total_steps_and_a_stateless_env_writes_no_checkpoint
+@pytest.mark.parametrize("handling", ["LIMIT_TRAIN"])
 def test_evaluations_run_every_steps_per_eval(api_factory, inference_server, tmp_path, handling):
     api = api_factory()
     evals = tmp_path / "evals"
@@ -282,10 +283,13 @@ def test_stops_at_total_steps_and_a_stateless_env_writes_no_checkpoint(
 ):
     """The arith env keeps no state (no save_checkpoint override): no empty files appear.
 
-    Envs that do save state are covered in test_env_state.py.
+    Envs that do save state are covered in test_env_state.py. The env also evaluates
+    every 2 steps with STOP_TRAIN (test_evaluations_run_every_steps_per_eval's third
+    case): training waits for each evaluation, and still reaches total_steps.
     """
     api = api_factory()
     checkpoints = tmp_path / "ckpt"
+    evals = tmp_path / "evals"
     with httpx.Client(base_url=api.url, timeout=30) as client:
         start_trainer(
             client,
@@ -304,6 +308,7 @@ def test_stops_at_total_steps_and_a_stateless_env_writes_no_checkpoint(
                 "6",
                 "--env.max_batches_offpolicy",
                 "1",
+                *evaluating(evals, "STOP_TRAIN"),
             ),
         )
         try:
@@ -313,6 +318,7 @@ def test_stops_at_total_steps_and_a_stateless_env_writes_no_checkpoint(
             env.stop()
     assert not (checkpoints / "env_checkpoints").exists()
     assert "reached total_steps 6" in env.log()
+    assert_evaluation_written(evals)
 
 
 def test_stuck_workers_time_out(api_factory, inference_server, tmp_path):
