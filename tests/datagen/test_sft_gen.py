@@ -101,8 +101,18 @@ def test_text_records_follow_the_rules_and_feed_trls_sft_trainer(
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     out = tmp_path / "sft.jsonl"
+    # an earlier run's file, its last line without a newline: --append-to-previous keeps
+    # it (a tool process costs about 4 s of CPU, so this run asks that too)
+    out.write_text('{"prompt": "old", "completion": " line"}')
     tool = sft_tool(
-        tmp_path, out, api.url, "--tokenizer", tiny_model_path, "--num-seqs-to-save", "4"
+        tmp_path,
+        out,
+        api.url,
+        "--append-to-previous",
+        "--tokenizer",
+        tiny_model_path,
+        "--num-seqs-to-save",
+        "4",
     )
     try:
         post_groups(wire_client, [text_group(tok, PROMPT, ANSWERS, SCORES)])
@@ -119,6 +129,7 @@ def test_text_records_follow_the_rules_and_feed_trls_sft_trainer(
         tool.stop()
     records = read_jsonl(out)
     assert records == [
+        {"prompt": "old", "completion": " line"},
         {"prompt": PROMPT, "completion": " 3"},
         {"prompt": PROMPT, "completion": " 2"},
         {"prompt": PROMPT, "completion": " 1"},
@@ -126,8 +137,8 @@ def test_text_records_follow_the_rules_and_feed_trls_sft_trainer(
     ]
     assert "wrote 4 seqs" in tool.log()
     prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
-    assert len(prepared) == 4
-    first = prepared[0]
+    assert len(prepared) == 5
+    first = prepared[1]
     trained = [
         t for t, label in zip(first["input_ids"], first["labels"], strict=True) if label != -100
     ]
@@ -199,31 +210,7 @@ def test_bad_output_paths_are_refused_before_registering(api, wire_client, tmp_p
     assert wire_client.get("/info").json()["batch_size"] == -1  # nobody registered
 
 
-def test_append_to_previous_keeps_the_old_lines(api, wire_client, tmp_path, tiny_model_path):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_path)
-    out = tmp_path / "old.jsonl"
-    out.write_text('{"prompt": "old", "completion": " line"}')  # no final newline
-    tool = sft_tool(
-        tmp_path,
-        out,
-        api.url,
-        "--append-to-previous",
-        "--tokenizer",
-        tiny_model_path,
-        "--num-seqs-to-save",
-        "1",
-    )
-    try:
-        post_groups(wire_client, [text_group(tok, PROMPT, ANSWERS, SCORES)])
-        assert tool.wait() == 0, tool.log()
-    finally:
-        tool.stop()
-    assert read_jsonl(out) == [
-        {"prompt": "old", "completion": " line"},
-        {"prompt": PROMPT, "completion": " 3"},
-    ]
+# --append-to-previous: test_text_records_follow_the_rules_and_feed_trls_sft_trainer
 
 
 def test_a_tokenizer_that_cannot_be_loaded_names_the_flag(api, wire_client, tmp_path):
