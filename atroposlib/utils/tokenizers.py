@@ -105,7 +105,9 @@ def builds_generic_class(tokenizer_config: dict[str, Any], model_config: dict[st
     if tables is None:
         return False
     classes_by_model_type, rerouted_model_types = tables
-    names = {model_config.get("model_type"), model_config.get("model_name")} - {None}
+    names = {
+        str(model_config[key]) for key in ("model_type", "model_name") if model_config.get(key)
+    }
     if names & rerouted_model_types:
         return False
     registered = set().union(*(classes_by_model_type.get(n, set()) for n in names))
@@ -120,9 +122,9 @@ def auto_tokenizer_tables() -> tuple[dict[str, set[str | None]], frozenset[str]]
     spec = importlib.util.find_spec(AUTO_TOKENIZER_MODULE)
     if spec is None or spec.origin is None:
         return None
-    assigned = {}
+    assigned: dict[str, ast.expr] = {}
     for node in ast.parse(Path(spec.origin).read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.AnnAssign | ast.Assign):
+        if isinstance(node, ast.AnnAssign | ast.Assign) and node.value is not None:
             target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
             if isinstance(target, ast.Name):
                 assigned[target.id] = node.value
