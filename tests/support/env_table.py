@@ -20,6 +20,7 @@ its batches, and stopping it after, is a thread.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import importlib.util
 import io
@@ -307,7 +308,13 @@ def in_process(run: Run) -> Iterator[None]:
 
     Its output goes to a buffer, not pytest's capture: a library that makes a logging
     handler on first use binds sys.stderr then, and a test's capture is closed after it.
-    Such a handler is pointed at the stderr in effect afterwards."""
+    Such a handler is pointed at the stderr in effect afterwards.
+
+    An earlier run's HTTP clients, bound to that run's closed event loop, are collected
+    before this run's output is captured: finalized during it, they would log "Event loop
+    is closed" tracebacks into it (in an env's own process, which runs once, they never
+    outlive their loop)."""
+    gc.collect()
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     names = [
