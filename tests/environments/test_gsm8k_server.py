@@ -19,7 +19,15 @@ from environments.gsm8k_server import (
     item_from_row,
 )
 from tests.support.env_groups import assert_prompt_masked
-from tests.support.env_table import EvaluateRow, ProcessRow, Run, ServeRow, chat, scripted
+from tests.support.env_table import (
+    EvaluateRow,
+    ProcessRow,
+    Run,
+    ServeRow,
+    chat,
+    scores_and_questions_within,
+    scripted,
+)
 from tests.support.scripted_model import last_turn
 
 TRAIN = read_jsonl(SAMPLE_DIR / "train.jsonl")
@@ -93,13 +101,6 @@ def check_evaluate(results: dict, samples: list[dict], run: Run) -> None:
         assert sample["score"] == int(float(sample["gold_answer"]) % 2 == 0)
 
 
-def check_offline(groups: list[dict]) -> None:
-    """The documented command on the tiny model: its noise scores within the reward's range."""
-    for group in groups:
-        assert set(group["scores"]) <= set(EXPECTED)
-        assert group["messages"][0][1]["content"] in GOLD
-
-
 # The questions every env is asked (tests/environments/test_env_table.py).
 ARGS = ["--env.max_tokens", str(MAX_TOKENS), "--env.max_token_length", "2048"]
 PROCESS = ProcessRow(
@@ -127,7 +128,8 @@ EVALUATE = EvaluateRow(
     samples=len(TEST),
     check=check_evaluate,
 )
-OFFLINE = check_offline
+# the documented command on the tiny model: its noise scores within the reward's range
+OFFLINE = scores_and_questions_within(EXPECTED, GOLD)
 
 
 def test_hub_rows_load_and_convert(monkeypatch, tiny_model_path):

@@ -243,6 +243,20 @@ def table(kind: str) -> list[Any]:
     return params
 
 
+def scores_and_questions_within(
+    scores: list[float], questions: Mapping[str, Any]
+) -> Callable[[list[dict[str, Any]]], None]:
+    """An `OFFLINE` check: every score is one the reward gives, and every group's user
+    turn is one of the env's questions."""
+
+    def check(groups: list[dict[str, Any]]) -> None:
+        for group in groups:
+            assert set(group["scores"]) <= set(scores)
+            assert group["messages"][0][1]["content"] in questions
+
+    return check
+
+
 def offline_check(script_stem: str) -> Callable[[list[dict[str, Any]], Any], None]:
     """The `OFFLINE` check of the env named `script_stem` (none: the common part only)."""
     for name in ROW_MODULES:
