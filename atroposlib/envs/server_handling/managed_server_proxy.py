@@ -51,6 +51,7 @@ from fastapi.responses import JSONResponse
 
 from atroposlib.envs.server_handling.dummy_managed_server import DummyManagedServer
 from atroposlib.envs.server_handling.managed_server import ManagedServer
+from atroposlib.envs.server_handling.proxy_client import IN_PROCESS_PROXIES
 from atroposlib.envs.server_handling.proxy_models import (
     ChatCompletionProxyRequest,
     ChatMessage,
@@ -468,7 +469,11 @@ async def serve_in_process(
     if task.done():
         task.result()  # raises what stopped it
         raise RuntimeError("the in-process proxy stopped before it started")
-    return f"http://127.0.0.1:{port}", task
+    url = f"http://127.0.0.1:{port}"
+    # this process's own sessions skip the HTTP round trip (proxy_client's docstring)
+    IN_PROCESS_PROXIES[url] = app.state.proxy
+    task.add_done_callback(lambda _: IN_PROCESS_PROXIES.pop(url, None))
+    return url, task
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,12 @@ reads them exactly as it reads an in-process ManagedServer's.
 On leaving the block the nodes are fetched one last time (so `get_state()` still has
 them) and the session is deleted. Requests carry the proxy's key
 (ATROPOS_PROXY_API_KEY) when one is set.
+
+A proxy that this process serves itself (`serve_in_process`) is listed in
+`IN_PROCESS_PROXIES`: a session on it is opened, read and deleted by a call to its
+service, not by an HTTP round trip out of this process and back into it (three of an
+agent rollout's five requests, a quarter of the environment's CPU). The agent's own
+requests still come over HTTP: the agent is the black box.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import logging
 import os
 import time
 import uuid as uuid_lib
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx
@@ -34,6 +41,9 @@ from atroposlib.utils.http_client import shared_async_http_client
 
 logger = logging.getLogger("atroposlib.proxy")
 
+# the ProxyService of each proxy served by this process, by its URL (serve_in_process)
+IN_PROCESS_PROXIES: dict[str, Any] = {}
+
 PROXY_KEY_ENVIRONMENT = "ATROPOS_PROXY_API_KEY"
 
 
@@ -44,6 +54,17 @@ class ProxyError(RuntimeError):
 def _headers() -> dict[str, str]:
     key = os.environ.get(PROXY_KEY_ENVIRONMENT)
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+async def _call_in_process(call: Awaitable[Any]) -> dict[str, Any]:
+    """An in-process ProxyService's answer, refused as its HTTP route would refuse it."""
+    from starlette.exceptions import HTTPException
+
+    try:
+        answer = await call
+    except HTTPException as exc:
+        raise ProxyError(f"Proxy request failed ({exc.status_code}): {exc.detail}") from exc
+    return answer.model_dump(mode="json") if hasattr(answer, "model_dump") else answer
 
 
 async def _request(method: str, url: str, timeout: float, json: Any = None) -> dict[str, Any]:
@@ -81,6 +102,7 @@ class ProxyManagedServer:
         """The backend the proxy pinned this session to."""
         self.timeout_s = timeout_s
         self._cached_nodes: list[SequenceNode] | None = None
+        self._service = IN_PROCESS_PROXIES.get(self.proxy_url)
 
     def get_url(self) -> str:
         """The OpenAI base URL of this session: `<proxy>/<uuid>/v1`."""
@@ -118,7 +140,10 @@ class ProxyManagedServer:
 
     async def fetch_state(self) -> dict[str, Any]:
         """The session's nodes, fetched from the proxy now."""
-        data = await _request("GET", f"{self.proxy_url}/{self.session_uuid}/nodes", 30.0)
+        if self._service is not None:
+            data = await _call_in_process(self._service.get_nodes(self.session_uuid))
+        else:
+            data = await _request("GET", f"{self.proxy_url}/{self.session_uuid}/nodes", 30.0)
         self._cached_nodes = [SequenceNode(**node) for node in data.get("nodes", [])]
         return {"nodes": list(self._cached_nodes)}
 
@@ -128,7 +153,10 @@ class ProxyManagedServer:
     async def cleanup(self) -> None:
         """Delete the session on the proxy (a failure is logged, not raised)."""
         try:
-            await _request("DELETE", f"{self.proxy_url}/{self.session_uuid}", 30.0)
+            if self._service is not None:
+                await _call_in_process(self._service.delete_session(self.session_uuid))
+            else:
+                await _request("DELETE", f"{self.proxy_url}/{self.session_uuid}", 30.0)
         except ProxyError as exc:
             logger.warning("could not delete proxy session %s: %s", self.session_uuid, exc)
 
@@ -154,7 +182,15 @@ async def create_proxy_session(
     body: dict[str, Any] = {"tool_parser": tool_parser, "track_tree": track_tree}
     if base_url:
         body["base_url"] = base_url
-    data = await _request("POST", f"{proxy_url.rstrip('/')}/sessions/create", 30.0, json=body)
+    service = IN_PROCESS_PROXIES.get(proxy_url.rstrip("/"))
+    if service is not None:
+        from atroposlib.envs.server_handling.proxy_models import SessionCreateRequest
+
+        request = SessionCreateRequest.model_validate(body)
+        data = await _call_in_process(service.create_session(request))
+    else:
+        url = f"{proxy_url.rstrip('/')}/sessions/create"
+        data = await _request("POST", url, 30.0, json=body)
     return ProxyManagedServer(
         proxy_url=proxy_url,
         session_uuid=data["uuid"],

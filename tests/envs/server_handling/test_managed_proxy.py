@@ -400,3 +400,58 @@ def test_the_proxy_wants_its_key_and_refuses_an_open_address_without_one(
         timeout=60,
     )
     assert done.returncode == 2 and "model_name" in done.stderr and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- served in process
+def test_a_proxy_served_in_process_opens_reads_and_deletes_its_own_sessions_by_call(
+    tokenizer, tiny_model_path
+):
+    """`serve_in_process`: the env's own sessions skip HTTP, the agent's requests do not,
+    and what the env reads (nodes, refusals) is what it would read over HTTP."""
+    from atroposlib.envs.server_handling import proxy_client
+    from atroposlib.envs.server_handling.managed_server_proxy import serve_in_process
+
+    ids = tokenizer.encode("7", add_special_tokens=False)
+    backend = TokenScriptServer([(ids, "stop")] * 2)
+
+    async def run() -> None:
+        manager = ServerManager([server_config(backend.url)])
+        url, task = await serve_in_process(manager, tokenizer, "tiny")
+        service = proxy_client.IN_PROCESS_PROXIES[url]
+        manager.proxy_url = url
+        try:
+            async with manager.managed_server(use_proxy=True) as managed:
+                assert managed._service is service
+                client = openai.AsyncOpenAI(base_url=managed.get_url(), api_key="x")
+                reply = await client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "3 + 4?"}]
+                )
+                assert reply.choices[0].message.content == "7"
+                nodes = (await managed.fetch_state())["nodes"]
+                async with httpx.AsyncClient(base_url=url) as http:  # the same over HTTP
+                    over_http = (await http.get(f"/{managed.session_uuid}/nodes")).json()
+                assert [n.model_dump() for n in nodes] == over_http["nodes"]
+                assert nodes[0].tokens[-len(ids) :] == ids
+            assert len(service.sessions) == 0, "the session outlived its block"
+            # a deleted session is refused in the words the HTTP route uses
+            refusals = []
+            for registered in (True, False):
+                if not registered:
+                    del proxy_client.IN_PROCESS_PROXIES[url]
+                gone = proxy_client.ProxyManagedServer(url, managed.session_uuid)
+                assert (gone._service is service) is registered
+                with pytest.raises(proxy_client.ProxyError) as refused:
+                    await gone.fetch_state()
+                refusals.append(str(refused.value))
+            assert refusals[0] == refusals[1] and "(404)" in refusals[0], refusals
+            proxy_client.IN_PROCESS_PROXIES[url] = service
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert url not in proxy_client.IN_PROCESS_PROXIES, "a stopped proxy stays listed"
+        assert len(backend.requests) == 1, "one completion, and nothing else, reached it"
+
+    try:
+        asyncio.run(run())
+    finally:
+        backend.close()
