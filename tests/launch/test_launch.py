@@ -19,6 +19,7 @@ from tests.support.source import REPO
 
 EXITS_TWO_ENV = REPO / "tests" / "support" / "exits_two_env.py"
 
+
 # Every wait on a run is allowed what it costs at the run's own pace (tests/support/
 # pace.py), so these bound each test; this only catches a hang outside them.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
@@ -37,11 +38,24 @@ def long_run(launch, config, until_steps: int) -> tuple[LaunchRun, Pace]:
     return run, pace
 
 
-def fifty_steps(run_dir) -> dict:
-    """A run of 50 steps (no engine restarts): longer than any test here lets it go."""
-    config = launch_config(run_dir, steps=50)
-    config["trainer"]["args"]["vllm_restart_interval"] = 100
+def on_the_minimal_trainer(config: dict, steps: int) -> dict:
+    """`config` with tests/support/minimal_trainer.py, the contract's smallest trainer, on
+    a standalone engine (the launcher waits for the engine a trainer starts; this one
+    starts none). Where a test asks what the launcher does, not what the trainer does,
+    its start costs a second of CPU, not example_trainer's ten (torch, transformers and
+    the policy)."""
+    config["engine"] = {"engine": "transformers", "args": ["--num-threads", "1"]}
+    config["trainer"] = {
+        "module": "tests.support.minimal_trainer",
+        "args": {"training_steps": steps, "seq_len": 128, "batch_size": 8},
+    }
     return config
+
+
+def fifty_steps(run_dir) -> dict:
+    """A run of 50 steps, longer than any test here lets it go, for the tests of how the
+    launcher stops a run."""
+    return on_the_minimal_trainer(launch_config(run_dir, steps=50), steps=50)
 
 
 @dataclass
@@ -246,6 +260,7 @@ def test_a_process_that_exits_2_is_not_restarted(launch, tmp_path):
     run_dir = tmp_path / "run"
     config = launch_config(run_dir, steps=4)
     config["environments"] = [{"script": str(EXITS_TWO_ENV)}]
+    on_the_minimal_trainer(config, steps=4)
     run = launch(config)
     assert run.wait(240) == 1
     out = run.output()
@@ -384,11 +399,7 @@ def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch
     """tests/support/minimal_trainer.py knows nothing of example_trainer; the run still works."""
     run_dir = tmp_path / "run"
     config = launch_config(run_dir)
-    config["engine"] = {"engine": "transformers", "args": ["--num-threads", "1"]}
-    config["trainer"] = {
-        "module": "tests.support.minimal_trainer",
-        "args": {"training_steps": 3, "seq_len": 128, "batch_size": 8},
-    }
+    on_the_minimal_trainer(config, steps=3)
     finished = finish(launch(config), run_dir, steps=3)
     assert finished.code == 0, finished.output()[-4000:]
     out = finished.output()

@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(first_step, settings.training_steps + 1):
         groups, deadline = None, time.monotonic() + BATCH_TIMEOUT_S
         while not groups:
-            groups = Batch.model_validate_json(http.get("/batch").content).batch
+            try:
+                groups = Batch.model_validate_json(http.get("/batch").content).batch
+            except httpx.TransportError:  # the API restarting: ask again, as a trainer would
+                groups = None
             if not groups and time.monotonic() > deadline:
                 print(f"no batch for step {step} in {BATCH_TIMEOUT_S}s", file=sys.stderr)
                 return 1
