@@ -194,23 +194,19 @@ def test_an_fsdp_checkpoint_resumes_on_another_number_of_ranks(saved_by, resumed
         assert (weight - nexts[0][name]).abs().max() <= 0.1 * 1e-4, name
 
 
-@pytest.mark.parametrize("runner", ["torchrun", "local_ranks"])
 def test_torchrun_trainer_pulls_from_the_api_on_rank_zero(
-    runner, api, wire_client, tiny_model_path, tmp_path
+    api, wire_client, tiny_model_path, tmp_path
 ):
-    """The real `atropos-grpo` under torchrun, and under atropos-launch's loopback-only
-    stand-in for it: batches flow, rank 0 checkpoints, all exit."""
+    """The real `atropos-grpo` under torchrun: batches flow, rank 0 checkpoints, all exit.
+    (Under atropos-launch's loopback-only stand-in for torchrun, the FSDP quickstart's
+    launch asks the same: tests/launch/test_launch.py.)"""
     import json
 
     from tests.support.groups import make_group
 
     save = tmp_path / "ckpt"
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    local_ranks = [sys.executable, "-m", "atroposlib.launch.local_ranks", "--nproc", "2"]
-    prefix = {
-        "torchrun": [torchrun, "--standalone", "--nproc_per_node=2"],
-        "local_ranks": [*local_ranks, "--", sys.executable],
-    }[runner]
+    prefix = [torchrun, "--standalone", "--nproc_per_node=2"]
     trainer = subprocess.Popen(
         [
             *prefix,
