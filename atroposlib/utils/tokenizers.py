@@ -37,7 +37,10 @@ TOKENIZER_FLAG = "--env.tokenizer_name (atropos-launch: the model)"
 GENERIC_CLASS = "TokenizersBackend"
 """transformers 5's class for a tokenizer that `tokenizer.json` describes whole."""
 
-AUTO_TOKENIZER_MODULE = "transformers.models.auto.tokenization_auto"
+# AutoTokenizer's module, by its path in the transformers package: finding it by name
+# (importlib.util.find_spec) would import `transformers.models`, whose __init__ scans
+# every model's source files (over a second of CPU in each process)
+AUTO_TOKENIZER_FILE = ("models", "auto", "tokenization_auto.py")
 
 
 class TokenizerLoadError(ValueError):
@@ -119,11 +122,14 @@ def auto_tokenizer_tables() -> tuple[dict[str, set[str | None]], frozenset[str]]
     """From the installed transformers' `tokenization_auto.py`, read but not run: each
     model type's tokenizer class names (both arms of a conditional entry), and the
     model types whose hub class it corrects. None where the source is not as expected."""
-    spec = importlib.util.find_spec(AUTO_TOKENIZER_MODULE)
-    if spec is None or spec.origin is None:
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(spec.submodule_search_locations[0]).joinpath(*AUTO_TOKENIZER_FILE)
+    if not source.is_file():
         return None
     assigned: dict[str, ast.expr] = {}
-    for node in ast.parse(Path(spec.origin).read_text(encoding="utf-8")).body:
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.AnnAssign | ast.Assign) and node.value is not None:
             target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
             if isinstance(target, ast.Name):

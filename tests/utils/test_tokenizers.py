@@ -106,13 +106,16 @@ def test_a_tokenizer_auto_tokenizer_reroutes_is_loaded_by_it(tiny_model_path, tm
 WITNESS = """
 import atexit, runpy, sys
 atexit.register(lambda: print("torch imported:", "torch" in sys.modules, file=sys.stderr))
+# transformers.models scans every model's source as it is imported (over a second of CPU)
+models = lambda: "transformers.models" in sys.modules
+atexit.register(lambda: print("models imported:", models(), file=sys.stderr))
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
 @pytest.mark.integration
-def test_an_environments_whole_process_run_imports_no_torch(
+def test_an_environments_whole_process_run_imports_no_torch_and_no_model_sources(
     inference_server, tiny_model_path, tmp_path
 ):
     out = tmp_path / "groups.jsonl"
@@ -131,3 +134,4 @@ def test_an_environments_whole_process_run_imports_no_torch(
     assert done.returncode == 0, failure(done)
     assert len(out.read_text().splitlines()) == 2, failure(done)
     assert "torch imported: False" in done.stderr, failure(done)
+    assert "models imported: False" in done.stderr, failure(done)
