@@ -313,10 +313,10 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
 
 def test_every_process_killed_at_every_step_of_a_restart_mode_run_loses_nothing(launch, tmp_path):
     """The restart mode (the trainer restarts its engine on each checkpoint): the trainer,
-    and with it its engine, SIGKILLed after each of steps 1 to 6: before the first
-    checkpoint (3), on it, after it and on the second (6). After each of steps 1 to 4 the
+    and with it its engine, SIGKILLed after each of steps 1 to 4: before the first
+    checkpoint (2), on it, after it and on the second (4). After each of steps 1 to 3 the
     environment and the API die at the same moment: the whole run crashes at once."""
-    last_kill, everything_until, steps, interval = 6, 4, 8, 3
+    last_kill, everything_until, steps, interval = 4, 3, 6, 2
     run_dir = tmp_path / "run"
     config = fault_config(run_dir, steps)
     config["trainer"]["args"].update(weight_bridge_mode="restart", vllm_restart_interval=interval)
