@@ -29,13 +29,13 @@ def test_the_mix_passes_a_dry_run_with_each_weight(capsys):
 def test_the_mix_trains_a_few_steps_on_the_tiny_model(launch, tmp_path):
     config = yaml.safe_load(MIX.read_text())
     config["run_dir"] = str(tmp_path / "run")
-    config["trainer"]["args"]["training_steps"] = 4
+    config["trainer"]["args"]["training_steps"] = 2
     for environment in config["environments"]:
         environment["script"] = str((MIX.parent / environment["script"]).resolve())
     run = launch(config)
     assert run.wait(300) == 0, run.output()[-4000:]
     run_dir = Path(config["run_dir"])
-    assert [row.step for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [row.step for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2]
     for name in ENVS:
         assert "registered as" in (run_dir / "logs" / f"{name}.log").read_text(), name
     sent = {
@@ -43,11 +43,11 @@ def test_the_mix_trains_a_few_steps_on_the_tiny_model(launch, tmp_path):
         for name in ENVS
         if (run_dir / "rollouts" / f"{name}.jsonl").exists()
     }
-    assert sent.get(ENVS[0], 0) > 0 and sum(sent.values()) >= 32, sent  # 4 steps x 8 groups
+    assert sent.get(ENVS[0], 0) > 0 and sum(sent.values()) >= 16, sent  # 2 steps x 8 groups
     # each environment's own score, in the trainer's rows (by env_id) and in the summary
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert all(any(k.startswith("score_mean/env_") for k in row.model_extra) for row in rows)
     environments = json.loads((run_dir / "summary.json").read_text())["environments"]
     assert ENVS[0] in environments and set(environments) <= set(ENVS)
-    assert all(1 <= entry["steps"] <= 4 for entry in environments.values())
+    assert all(1 <= entry["steps"] <= 2 for entry in environments.values())
     assert run.leftovers() == []
