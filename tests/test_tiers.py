@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.support.tiers import FIXTURE_TIERS, TIERS, TierViolation, tier_of, unit_guard
+from tests.support import tiers
+from tests.support.tiers import (
+    FIXTURE_TIERS,
+    TIERS,
+    TierViolation,
+    tier_of,
+    unit_guard,
+)
 
 
 def test_every_collected_test_has_exactly_one_tier(request):
@@ -36,9 +43,13 @@ class FakeItem:
     markers: list[str] = field(default_factory=list)
     fixturenames: list[str] = field(default_factory=list)
     nodeid: str = "tests/test_x.py::test_x"
+    user_properties: list = field(default_factory=list)
 
     def iter_markers(self):
         return (getattr(pytest.mark, name).mark for name in self.markers)
+
+    def add_marker(self, marker) -> None:
+        self.markers.append(marker.name)
 
 
 def test_a_tier_comes_from_the_marker_then_the_costliest_fixture_then_unit():
@@ -53,6 +64,29 @@ def test_a_tier_comes_from_the_marker_then_the_costliest_fixture_then_unit():
         "integration"
     )
     assert set(FIXTURE_TIERS.values()) <= set(TIERS)
+
+
+def test_modules_with_the_costliest_tiers_come_first_each_in_its_own_order():
+    """xdist's loadfile hands modules out in this order: the long ones must start first."""
+    items = [
+        FakeItem(nodeid="tests/test_a.py::test_1"),
+        FakeItem(nodeid="tests/test_b.py::test_1", fixturenames=["tiny_model_path"]),
+        FakeItem(nodeid="tests/test_b.py::test_2"),
+        FakeItem(nodeid="tests/test_c.py::test_1"),
+        FakeItem(nodeid="tests/test_c.py::test_2", markers=["e2e"]),
+        FakeItem(nodeid="tests/test_d.py::test_1", markers=["e2e"]),
+    ]
+    tiers.pytest_collection_modifyitems(items)  # the hook, called as pytest calls it
+    assert [item.nodeid for item in items] == [
+        "tests/test_c.py::test_1",
+        "tests/test_c.py::test_2",
+        "tests/test_d.py::test_1",
+        "tests/test_b.py::test_1",
+        "tests/test_b.py::test_2",
+        "tests/test_a.py::test_1",
+    ]
+    assert [item.user_properties for item in items[:2]] == [[("tier", "unit")], [("tier", "e2e")]]
+    assert items[0].markers == ["unit"], "each test keeps its own tier"
 
 
 def test_two_tier_markers_are_a_collection_error():

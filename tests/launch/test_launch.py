@@ -7,13 +7,19 @@ import json
 import os
 import re
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from atroposlib.trainer_contract import read_events, read_metrics
-from tests.support.launch import LaunchRun, check_the_console, console_rows, launch_config
+from tests.support.launch import (
+    Finished,
+    LaunchRun,
+    check_the_console,
+    console_rows,
+    finish,
+    launch_config,
+)
 from tests.support.pace import Pace
 from tests.support.source import REPO
 
@@ -56,32 +62,6 @@ def fifty_steps(run_dir) -> dict:
     """A run of 50 steps, longer than any test here lets it go, for the tests of how the
     launcher stops a run."""
     return on_the_minimal_trainer(launch_config(run_dir, steps=50), steps=50)
-
-
-@dataclass
-class Finished:
-    """A launch that ran to its end, and what it left for the tests that read it."""
-
-    run: LaunchRun
-    run_dir: Path
-    code: int | None
-    leftovers: list[int]  # processes alive once the launcher exited (and a grace)
-
-    def output(self) -> str:
-        return self.run.output()
-
-    def numbers(self) -> dict:
-        return json.loads((self.run_dir / "summary.json").read_text())
-
-    def log(self, name: str) -> str:
-        return (self.run_dir / "logs" / f"{name}.log").read_text()
-
-
-def finish(run: LaunchRun, run_dir: Path, steps: int) -> Finished:
-    """Wait for `run` to end, allowed what its start, `steps` steps and its report cost
-    at its own pace (tests/support/pace.py)."""
-    code = run.wait(pace=run.pace(run_dir), steps=steps, restarts=2)
-    return Finished(run, run_dir, code, run.leftovers())
 
 
 # One short run (4 steps, the engine restarted from the checkpoint of step 2, an
@@ -323,78 +303,6 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
     assert "--set trainer.args.training_steps=24" in again.output()
 
 
-@pytest.mark.learning
-def test_the_cpu_quickstart_learns(launch, tmp_path):
-    """configs/quickstart_cpu.yaml as shipped (seed 0): the late mean score beats the early one."""
-    import yaml
-
-    config = yaml.safe_load((REPO / "configs" / "quickstart_cpu.yaml").read_text())
-    config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
-    config["run_dir"] = str(tmp_path / "run")
-    finished = finish(launch(config), tmp_path / "run", steps=100)
-    run = finished.run
-    assert finished.code == 0, run.output()[-4000:]
-    numbers = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert numbers["steps"] == config["trainer"]["args"]["training_steps"]
-    # The margin rules out chance, not a speed: each 10-step mean averages 10 x 64
-    # rewards of 0 or 1, so without learning it has a standard deviation of at most
-    # 0.5 / sqrt(640) = 0.020, and the difference of two such means at most 0.028.
-    # 0.15 is 5.3 of those; a run that learns nothing passes with a chance under 1e-7,
-    # and the rises measured on the machines tried (+0.40 to +0.47) are 3x the margin.
-    rewards_per_mean = 10 * config["trainer"]["args"]["batch_size"]
-    chance_sd = 0.5 * (2 / rewards_per_mean) ** 0.5
-    assert rewards_per_mean == 640 and 0.15 > 5 * chance_sd
-    assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
-    assert numbers["learned"] is True and numbers["verdict"].startswith("the score rose by")
-    # the env's evaluations (every 20 steps) are kept and summed up per environment
-    history = tmp_path / "run" / "evals" / "mod_arithmetic" / "history.jsonl"
-    assert len(history.read_text().splitlines()) >= 4
-    own = numbers["environments"]["mod_arithmetic"]
-    assert own["steps"] == 100 and own["evaluations"] >= 4 and own["learned"] is True
-    # the console a new user reads: mostly step and status lines, each env's on one row
-    share = check_the_console(run.output(), "mod_arithmetic", steps=100)
-    assert share >= 0.8, (share, run.output()[-4000:])
-    assert finished.leftovers == []
-
-
-AGENT_STEPS, AGENT_GROUP = 60, 4
-
-
-@pytest.mark.learning
-def test_a_black_box_agent_learns_through_the_proxy(launch, tmp_path):
-    """configs/agent_proxy_cpu.yaml, its batch of 64 as 16 groups of 4 for 60 steps: an
-    agent that knows only the openai SDK answers through the environment's proxy
-    sessions, and the score rises by the quickstart's margin (test_the_cpu_quickstart_
-    learns says why 0.15: it rests on the 10 x 64 rewards each mean averages).
-
-    Not the shipped 8 groups of 8 for 100 steps: the run's cost is its rollouts (each
-    is its own proxy session, several HTTP calls in the env's process, and its own
-    engine request, about 7 times a quickstart rollout's CPU), and 16 prompts a step
-    learn more per rollout than 8. Measured on this project's 2-core machine: the
-    shipped config rose +0.22 by step 60 and +0.40 by step 100 (376 s of CPU beside
-    other tests); groups of 4 rose +0.37 by step 60 and +0.46 by step 100."""
-    import yaml
-
-    config = yaml.safe_load((REPO / "configs" / "agent_proxy_cpu.yaml").read_text())
-    script = REPO / "environments" / "agent_mod_arithmetic.py"
-    config["environments"][0]["script"] = str(script)
-    config["environments"][0]["env"]["group_size"] = AGENT_GROUP
-    config["trainer"]["args"]["training_steps"] = AGENT_STEPS
-    config["run_dir"] = str(tmp_path / "run")
-    finished = finish(launch(config), tmp_path / "run", steps=AGENT_STEPS)
-    assert finished.code == 0, finished.output()[-4000:]
-    numbers = finished.numbers()
-    assert numbers["steps"] == AGENT_STEPS
-    assert numbers["groups"]["lost"] == 0
-    assert numbers["groups"]["trained"] >= AGENT_STEPS * 64 // AGENT_GROUP
-    rewards_per_mean = 10 * config["trainer"]["args"]["batch_size"]
-    assert rewards_per_mean == 640 and 0.15 > 5 * 0.5 * (2 / rewards_per_mean) ** 0.5
-    assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
-    assert numbers["learned"] is True
-    assert "Traceback" not in finished.output(), "the env's proxy must stop cleanly"
-    assert finished.leftovers == []
-
-
 def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch, tmp_path):
     """tests/support/minimal_trainer.py knows nothing of example_trainer; the run still works."""
     run_dir = tmp_path / "run"
@@ -412,64 +320,3 @@ def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch
     assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert (run_dir / "checkpoints" / "step-3" / "state.json").exists()
     assert finished.leftovers == []
-
-
-@pytest.mark.learning
-def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_path):
-    """configs/quickstart_fsdp_cpu.yaml as shipped: a 2-rank FSDP trainer (gloo ranks,
-    each holding half the model) and two CPU engines. The environment samples from both
-    engines, both take the weights of every step, and the score rises as in the
-    one-process quickstart (the margin is test_the_cpu_quickstart_learns's)."""
-    import httpx
-    import yaml
-
-    config = yaml.safe_load((REPO / "configs" / "quickstart_fsdp_cpu.yaml").read_text())
-    config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
-    run_dir = tmp_path / "run"
-    config["run_dir"] = str(run_dir)
-    run = launch(config)
-    pace = run.pace(run_dir)
-    served: dict[int, int] = {}
-
-    def both_engines_served() -> bool:
-        commands = run_dir / "commands.json"
-        if not commands.exists() or not (run_dir / "api-key").exists():
-            return False
-        trainer = json.loads(commands.read_text())["trainer"]
-        first = int(trainer[trainer.index("--vllm-port") + 1])
-        key = (run_dir / "api-key").read_text().strip()
-        for index in (0, 1):
-            try:
-                text = httpx.get(
-                    f"http://127.0.0.1:{first + index}/metrics",
-                    headers={"Authorization": f"Bearer {key}"},
-                    timeout=5,
-                ).text
-            except httpx.HTTPError:
-                continue
-            found = re.search(r"^atropos_inference_requests_total (\d+)", text, re.M)
-            served[index] = int(found.group(1)) if found else 0
-        return len(served) == 2 and min(served.values()) > 0
-
-    # both serve the first batches, within the first steps
-    started = run.wait(until=both_engines_served, pace=pace, steps=3, restarts=1)
-    assert started is None, f"engines served {served}"
-    steps = config["trainer"]["args"]["training_steps"]
-    assert run.wait(pace=pace, steps=steps, restarts=2) == 0, run.output()[-4000:]
-    trainer = json.loads((run_dir / "commands.json").read_text())["trainer"]
-    assert trainer[trainer.index("--nproc") + 1] == "2"
-    assert trainer[trainer.index("--parallelism") + 1] == "fsdp"
-    started = [
-        e.detail["engine"]
-        for e in read_events(run_dir / "checkpoints" / "events.jsonl")
-        if e.kind.value == "engine_started"
-    ]
-    assert sorted(started) == [0, 1]
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    assert [r.step for r in rows] == list(range(1, steps + 1))
-    assert all(r.model_dump()["sync_s"] > 0 for r in rows[:-1]), "a step pushed no weights"
-    assert (run_dir / "checkpoints" / f"step-{steps}" / "optimizer").is_dir()  # sharded
-    numbers = json.loads((run_dir / "summary.json").read_text())
-    assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
-    assert numbers["learned"] is True
-    assert run.leftovers() == []

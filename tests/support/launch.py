@@ -3,6 +3,7 @@ and its console as a person reads it in an 80-column terminal."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +196,29 @@ def check_the_console(output: str, env: str, steps: int) -> float:
     assert all(console_rows(line) == 1 for line in events), events
     counted = [line for line, m in found if m or STATUS_LINE.match(line)]
     return sum(map(console_rows, counted)) / sum(map(console_rows, scrolled))
+
+
+@dataclass
+class Finished:
+    """A launch that ran to its end, and what it left for the tests that read it."""
+
+    run: LaunchRun
+    run_dir: Path
+    code: int | None
+    leftovers: list[int]  # processes alive once the launcher exited (and a grace)
+
+    def output(self) -> str:
+        return self.run.output()
+
+    def numbers(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def log(self, name: str) -> str:
+        return (self.run_dir / "logs" / f"{name}.log").read_text()
+
+
+def finish(run: LaunchRun, run_dir: Path, steps: int) -> Finished:
+    """Wait for `run` to end, allowed what its start, `steps` steps and its report cost
+    at its own pace (tests/support/pace.py)."""
+    code = run.wait(pace=run.pace(run_dir), steps=steps, restarts=2)
+    return Finished(run, run_dir, code, run.leftovers())

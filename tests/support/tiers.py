@@ -84,12 +84,22 @@ def tier_of(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects on the markers added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Adds the decided tier's marker to each item, so `-m unit` and friends select on it."""
+    """Adds the decided tier's marker to each item, so `-m unit` and friends select on it,
+    and puts the modules with the costliest tiers first.
+
+    The order is for pytest-xdist's `--dist loadfile`, which hands whole modules to the
+    workers in collection order: a long e2e module collected late would run on alone
+    after the others had finished. Each module keeps its own tests' order.
+    """
+    module_rank: dict[str, int] = {}
     for item in items:
         tier = tier_of(item)
         if tier not in declared_tiers(item):
             item.add_marker(getattr(pytest.mark, tier))
         item.user_properties.append(("tier", tier))  # for tests/support/tier_report.py
+        module = item.nodeid.partition("::")[0]
+        module_rank[module] = max(module_rank.get(module, 0), TIERS.index(tier))
+    items.sort(key=lambda item: -module_rank[item.nodeid.partition("::")[0]])  # stable
 
 
 class _Guard:

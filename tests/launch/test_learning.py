@@ -1,0 +1,155 @@
+"""The shipped CPU configs learn under `atropos-launch`: the quickstart, the FSDP
+quickstart on two ranks, and a black-box agent through the proxy.
+
+Each is a launch of its own, the longest of the e2e tier; they are a module apart from
+test_launch.py so that pytest-xdist's `--dist loadfile`, which runs a module's tests on
+one worker, can run them beside test_launch.py's launches instead of after them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from atroposlib.trainer_contract import read_events, read_metrics
+from tests.support.launch import check_the_console, finish
+from tests.support.source import REPO
+
+# Every wait on a run is allowed what it costs at the run's own pace (tests/support/
+# pace.py), so these bound each test; this only catches a hang outside them.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
+
+
+@pytest.mark.learning
+def test_the_cpu_quickstart_learns(launch, tmp_path):
+    """configs/quickstart_cpu.yaml as shipped (seed 0): the late mean score beats the early one."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "configs" / "quickstart_cpu.yaml").read_text())
+    config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
+    config["run_dir"] = str(tmp_path / "run")
+    finished = finish(launch(config), tmp_path / "run", steps=100)
+    run = finished.run
+    assert finished.code == 0, run.output()[-4000:]
+    numbers = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert numbers["steps"] == config["trainer"]["args"]["training_steps"]
+    # The margin rules out chance, not a speed: each 10-step mean averages 10 x 64
+    # rewards of 0 or 1, so without learning it has a standard deviation of at most
+    # 0.5 / sqrt(640) = 0.020, and the difference of two such means at most 0.028.
+    # 0.15 is 5.3 of those; a run that learns nothing passes with a chance under 1e-7,
+    # and the rises measured on the machines tried (+0.40 to +0.47) are 3x the margin.
+    rewards_per_mean = 10 * config["trainer"]["args"]["batch_size"]
+    chance_sd = 0.5 * (2 / rewards_per_mean) ** 0.5
+    assert rewards_per_mean == 640 and 0.15 > 5 * chance_sd
+    assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
+    assert numbers["learned"] is True and numbers["verdict"].startswith("the score rose by")
+    # the env's evaluations (every 20 steps) are kept and summed up per environment
+    history = tmp_path / "run" / "evals" / "mod_arithmetic" / "history.jsonl"
+    assert len(history.read_text().splitlines()) >= 4
+    own = numbers["environments"]["mod_arithmetic"]
+    assert own["steps"] == 100 and own["evaluations"] >= 4 and own["learned"] is True
+    # the console a new user reads: mostly step and status lines, each env's on one row
+    share = check_the_console(run.output(), "mod_arithmetic", steps=100)
+    assert share >= 0.8, (share, run.output()[-4000:])
+    assert finished.leftovers == []
+
+
+AGENT_STEPS, AGENT_GROUP = 60, 4
+
+
+@pytest.mark.learning
+def test_a_black_box_agent_learns_through_the_proxy(launch, tmp_path):
+    """configs/agent_proxy_cpu.yaml, its batch of 64 as 16 groups of 4 for 60 steps: an
+    agent that knows only the openai SDK answers through the environment's proxy
+    sessions, and the score rises by the quickstart's margin (test_the_cpu_quickstart_
+    learns says why 0.15: it rests on the 10 x 64 rewards each mean averages).
+
+    Not the shipped 8 groups of 8 for 100 steps: the run's cost is its rollouts (each
+    is its own proxy session, several HTTP calls in the env's process, and its own
+    engine request, about 7 times a quickstart rollout's CPU), and 16 prompts a step
+    learn more per rollout than 8. Measured on this project's 2-core machine: the
+    shipped config rose +0.22 by step 60 and +0.40 by step 100 (376 s of CPU beside
+    other tests); groups of 4 rose +0.37 by step 60 and +0.46 by step 100."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "configs" / "agent_proxy_cpu.yaml").read_text())
+    script = REPO / "environments" / "agent_mod_arithmetic.py"
+    config["environments"][0]["script"] = str(script)
+    config["environments"][0]["env"]["group_size"] = AGENT_GROUP
+    config["trainer"]["args"]["training_steps"] = AGENT_STEPS
+    config["run_dir"] = str(tmp_path / "run")
+    finished = finish(launch(config), tmp_path / "run", steps=AGENT_STEPS)
+    assert finished.code == 0, finished.output()[-4000:]
+    numbers = finished.numbers()
+    assert numbers["steps"] == AGENT_STEPS
+    assert numbers["groups"]["lost"] == 0
+    assert numbers["groups"]["trained"] >= AGENT_STEPS * 64 // AGENT_GROUP
+    rewards_per_mean = 10 * config["trainer"]["args"]["batch_size"]
+    assert rewards_per_mean == 640 and 0.15 > 5 * 0.5 * (2 / rewards_per_mean) ** 0.5
+    assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
+    assert numbers["learned"] is True
+    assert "Traceback" not in finished.output(), "the env's proxy must stop cleanly"
+    assert finished.leftovers == []
+
+
+@pytest.mark.learning
+def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_path):
+    """configs/quickstart_fsdp_cpu.yaml as shipped: a 2-rank FSDP trainer (gloo ranks,
+    each holding half the model) and two CPU engines. The environment samples from both
+    engines, both take the weights of every step, and the score rises as in the
+    one-process quickstart (the margin is test_the_cpu_quickstart_learns's)."""
+    import httpx
+    import yaml
+
+    config = yaml.safe_load((REPO / "configs" / "quickstart_fsdp_cpu.yaml").read_text())
+    config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
+    run_dir = tmp_path / "run"
+    config["run_dir"] = str(run_dir)
+    run = launch(config)
+    pace = run.pace(run_dir)
+    served: dict[int, int] = {}
+
+    def both_engines_served() -> bool:
+        commands = run_dir / "commands.json"
+        if not commands.exists() or not (run_dir / "api-key").exists():
+            return False
+        trainer = json.loads(commands.read_text())["trainer"]
+        first = int(trainer[trainer.index("--vllm-port") + 1])
+        key = (run_dir / "api-key").read_text().strip()
+        for index in (0, 1):
+            try:
+                text = httpx.get(
+                    f"http://127.0.0.1:{first + index}/metrics",
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=5,
+                ).text
+            except httpx.HTTPError:
+                continue
+            found = re.search(r"^atropos_inference_requests_total (\d+)", text, re.M)
+            served[index] = int(found.group(1)) if found else 0
+        return len(served) == 2 and min(served.values()) > 0
+
+    # both serve the first batches, within the first steps
+    started = run.wait(until=both_engines_served, pace=pace, steps=3, restarts=1)
+    assert started is None, f"engines served {served}"
+    steps = config["trainer"]["args"]["training_steps"]
+    assert run.wait(pace=pace, steps=steps, restarts=2) == 0, run.output()[-4000:]
+    trainer = json.loads((run_dir / "commands.json").read_text())["trainer"]
+    assert trainer[trainer.index("--nproc") + 1] == "2"
+    assert trainer[trainer.index("--parallelism") + 1] == "fsdp"
+    started = [
+        e.detail["engine"]
+        for e in read_events(run_dir / "checkpoints" / "events.jsonl")
+        if e.kind.value == "engine_started"
+    ]
+    assert sorted(started) == [0, 1]
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r.step for r in rows] == list(range(1, steps + 1))
+    assert all(r.model_dump()["sync_s"] > 0 for r in rows[:-1]), "a step pushed no weights"
+    assert (run_dir / "checkpoints" / f"step-{steps}" / "optimizer").is_dir()  # sharded
+    numbers = json.loads((run_dir / "summary.json").read_text())
+    assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
+    assert numbers["learned"] is True
+    assert run.leftovers() == []
