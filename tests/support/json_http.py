@@ -10,6 +10,7 @@ can be plain classes at module level instead of closures.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
@@ -49,6 +50,14 @@ class _OwnedServer(ThreadingHTTPServer):
     def __init__(self, owner: LocalHttpServer, handler: type[QuietHandler]) -> None:
         self.owner = owner
         super().__init__(("127.0.0.1", 0), handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up before its answer (an env stopped mid-request) is no
+        error of the stand-in's; anything else is printed, as socketserver does. In-process
+        runs capture this process's stderr, and a printed traceback fails them."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class LocalHttpServer:
