@@ -34,8 +34,13 @@ class JsonHandler(QuietHandler):
     """A quiet handler whose requests and answers are JSON."""
 
     def read_json(self) -> Any:
-        """The request body, parsed."""
-        return json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+        """The request body, parsed. A client that hung up before the whole body came (an
+        env stopped mid-request) is a ConnectionError, which the server ignores."""
+        length = int(self.headers.get("content-length", 0))
+        body = self.rfile.read(length)
+        if len(body) < length:
+            raise ConnectionAbortedError(f"the client sent {len(body)} of {length} bytes")
+        return json.loads(body)
 
     def _answer(self, status: int, payload: Any) -> None:
         data = json.dumps(payload).encode()
