@@ -45,6 +45,7 @@ from atroposlib.utils.tiny_model_training import (
     question_messages,
     train_to_read,
 )
+from atroposlib.utils.torch_threads import one_torch_thread
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -183,9 +184,7 @@ def build_tiny_model(
 
     spec = spec or TinyModelSpec()
     started = time.monotonic()
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         tokenizer = build_tokenizer([_render(conv) for conv in generate_corpus(spec)], spec)
         torch.manual_seed(spec.seed)
         config = LlamaConfig(
@@ -205,8 +204,6 @@ def build_tiny_model(
         )
         model = LlamaForCausalLM(config)
         training, reading = train_to_read(model, tokenizer, spec)
-    finally:
-        torch.set_num_threads(previous_threads)
     record = {
         "kit_version": KIT_VERSION,
         "spec": spec.model_dump(),

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from atroposlib.utils.torch_threads import one_torch_thread
 from tests.support.reward_agreement import (
     Agreement,
     ifeval,
@@ -172,22 +170,6 @@ def _explaining_variants(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
         escaped["completions"] = completions
         variants[LITERAL_TAGS] = escaped
     return variants
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """torch on one thread in this process for the block, as it was after."""
-    if importlib.util.find_spec("torch") is None:
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def upstream_agreements(model_path: str | None, n: int = 200, seed: int = 27) -> list[Agreement]:
