@@ -167,16 +167,15 @@ def test_no_process_of_a_finished_run_outlives_the_launcher(short_run):
 
 
 # One run of 20 steps in which every sample scores 0.5, its environment sampling from
-# an engine of the launcher's own (an `engine:` section), not the trainer's.
+# an engine of the launcher's own (an `engine:` section), not the trainer's. Both
+# questions are the launcher's, so the trainer is the minimal one.
 
 
 @pytest.fixture(scope="module")
 def flat_run(module_launch) -> Finished:
     run_dir = module_launch.base / "flat"
-    config = launch_config(run_dir, steps=20)
-    config["trainer"]["args"]["vllm_restart_interval"] = 100
+    config = on_the_minimal_trainer(launch_config(run_dir, steps=20), steps=20)
     config["environments"][0]["env"].update(fixed_score=0.5, ensure_scores_are_not_same=False)
-    config["engine"] = {"engine": "transformers", "args": ["--num-threads", "1"]}
     finished = finish(module_launch(config), run_dir, steps=20)
     assert finished.code == 0, finished.output()[-4000:]
     return finished
@@ -250,13 +249,17 @@ def test_a_process_that_exits_2_is_not_restarted(launch, tmp_path):
 
 
 def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
-    """Ctrl-C: every process stops, the trainer checkpoints, the panel and summary.json
-    say how to continue. `--resume RUN_DIR` then goes on from that checkpoint with the
-    API's store and the environments' state, and reports one run of all its steps:
-    every step once, no group lost or trained twice, the verdict over the whole run."""
-    run_dir = tmp_path / "run"
-    config = launch_config(run_dir, steps=12, api={"args": {}})  # a durable API store
-    config["trainer"]["args"]["vllm_restart_interval"] = 100
+    """Ctrl-C: every process stops, the panel and summary.json say how to continue.
+    `--resume RUN_DIR` then goes on from the trainer's newest checkpoint with the API's
+    store and the environments' state, and reports one run of all its steps: every step
+    once, no group lost or trained twice, the verdict over the whole run.
+
+    The launcher's questions, on the minimal trainer (a checkpoint every step). That
+    example_trainer checkpoints on Ctrl-C is test_interrupts.py's and test_grpo_e2e.py's
+    question; that the launcher resumes it from its checkpoint, test_faults.py's."""
+    run_dir, steps = tmp_path / "run", 30  # many, since the minimal trainer's steps are quick
+    config = launch_config(run_dir, steps=steps, api={"args": {}})  # a durable API store
+    on_the_minimal_trainer(config, steps=steps)
     run, pace = long_run(launch, config, until_steps=3)
     run.proc.send_signal(signal.SIGINT)
     pace.killed()
@@ -270,7 +273,7 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
     interrupted = json.loads((run_dir / "summary.json").read_text())
     assert interrupted["resume_command"] == command
     stopped_at = trained_steps(run_dir)
-    assert 3 <= stopped_at < 12
+    assert 3 <= stopped_at < steps
 
     # the same run directory is refused without --resume, and the message says how
     again = launch(config)
@@ -279,18 +282,18 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
 
     resumed = launch(None, "--resume", str(run_dir))
     # the resumed launch's start, its steps and its report, at the first launch's pace
-    left = 12 - stopped_at
+    left = steps - stopped_at
     assert resumed.wait(pace=pace, steps=left, restarts=2) == 0, resumed.output()[-4000:]
     out = resumed.output()
     assert f"resuming the run in {run_dir}" in out
     assert f"the trainer resumes from {run_dir / 'checkpoints'}" in out
     rows = read_metrics(run_dir / "checkpoints" / "metrics.jsonl")
-    assert [row.step for row in rows] == list(range(1, 13))
-    assert (run_dir / "checkpoints" / "step-12" / "trainer_state.pt").exists()  # the last step's
+    assert [row.step for row in rows] == list(range(1, steps + 1))
+    assert (run_dir / "checkpoints" / f"step-{steps}" / "state.json").exists()  # the last step's
     numbers = json.loads((run_dir / "summary.json").read_text())
-    assert numbers["steps"] == 12 and "resume_command" not in numbers
+    assert numbers["steps"] == steps and "resume_command" not in numbers
     assert numbers["groups"]["lost"] == 0 and numbers["groups"]["duplicated"] == 0, numbers
-    assert numbers["groups"]["trained"] >= 12 * 2  # batches of 8 = 2 groups of 4
+    assert numbers["groups"]["trained"] >= steps * 2  # batches of 8 = 2 groups of 4
     # one verdict over the whole run: its first steps are the interrupted launch's
     first = sum(row.score_mean for row in rows[:10]) / 10
     assert numbers["first_10_mean_score"] == pytest.approx(first)
@@ -299,8 +302,8 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
     # a finished run is not started again: one line says how to train on
     again = launch(None, "--resume", str(run_dir))
     assert again.wait(pace=pace, restarts=1) == 2
-    assert "finished all 12 steps" in again.output()
-    assert "--set trainer.args.training_steps=24" in again.output()
+    assert f"finished all {steps} steps" in again.output()
+    assert f"--set trainer.args.training_steps={2 * steps}" in again.output()
 
 
 def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch, tmp_path):

@@ -2,9 +2,12 @@
 
 It takes the contract's flags (and `--batch-size`), registers with the API,
 pulls `training_steps` batches, and for each writes a metrics row (the mean
-score, a zero loss: it learns nothing) and a checkpoint of its step counter,
-recorded as an event. It also prints the log line the example trainer's engine
-launcher prints, to show that the launcher counts events, not log text.
+score, a zero loss: it learns nothing), the ids of the groups it consumed, and a
+checkpoint of its step counter, recorded as an event. A SIGINT or SIGTERM stops it
+between steps, never between taking a batch and recording it, and it exits 0, as
+the contract asks of a trainer stopped from outside. It also prints the log line the
+example trainer's engine launcher prints, to show that the launcher counts events,
+not log text.
 It declares no `LAUNCH_CONFIG`, so the launcher passes its flags unchecked. It sends
 the run's key from `$ATROPOS_API_KEY`, as the contract asks.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -21,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from atroposlib.protocol import Batch, Registration
+from atroposlib.protocol import Batch, Registration, group_id_of
 from atroposlib.trainer_contract import EventKind, LaunchSettings, RunRecords
 from atroposlib.utils.exposure import API_KEY_ENVIRONMENT
 
@@ -43,7 +47,19 @@ def parse(argv: list[str] | None) -> tuple[LaunchSettings, int, int]:
     return settings, batch_size, first
 
 
+class Stop:
+    """Set by SIGINT or SIGTERM; the loop looks at it between steps and polls."""
+
+    asked = False
+
+    @classmethod
+    def ask(cls, signum: int, frame: object) -> None:
+        cls.asked = True
+
+
 def main(argv: list[str] | None = None) -> int:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, Stop.ask)
     settings, batch_size, first_step = parse(argv)
     records = RunRecords(settings.save_path)
     print("starting transformers engine: (not really; this line must not count)", flush=True)
@@ -64,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(first_step, settings.training_steps + 1):
         groups, deadline = None, time.monotonic() + BATCH_TIMEOUT_S
         while not groups:
+            if Stop.asked:
+                print(f"stopped before step {step}", flush=True)
+                return 0
             try:
                 groups = Batch.model_validate_json(http.get("/batch").content).batch
             except httpx.TransportError:  # the API restarting: ask again, as a trainer would
@@ -73,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             time.sleep(0 if groups else POLL_S)
         scores = [score for group in groups for score in group.scores]
+        records.trained_groups(step, [group_id_of(group) for group in groups])
         row = records.metrics(step, {"score_mean": statistics.fmean(scores), "loss": 0.0})
         checkpoint = Path(settings.save_path) / f"step-{step}"
         checkpoint.mkdir(parents=True, exist_ok=True)
