@@ -21,16 +21,27 @@ from tests.support.source import REPO
 # pace.py), so these bound each test; this only catches a hang outside them.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
+LAUNCHED_AS_SHIPPED = ("quickstart_cpu.yaml", "agent_proxy_cpu.yaml", "quickstart_fsdp_cpu.yaml")
+"""The configs these tests launch from their files in configs/, as a user does (the
+launcher's checks included, so test_checks.py need not run those again)."""
+
+
+def shipped(name: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "configs" / name).read_text())
+
+
+def run_dir_flag(tmp_path) -> tuple[str, str]:
+    return ("--run-dir", str(tmp_path / "run"))
+
 
 @pytest.mark.learning
 def test_the_cpu_quickstart_learns(launch, tmp_path):
     """configs/quickstart_cpu.yaml as shipped (seed 0): the late mean score beats the early one."""
-    import yaml
-
-    config = yaml.safe_load((REPO / "configs" / "quickstart_cpu.yaml").read_text())
-    config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
-    config["run_dir"] = str(tmp_path / "run")
-    finished = finish(launch(config), tmp_path / "run", steps=100)
+    config = shipped("quickstart_cpu.yaml")
+    run = launch(None, str(REPO / "configs" / "quickstart_cpu.yaml"), *run_dir_flag(tmp_path))
+    finished = finish(run, tmp_path / "run", steps=100)
     run = finished.run
     assert finished.code == 0, run.output()[-4000:]
     numbers = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -72,15 +83,15 @@ def test_a_black_box_agent_learns_through_the_proxy(launch, tmp_path):
     learn more per rollout than 8. Measured on this project's 2-core machine: the
     shipped config rose +0.22 by step 60 and +0.40 by step 100 (376 s of CPU beside
     other tests); groups of 4 rose +0.37 by step 60 and +0.46 by step 100."""
-    import yaml
-
-    config = yaml.safe_load((REPO / "configs" / "agent_proxy_cpu.yaml").read_text())
-    script = REPO / "environments" / "agent_mod_arithmetic.py"
-    config["environments"][0]["script"] = str(script)
-    config["environments"][0]["env"]["group_size"] = AGENT_GROUP
-    config["trainer"]["args"]["training_steps"] = AGENT_STEPS
-    config["run_dir"] = str(tmp_path / "run")
-    finished = finish(launch(config), tmp_path / "run", steps=AGENT_STEPS)
+    config = shipped("agent_proxy_cpu.yaml")
+    run = launch(
+        None,
+        str(REPO / "configs" / "agent_proxy_cpu.yaml"),
+        *run_dir_flag(tmp_path),
+        *("--set", f"environments.0.env.group_size={AGENT_GROUP}"),
+        *("--set", f"trainer.args.training_steps={AGENT_STEPS}"),
+    )
+    finished = finish(run, tmp_path / "run", steps=AGENT_STEPS)
     assert finished.code == 0, finished.output()[-4000:]
     numbers = finished.numbers()
     assert numbers["steps"] == AGENT_STEPS
@@ -101,13 +112,9 @@ def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_pa
     engines, both take the weights of every step, and the score rises as in the
     one-process quickstart (the margin is test_the_cpu_quickstart_learns's)."""
     import httpx
-    import yaml
 
-    config = yaml.safe_load((REPO / "configs" / "quickstart_fsdp_cpu.yaml").read_text())
-    config["environments"][0]["script"] = str(REPO / "environments" / "mod_arithmetic.py")
-    run_dir = tmp_path / "run"
-    config["run_dir"] = str(run_dir)
-    run = launch(config)
+    config, run_dir = shipped("quickstart_fsdp_cpu.yaml"), tmp_path / "run"
+    run = launch(None, str(REPO / "configs" / "quickstart_fsdp_cpu.yaml"), *run_dir_flag(tmp_path))
     pace = run.pace(run_dir)
     served: dict[int, int] = {}
 

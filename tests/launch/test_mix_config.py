@@ -1,14 +1,11 @@
-"""configs/mix_cpu.yaml: three environments with weights, checked and run for a few steps."""
+"""configs/mix_cpu.yaml as shipped: three environments with weights, run for a few steps."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 
-from atroposlib.cli.launch import main
 from atroposlib.trainer_contract import read_metrics
 from tests.support.source import REPO
 
@@ -17,24 +14,21 @@ MIX = REPO / "configs" / "mix_cpu.yaml"
 ENVS = ("mod_arithmetic", "letter_counting_environment", "text_reversal_environment")
 
 
-def test_the_mix_passes_a_dry_run_with_each_weight(capsys):
-    assert main([str(MIX), "--dry-run"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    commands = {line.partition(": ")[0]: line.partition(": ")[2] for line in lines}
-    weights = {name: commands[name].split("--env.inference_weight ")[1].split()[0] for name in ENVS}
-    assert weights == {ENVS[0]: "2.0", ENVS[1]: "1.0", ENVS[2]: "1.0"}
-    assert all("--env.max_token_length 256" in commands[name] for name in ENVS)
-
-
 def test_the_mix_trains_a_few_steps_on_the_tiny_model(launch, tmp_path):
-    config = yaml.safe_load(MIX.read_text())
-    config["run_dir"] = str(tmp_path / "run")
-    config["trainer"]["args"]["training_steps"] = 2
-    for environment in config["environments"]:
-        environment["script"] = str((MIX.parent / environment["script"]).resolve())
-    run = launch(config)
+    """Launched from its file, as a user does (so its checks pass): each environment gets
+    its weight and the mix's token limit, sends groups, and has its own score."""
+    run_dir = tmp_path / "run"
+    steps = ("--set", "trainer.args.training_steps=2")
+    run = launch(None, str(MIX), "--run-dir", str(run_dir), *steps)
     assert run.wait(300) == 0, run.output()[-4000:]
-    run_dir = Path(config["run_dir"])
+    commands = json.loads((run_dir / "commands.json").read_text())
+
+    def flag(name: str, key: str) -> str:
+        return commands[name][commands[name].index(key) + 1]
+
+    weights = {name: flag(name, "--env.inference_weight") for name in ENVS}
+    assert weights == {ENVS[0]: "2.0", ENVS[1]: "1.0", ENVS[2]: "1.0"}
+    assert {flag(name, "--env.max_token_length") for name in ENVS} == {"256"}
     assert [row.step for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2]
     for name in ENVS:
         assert "registered as" in (run_dir / "logs" / f"{name}.log").read_text(), name
