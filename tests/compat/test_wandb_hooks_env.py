@@ -22,7 +22,14 @@ from tests.support.compat_runs import (
 from tests.support.wandb_offline import offline_runs
 
 pytest.importorskip("torch")
-pytest.importorskip("wandb")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def wandb_installed() -> None:
+    """Skips without wandb, importing it only where these tests run (not at collection,
+    in every pytest process)."""
+    pytest.importorskip("wandb")
+
 
 SCRIPT = "wandb_hooks_server.py"
 PROMPTS = {"Name a colour.", "Name an animal.", "Name a fruit."}

@@ -5,12 +5,18 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("peft")
 
 from example_trainer.checkpoint import save_checkpoint  # noqa: E402
 from example_trainer.config import TrainingConfig  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
 from tests.support.trainer_batches import batch  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def peft_installed() -> None:
+    """Skips without peft, importing it only where these tests run: its import (with
+    bitsandbytes) costs 4 s of CPU, at collection in every pytest process."""
+    pytest.importorskip("peft")
 
 
 def test_lora_trains_adapters_only_and_saves_merged_weights(tiny_model_path, tmp_path):
