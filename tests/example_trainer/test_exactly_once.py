@@ -1,9 +1,12 @@
 """The whole loop trains every posted group exactly once, though an answer is lost and the
 trainer is killed and resumed (A1 + A2 of the correctness review).
 
-Real parts: run-api, the example trainer with its CPU engine on the tiny model, and a
-proxy between them that loses the first answer of step 2 on the way back. The test posts
-the groups itself (12 groups of 4, tagged 10-21 by their first token), so it knows them.
+Real parts: run-api, the example trainer on the tiny model, and a proxy between them that
+loses the first answer of step 2 on the way back. The test posts the groups itself (12
+groups of 4, tagged 10-21 by their first token), so it knows them. The trainer starts no
+engine (`--inference-engine none`; it still checkpoints at each restart interval, which
+commits the steps): no group passes through one, and each restart of one would cost
+7 s of CPU.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def trainer(tiny_model_path: Path, url: str, save: Path, log: Path, *extra: str)
         "example_trainer.grpo",
         *("--model-name", str(tiny_model_path), "--atropos-url", url),
         *("--training-steps", str(STEPS), "--batch-size", str(BATCH), "--seq-len", "64"),
-        *("--vllm-restart-interval", "2", "--inference-engine", "transformers"),
+        *("--vllm-restart-interval", "2", "--inference-engine", "none"),
         *("--vllm-port", str(free_port()), "--save-path", str(save), "--num-threads", "1"),
         *("--lr", "1e-3", "--batch-poll-s", "0.2"),
         *extra,
