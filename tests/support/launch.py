@@ -8,6 +8,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -222,3 +223,18 @@ def finish(run: LaunchRun, run_dir: Path, steps: int) -> Finished:
     at its own pace (tests/support/pace.py)."""
     code = run.wait(pace=run.pace(run_dir), steps=steps, restarts=2)
     return Finished(run, run_dir, code, run.leftovers())
+
+
+def trend(scores: list[float]) -> tuple[float, float]:
+    """The least-squares line through the per-step scores: the rise it makes over the
+    run, and its slope's t statistic (the slope over its standard error, from the
+    scatter of the scores about the line)."""
+    n = len(scores)
+    middle, mean = (n - 1) / 2, statistics.fmean(scores)
+    spread = sum((step - middle) ** 2 for step in range(n))
+    slope = sum((step - middle) * (s - mean) for step, s in enumerate(scores)) / spread
+    residuals = [s - mean - slope * (step - middle) for step, s in enumerate(scores)]
+    error = math.sqrt(sum(r * r for r in residuals) / (n - 2) / spread)
+    if not error:  # the scores lie on the line
+        return slope * (n - 1), math.copysign(math.inf, slope) if slope else 0.0
+    return slope * (n - 1), slope / error
