@@ -2,8 +2,11 @@
 
 The plain restart-mode loop (4 steps, the engine restarted on the step-2 checkpoint, the
 weights trained) is asked of the launcher's short run, which runs this same trainer and
-environment (tests/launch/test_launch.py's `short_run` tests), and its resume of the
-Ctrl-C test there.
+environment (tests/launch/test_launch.py's `short_run` tests). A killed engine that the
+trainer restarts, and a trainer stopped by a signal that checkpoints, exits 0 and leaves
+no engine behind, are asked of the launcher's hot fault run (tests/launch/test_faults.py),
+and the checkpoint a SIGINT or SIGTERM leaves at each point of a step by
+tests/example_trainer/test_interrupts.py.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import pytest
 
 from atroposlib.trainer_contract import read_events, read_metrics
 from atroposlib.utils.ports import free_port
-from tests.support.pace import Pace
 from tests.support.processes import EnvProcess, serve_args
 from tests.support.vllm import NOT_INSTALLED, vllm_python
 
@@ -59,12 +61,6 @@ def trainer_cmd(tiny_model_path, api_url: str, port: int, save: Path, *extra: st
     ]
 
 
-def engine_processes(port: int) -> list[str]:
-    pattern = f"atroposlib.cli.inference_server.*--port {port}"
-    found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
-    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
-
-
 def train_beside_env(
     command: list[str], api_url: str, port: int, tmp_path: Path, log_name: str, **popen
 ) -> str:
@@ -85,10 +81,6 @@ def train_beside_env(
 
 def metric_steps(save: Path) -> list[int]:
     return [row.step for row in read_metrics(save / "metrics.jsonl")]
-
-
-def restarts(save: Path) -> list:
-    return [e for e in read_events(save / "events.jsonl") if e.kind.value == "engine_restarted"]
 
 
 @pytest.mark.e2e
@@ -115,48 +107,6 @@ def test_max_staleness_trains_nothing_older_and_counts_what_it_dropped(
     ledger = [json.loads(line) for line in (save / "trained_groups.jsonl").read_text().splitlines()]
     skipped = sum(len(entry["skipped_ids"]) for entry in ledger)
     assert skipped <= dropped, "a group is skipped only when all its sequences are dropped"
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(3600)  # a last resort: the waits below are paced by the trainer's steps
-def test_dead_engine_is_restarted_and_ctrl_c_checkpoints(api_factory, tiny_model_path, tmp_path):
-    import signal
-
-    api = api_factory()
-    port = free_port()
-    save = tmp_path / "ckpt"
-    pace = Pace(save / "metrics.jsonl")
-    trainer = subprocess.Popen(
-        trainer_cmd(tiny_model_path, api.url, port, save)
-        + ["--training-steps", "50", "--vllm-restart-interval", "100"],
-        stdout=open(tmp_path / "trainer.log", "wb"),
-        stderr=subprocess.STDOUT,
-    )
-    env = EnvProcess(tmp_path, "serve", *serve_args(api.url, f"http://127.0.0.1:{port}"))
-    try:
-        pace.wait(lambda: metric_steps(save), "the trainer finished no step", steps=1, poll_s=0.2)
-        engine_pid = int(engine_processes(port)[0].split()[0])
-        os.kill(engine_pid, signal.SIGKILL)
-        pace.killed()
-        # queued batches may train a step or two before the death is noticed: wait for the
-        # restart itself, then for a step after it
-        what = "the dead engine was not restarted"
-        pace.wait(lambda: restarts(save), what, steps=2, restarts=1, poll_s=0.2)
-        done = len(metric_steps(save))
-        what = "training stalled after the engine restart"
-        pace.wait(lambda: len(metric_steps(save)) > done, what, steps=1, poll_s=0.2)
-        trainer.send_signal(signal.SIGINT)
-        assert trainer.wait(pace.allowance(steps=1, restarts=1)) == 0  # a checkpoint, then exit
-    finally:
-        env.stop()
-        if trainer.poll() is None:
-            trainer.kill()
-    text = (tmp_path / "trainer.log").read_text()
-    assert "inference engine died" in text
-    assert [e.detail["reason"] for e in restarts(save)] == ["engine died"]
-    last = metric_steps(save)[-1]
-    assert any((save / f"step-{s}" / "trainer_state.pt").exists() for s in (last, last + 1))
-    assert engine_processes(port) == []
 
 
 @pytest.mark.e2e

@@ -305,6 +305,12 @@ def test_every_process_killed_in_one_run_loses_nothing_and_trains_nothing_twice(
     assert "the trainer restarted its crashed engine" in out, where
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in events].count("engine_crashed") == 1, where
+    reasons = [
+        event.detail.get("reason")
+        for event in read_events(events_path(run_dir / "checkpoints"))
+        if event.kind is EventKind.ENGINE_RESTARTED
+    ]
+    assert reasons == ["engine died"], (where, reasons)  # the trainer's own record of it
     restarted = [line for line in out.splitlines() if "restarting trainer" in line]
     assert len(restarted) == kills + 1, restarted
     # before the first checkpoint (step 3) it starts over; after it, it resumes from it

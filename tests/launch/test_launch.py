@@ -255,8 +255,9 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
     once, no group lost or trained twice, the verdict over the whole run.
 
     The launcher's questions, on the minimal trainer (a checkpoint every step). That
-    example_trainer checkpoints on Ctrl-C is test_interrupts.py's and test_grpo_e2e.py's
-    question; that the launcher resumes it from its checkpoint, test_faults.py's."""
+    example_trainer checkpoints on a signal is test_interrupts.py's question (SIGINT and
+    SIGTERM at each point of a step) and test_faults.py's (a SIGTERMed trainer process);
+    that the launcher resumes it from its checkpoint, test_faults.py's."""
     run_dir, steps = tmp_path / "run", 30  # many, since the minimal trainer's steps are quick
     config = launch_config(run_dir, steps=steps, api={"args": {}})  # a durable API store
     on_the_minimal_trainer(config, steps=steps)
