@@ -167,8 +167,8 @@ def test_no_process_of_a_finished_run_outlives_the_launcher(short_run):
 
 
 # One run of 20 steps in which every sample scores 0.5, its environment sampling from
-# an engine of the launcher's own (an `engine:` section), not the trainer's. Both
-# questions are the launcher's, so the trainer is the minimal one.
+# an engine of the launcher's own (an `engine:` section), not the trainer's, and its
+# trainer tests/support/minimal_trainer.py, which knows nothing of example_trainer.
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +205,19 @@ def test_a_standalone_engine_serves_the_environments(flat_run):
     assert trained_steps(flat_run.run_dir) == 20
     assert "starting transformers engine on" not in flat_run.log("trainer")
     assert flat_run.leftovers == []
+
+
+def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(flat_run):
+    """The minimal trainer keeps the contract, so the run works: its steps, checkpoints
+    and events are counted from its records, not from its log lines."""
+    out, run_dir = flat_run.output(), flat_run.run_dir
+    assert "starting transformers engine: (not really" in out  # printed, and not counted
+    numbers = flat_run.numbers()
+    assert numbers["steps"] == 20
+    assert numbers["engine_restarts"] == 0 and numbers["checkpoints_saved"] == 20
+    assert re.search(r"engine restarts: 0; checkpoints saved: 20", re.sub(r"[│\s]+", " ", out))
+    assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(1, 21))
+    assert (run_dir / "checkpoints" / "step-20" / "state.json").exists()
 
 
 def test_a_killed_ephemeral_api_stops_the_run_with_the_cause(launch, tmp_path):
@@ -305,22 +318,3 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
     assert again.wait(pace=pace, restarts=1) == 2
     assert f"finished all {steps} steps" in again.output()
     assert f"--set trainer.args.training_steps={2 * steps}" in again.output()
-
-
-def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(launch, tmp_path):
-    """tests/support/minimal_trainer.py knows nothing of example_trainer; the run still works."""
-    run_dir = tmp_path / "run"
-    config = launch_config(run_dir)
-    on_the_minimal_trainer(config, steps=3)
-    finished = finish(launch(config), run_dir, steps=3)
-    assert finished.code == 0, finished.output()[-4000:]
-    out = finished.output()
-    assert "starting transformers engine: (not really" in out  # printed, and not counted
-    numbers = json.loads((run_dir / "summary.json").read_text())
-    assert numbers["steps"] == 3
-    assert numbers["engine_restarts"] == 0 and numbers["checkpoints_saved"] == 3
-    assert 0.0 <= numbers["first_10_mean_score"] <= 1.0
-    assert re.search(r"engine restarts: 0; checkpoints saved: 3", re.sub(r"[│\s]+", " ", out))
-    assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
-    assert (run_dir / "checkpoints" / "step-3" / "state.json").exists()
-    assert finished.leftovers == []
