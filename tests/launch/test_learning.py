@@ -21,10 +21,6 @@ from tests.support.source import REPO
 # pace.py), so these bound each test; this only catches a hang outside them.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
-LAUNCHED_AS_SHIPPED = ("quickstart_cpu.yaml", "agent_proxy_cpu.yaml", "quickstart_fsdp_cpu.yaml")
-"""The configs these tests launch from their files in configs/, as a user does (the
-launcher's checks included, so test_checks.py need not run those again)."""
-
 
 def shipped(name: str) -> dict:
     import yaml

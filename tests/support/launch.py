@@ -38,6 +38,16 @@ EVENT_LINE = re.compile(
 )
 
 
+LAUNCHED_AS_SHIPPED = (
+    "quickstart_cpu.yaml",
+    "agent_proxy_cpu.yaml",
+    "quickstart_fsdp_cpu.yaml",
+    "mix_cpu.yaml",
+)
+"""The configs in configs/ that e2e tests launch from their files, as a user does
+(tests/launch/test_learning.py, test_mix_config.py): the launcher's checks included."""
+
+
 def launch_config(run_dir: Path, steps: int = 4, **overrides: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
         "model": "tiny",
