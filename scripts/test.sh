@@ -106,7 +106,7 @@ run_pytest() {  # NAME PYTEST_ARGS...: one pytest session, its JUnit in .test-lo
 STATUS=0
 if [ "$ONLY_UNIT" = 1 ]; then
     # the development loop: in-process tests on 2 workers (61 s instead of 94 s on one)
-    run_pytest unit -m unit -n 2 --dist loadfile --no-loadscope-reorder
+    run_pytest unit -m unit -n 2 --dist loadfile
 else
     # Every tier named runs in one session on 3 workers (on 2 cores): most of the slow
     # tiers' time is spent starting processes and waiting for them, and a third worker
@@ -115,9 +115,7 @@ else
     # tests/support/tiers.py hands out the unit modules first (they need nothing built,
     # so they run while the tiny model builds), then the e2e modules, the longest, so
     # that none runs on alone at the end. `loadfile` keeps a module's tests on one
-    # worker, in order, so a module-scoped server starts once; --no-loadscope-reorder
-    # keeps that order (pytest-xdist otherwise hands out the modules with the most
-    # tests first, which put the fault runs' module of two long tests last).
+    # worker, in order, so a module-scoped server starts once.
     await debian
     if [[ " ${TIERS[*]} " == *" e2e "* ]]; then
         await vllm
@@ -125,7 +123,7 @@ else
     fi
     MARKS=$(IFS=,; echo "${TIERS[*]}" | sed 's/,/ or /g')
     run_pytest "$(IFS=+; echo "${TIERS[*]}")" -m "$MARKS" \
-        -n "${ATROPOS_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder
+        -n "${ATROPOS_TEST_WORKERS:-3}" --dist loadfile
 fi
 if ! wait "${JOB[mypy]}"; then
     cat .test-logs/mypy.log
