@@ -88,10 +88,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     and orders the modules: those of unit tests alone first, then the ones with e2e
     tests, then the rest.
 
-    The order is for pytest-xdist's `--dist loadfile`, which hands whole modules to the
-    workers in collection order. Unit tests need nothing built, so in a whole run they
-    go while the tiny model builds; a long e2e module handed out late would run on
-    alone after the others had finished. Each module keeps its own tests' order.
+    The order is what a session without xdist, or xdist with `--no-loadscope-reorder`,
+    follows; by default xdist hands out the modules with the most tests first, which
+    the whole run keeps (docs/testing.md says why). Each module keeps its own tests'
+    order.
     """
     module_rank: dict[str, int] = {}
     for item in items:
