@@ -240,10 +240,9 @@ def trend(scores: list[float]) -> tuple[float, float]:
     run, and its slope's t statistic (the slope over its standard error, from the
     scatter of the scores about the line)."""
     n = len(scores)
-    middle, mean = (n - 1) / 2, statistics.fmean(scores)
-    spread = sum((step - middle) ** 2 for step in range(n))
-    slope = sum((step - middle) * (s - mean) for step, s in enumerate(scores)) / spread
-    residuals = [s - mean - slope * (step - middle) for step, s in enumerate(scores)]
+    slope, intercept = statistics.linear_regression(range(n), scores)
+    spread = sum((step - (n - 1) / 2) ** 2 for step in range(n))
+    residuals = [s - intercept - slope * step for step, s in enumerate(scores)]
     error = math.sqrt(sum(r * r for r in residuals) / (n - 2) / spread)
     if not error:  # the scores lie on the line
         return slope * (n - 1), math.copysign(math.inf, slope) if slope else 0.0
