@@ -110,7 +110,7 @@ def load_policy(config: TrainingConfig, device: torch.device, sharded: bool = Fa
     tokenizer = AutoTokenizer.from_pretrained(source)
     if config.weight_bridge_mode not in LORA_MODES:
         full = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-        full = full.to(device)  # type: ignore[arg-type]  # HF's @wraps(Module.to) reads unbound
+        full = full.to(device)
         return full, tokenizer, True
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -118,11 +118,11 @@ def load_policy(config: TrainingConfig, device: torch.device, sharded: bool = Fa
     if adapter is not None and adapter.is_dir():
         # the checkpoint's weights already include the adapter: it goes on the base
         base = AutoModelForCausalLM.from_pretrained(config.model_name, dtype=dtype)
-        base = base.to(device)  # type: ignore[arg-type]  # HF's @wraps(Module.to) reads unbound
+        base = base.to(device)
         model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
         return model.to(device), tokenizer, True
     base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-    base = base.to(device)  # type: ignore[arg-type]  # HF's @wraps(Module.to) reads unbound
+    base = base.to(device)
     model = get_peft_model(
         base,
         LoraConfig(

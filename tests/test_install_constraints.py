@@ -56,13 +56,17 @@ def test_the_readme_scripts_install_only_through_the_pinned_installer(script):
     assert f"bash scripts/{script}" in (REPO / "README.md").read_text()
 
 
-def test_the_installer_pins_every_pip_install():
+def test_the_installer_pins_every_install():
     text = (REPO / "scripts" / "install_venv.sh").read_text().replace("\\\n", " ")
     installs = [
-        line.strip() for line in text.splitlines() if line.strip().startswith('"${PIP[@]}"')
+        line.strip()
+        for line in text.splitlines()
+        if line.strip().startswith(('"${PIP[@]}"', '"${UV[@]}"'))
     ]
-    # pip itself, torch, the project with its extras, lm-eval's IFEval modules for dev,
-    # upstream's rewards into .venv/reference for dev
-    assert len(installs) == 5
+    # torch and uv (pip), the project with its extras and pip, lm-eval's IFEval modules
+    # for dev, upstream's rewards into .venv/reference for dev (uv)
+    assert len(installs) == 4
     assert all(line.endswith('"${PIN[@]}"') for line in installs), installs
     assert "PIN=(-c scripts/constraints.txt)" in text
+    pinned = pins(REPO / "scripts" / "constraints.txt")
+    assert "uv" in pinned and "pip" in pinned, "the installers themselves are pinned"

@@ -139,7 +139,7 @@ class GenerationEngine:
         }[dtype]
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-        model.to(torch.device(device))  # type: ignore[arg-type]  # HF's @wraps(Module.to)
+        model.to(torch.device(device))
         model.eval()
         # a config without the field, or with it None, gets the same 2048 default
         limit = max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
