@@ -99,7 +99,8 @@ run_pytest() {  # NAME PYTEST_ARGS...: one pytest session, its JUnit in .test-lo
     # each tier's totals and 20 slowest tests at the end, its figures as a markdown table,
     # and a failed run where a tier's CPU is over its budget (tests/support/tier_report.py)
     python -m pytest -q --tier-durations=20 --junitxml=".test-logs/$name.xml" \
-        --cpu-budget tests/cpu_budget.toml --tier-table ".test-logs/$name-tiers.md" "$@" \
+        --cpu-budget tests/cpu_budget.toml --tier-table ".test-logs/$name-tiers.md" \
+        --tier-timeline ".test-logs/$name-timeline.tsv" "$@" \
         "${PYTEST_ARGS[@]}" || STATUS=$?
 }
 
@@ -112,10 +113,11 @@ else
     # tiers' time is spent starting processes and waiting for them, and a third worker
     # fills the cores while the others wait (16% idle on 2 workers, 4% on 3;
     # docs/testing.md). In one session no core idles while another finishes a tier.
-    # tests/support/tiers.py hands out the unit modules first (they need nothing built,
-    # so they run while the tiny model builds), then the e2e modules, the longest, so
-    # that none runs on alone at the end. `loadfile` keeps a module's tests on one
-    # worker, in order, so a module-scoped server starts once.
+    # tests/support/scheduling.py hands out the unit modules first (they need nothing
+    # built, so they run while the tiny model builds), then the longest modules first,
+    # no more than two whole runs at once, so that none runs on alone at the end.
+    # `loadfile` keeps a module's tests on one worker, in order, so a module-scoped
+    # server starts once.
     await debian
     if [[ " ${TIERS[*]} " == *" e2e "* ]]; then
         await vllm

@@ -20,6 +20,7 @@ from tests.support.processes import ApiProcess, InferenceProcess
 pytest_plugins = [
     "tests.support.tiers",  # each test's tier, and the unit tier's guard
     "tests.support.tier_report",  # per-tier totals and --tier-durations
+    "tests.support.scheduling",  # which module an xdist worker takes next
 ]
 
 

@@ -82,10 +82,11 @@ def test_a_run_over_budget_fails_and_names_its_costliest_tests(pytester, budget_
     pytester.makepyfile(test_burning=BURNING_TESTS)
     budget = pytester.path / "budget.toml"
     budget.write_text(f"tolerance = 0.25\n[seconds]\nunit = {budget_s}\n")
-    table = pytester.path / "tiers.md"
+    table, timeline = pytester.path / "tiers.md", pytester.path / "timeline.tsv"
     result = pytester.runpytest_inprocess(
         *("-p", "no:asyncio", "-p", "tests.support.tier_report"),
         *("--cpu-budget", str(budget), "--tier-table", str(table)),
+        *("--tier-timeline", str(timeline)),
     )
     output = result.stdout.str()
     assert result.ret == (pytest.ExitCode.TESTS_FAILED if fails else pytest.ExitCode.OK), output
@@ -99,3 +100,8 @@ def test_a_run_over_budget_fails_and_names_its_costliest_tests(pytester, budget_
     assert rows[0] == "| tier | tests | sum of test times | CPU |" and rows[2].startswith(
         "| unit | 2 |"
     )
+    # the timeline: each test once, on this process, in the order run, the burner >= 0.3 s
+    (burner, cheap) = [line.split("\t") for line in timeline.read_text().splitlines()]
+    assert [burner[0], burner[3], burner[4]] == ["main", "unit", "test_burning.py::test_burns_cpu"]
+    assert float(burner[1]) == 0.0 and float(burner[2]) >= 0.3
+    assert cheap[4].endswith("::test_cheap") and float(cheap[1]) >= float(burner[2])

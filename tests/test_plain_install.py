@@ -3,6 +3,9 @@
 The package is built and installed into a fresh venv without system site
 packages; an upstream-style environment then runs `process` against a real
 OpenAI-compatible server (the CPU inference server, started from the test venv).
+The install goes through uv where the test venv has it (scripts/install_venv.sh puts
+it there), else pip: both build the wheel with the project's own backend and resolve
+the same metadata against the same pins, and uv takes 6 s of CPU where pip took 38.
 """
 
 from __future__ import annotations
@@ -73,10 +76,16 @@ def test_a_plain_install_imports_subclasses_and_runs_base_env(
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
-    install = subprocess.run(
+    uv = Path(sys.executable).with_name("uv")
+    installer = (
+        [str(uv), "pip", "install", "-q", "--python", str(python)]
+        if uv.exists()
         # --no-compile: byte-compiling every dependency costs CPU and proves nothing here
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile"]
-        + ["-c", str(REPO / "scripts" / "constraints.txt"), str(REPO)],
+        else [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        + ["--no-compile"]
+    )
+    install = subprocess.run(
+        [*installer, "-c", str(REPO / "scripts" / "constraints.txt"), str(REPO)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -55,6 +55,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         help="write each tier's figures to FILE as a markdown table",
     )
+    parser.addoption(
+        "--tier-timeline",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write when each test ran, and on which worker, to FILE (tab-separated)",
+    )
 
 
 class CpuBudget(BaseModel):
@@ -131,11 +138,44 @@ CPU_AT_SETUP = pytest.StashKey[float]()
 TIERS = ("unit", "integration", "e2e")
 
 
+class Timeline:
+    """When each test ran and on which worker: where a run's wall time went (a module
+    that ran on alone at the end, a worker that idled) is read off it, not guessed."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list] = {}
+
+    def add(self, report: pytest.TestReport, tier: str) -> None:
+        node = getattr(report, "node", None)  # the xdist worker that ran it, if any
+        worker = node.gateway.id if node is not None else "main"
+        row = self.rows.setdefault(report.nodeid, [worker, report.start, report.stop, tier])
+        row[1], row[2] = min(row[1], report.start), max(row[2], report.stop)
+
+    def tsv(self) -> str:
+        """worker, start and stop (seconds after the first test's start), tier, test."""
+        if not self.rows:
+            return ""
+        zero = min(row[1] for row in self.rows.values())
+        ordered = sorted(self.rows.items(), key=lambda item: (item[1][0], item[1][1]))
+        return "".join(
+            f"{worker}\t{start - zero:.1f}\t{stop - zero:.1f}\t{tier}\t{nodeid}\n"
+            for nodeid, (worker, start, stop, tier) in ordered
+        )
+
+
 class TierReport:
-    def __init__(self, slowest: int, budget: CpuBudget | None, table: Path | None) -> None:
+    def __init__(
+        self,
+        slowest: int,
+        budget: CpuBudget | None,
+        table: Path | None,
+        timeline: Path | None = None,
+    ) -> None:
         self.slowest = slowest
         self.budget = budget
         self.table = table
+        self.timeline = Timeline() if timeline is not None else None
+        self.timeline_path = timeline
         self.session: pytest.Session | None = None
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -147,6 +187,8 @@ class TierReport:
         if tier is None:
             return
         self.seconds[tier][report.nodeid] += report.duration
+        if self.timeline is not None:
+            self.timeline.add(report, tier)
         if report.when == "teardown" and "cpu_s" in properties:
             self.cpu[tier][report.nodeid] = float(properties["cpu_s"])
         if report.when == "call" or (report.when == "setup" and not report.passed):
@@ -185,6 +227,8 @@ class TierReport:
                 write(f"  {seconds:7.1f} s CPU  {nodeid}")
         if self.table is not None:
             self.table.write_text(self.markdown(), encoding="utf-8")
+        if self.timeline is not None and self.timeline_path is not None:
+            self.timeline_path.write_text(self.timeline.tsv(), encoding="utf-8")
         if self.budget is not None:
             self.check_budget(write, self.budget)
 
@@ -226,5 +270,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.getoption("tier_durations"),
         CpuBudget.read(path) if path is not None else None,
         config.getoption("tier_table"),
+        config.getoption("tier_timeline"),
     )
     config.pluginmanager.register(report, "tier-report")

@@ -88,10 +88,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     and orders the modules: those of unit tests alone first, then the ones with e2e
     tests, then the rest.
 
-    The order is what a session without xdist, or xdist with `--no-loadscope-reorder`,
-    follows; by default xdist hands out the modules with the most tests first, which
-    the whole run keeps (docs/testing.md says why). Each module keeps its own tests'
-    order.
+    The order is what a session without xdist follows; with xdist's `loadfile`,
+    tests/support/scheduling.py decides which module a free worker takes. Each module
+    keeps its own tests' order.
     """
     module_rank: dict[str, int] = {}
     for item in items:
