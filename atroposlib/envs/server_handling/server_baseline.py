@@ -344,11 +344,11 @@ class APIServer(ABC):
                 healthy = status == 200
         except httpx.HTTPError:
             healthy = False
-        if healthy != self.server_healthy:
+        if healthy != self.server_healthy:  # host:port, so the line fits the launcher's console
             if healthy:
-                logger.info("inference server %s is back", self.endpoint_url)
+                logger.info("inference server %s is back", self.address)
             else:
-                logger.warning("inference server %s is down", self.endpoint_url)
+                logger.warning("inference server %s down", self.address)
         self.server_healthy = healthy
         return healthy
 

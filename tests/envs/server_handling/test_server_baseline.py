@@ -9,6 +9,7 @@ import pytest
 
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.utils.ports import free_port
 from tests.support.inference_servers import ScriptedServer
 
 pytestmark = pytest.mark.integration
@@ -73,3 +74,17 @@ def test_servers_that_ignore_n_get_n_requests(scripted):
         client(fake.url, n_kwarg_is_ignored=True).chat_completion(messages=[], n=3)
     )
     assert fake.requests == 3 and [c.index for c in answer.choices] == [0, 1, 2]
+
+
+def test_a_server_going_down_is_one_short_console_line(caplog):
+    """The launcher prints an env's warnings as `NAME | WARNING LOGGER: MESSAGE`; with the
+    whole URL the "down" line wrapped past 80 columns when an engine restart outlasted a
+    probe (the fresh-clone run of 2637dc6)."""
+    server = client(f"http://127.0.0.1:{free_port()}/v1")  # nothing listens there
+    server.server_healthy = True
+    with caplog.at_level("INFO", logger="atroposlib.inference"):
+        assert asyncio.run(server.probe()) is False
+    down = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert [r.getMessage() for r in down] == [f"inference server {server.address} down"]
+    console = f"arith_env | WARNING {down[0].name}: {down[0].getMessage()}"
+    assert len(console) <= 80, console
