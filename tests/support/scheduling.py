@@ -31,12 +31,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.tiers import TIERS
+
 TABLE = Path(__file__).resolve().parents[1] / "module_seconds.json"
 HEAVY_S = 60.0
 """An e2e module that took longer (a whole run, or several) is heavy."""
 MAX_HEAVY = 2
 """Heavy modules running at once: on 2 cores, a third only slows the other two."""
-TIER_ORDER = ("unit", "integration", "e2e")
 
 
 class ModuleCost:
@@ -92,10 +93,12 @@ def table_from_junit(path: Path) -> dict[str, dict[str, Any]]:
         module = module_of(case.get("classname", ""))
         tiers = [p.get("value") for p in case.iter("property") if p.get("name") == "tier"]
         row = rows.setdefault(module, {"tier": "unit", "seconds": 0.0})
-        row["seconds"] = round(row["seconds"] + float(case.get("time", 0)), 1)
-        if tiers and TIER_ORDER.index(tiers[0]) > TIER_ORDER.index(row["tier"]):
+        row["seconds"] += float(case.get("time", 0))
+        if tiers and TIERS.index(tiers[0]) > TIERS.index(row["tier"]):
             row["tier"] = tiers[0]
-    return dict(sorted(rows.items()))
+    return {
+        module: {**row, "seconds": round(row["seconds"], 1)} for module, row in sorted(rows.items())
+    }
 
 
 def make_scheduler(config: pytest.Config, log: Any) -> Any:
