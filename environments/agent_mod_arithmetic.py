@@ -34,6 +34,7 @@ model (environments/README.md builds and serves it):
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import re
 import sys
@@ -139,6 +140,7 @@ class AgentModArithmeticEnv(BaseEnv):
 
         model = self.server.servers[0].config.model_name
         url, self._proxy_task = await serve_in_process(self.server, self.tokenizer, model)
+        logging.getLogger("atroposlib.envs").info("serving the agent proxy at %s", url)
         return url
 
     async def get_next_item(self) -> dict[str, int]:
@@ -152,7 +154,7 @@ class AgentModArithmeticEnv(BaseEnv):
             # the agent's own client, on the session's URL; the connection pool is shared
             # (building an SSL context per rollout cost more CPU than the rollout)
             client = openai.AsyncOpenAI(
-                base_url=managed.get_url(), api_key="unused", http_client=self.http
+                base_url=managed.get_url(), api_key=managed.api_key, http_client=self.http
             )
             agent = DigitAgent(client, "tiny", self.config.max_tokens, temperature)
             answer = await agent.solve(question_for(item["a"], item["b"]))

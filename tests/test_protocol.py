@@ -47,12 +47,13 @@ def test_the_protocol_depends_on_pydantic_only():
     assert {m for m in found if not m.startswith(allowed)} == set()
 
 
-# the wire format, the token limit and the bind rule every listener shares
+# the wire format, the token limit, and the bind rule and request guard listeners share
 API_MAY_IMPORT = (
     "atroposlib.api",
     "atroposlib.protocol",
     "atroposlib.token_limit",
     "atroposlib.utils.exposure",
+    "atroposlib.utils.request_guard",
 )
 
 

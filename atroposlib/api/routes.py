@@ -222,7 +222,7 @@ def reset_routes(service: ApiService) -> APIRouter:
         _: Annotated[dict[str, Any], Body(description="A JSON object, not read; send {}.")],
     ) -> PlainTextResponse:
         """Wipe the run: queue, kept batches, registrations. The body is not read; its JSON
-        content type is what a web page cannot send (atroposlib/api/middleware.py)."""
+        content type is what a web page cannot send (atroposlib/utils/request_guard.py)."""
         service.state.reset()
         return PlainTextResponse("Reset successful", status_code=200)
 

@@ -19,10 +19,11 @@ from fastapi import FastAPI
 from starlette.routing import Route
 
 from atroposlib.api.errors import install_error_handlers
-from atroposlib.api.middleware import RequestGuard, document_guard
+from atroposlib.api.middleware import OPEN_PATHS, document_guard
 from atroposlib.api.routes import ROUTERS
 from atroposlib.api.service import ApiService
 from atroposlib.api.settings import APISettings, settings_from_environment
+from atroposlib.utils.request_guard import RequestGuard
 
 
 def create_app(settings: APISettings | None = None) -> FastAPI:
@@ -52,7 +53,7 @@ def create_app(settings: APISettings | None = None) -> FastAPI:
 
 
 def guard(app: FastAPI, service: ApiService, routes: list[Route]) -> None:
-    """The key, body limits, allowed hosts and content types (atroposlib/api/middleware.py)."""
+    """The key, body limits, allowed hosts and content types (atroposlib/utils/request_guard.py)."""
     settings = service.settings
     document_guard(app, api_key_required=bool(settings.api_key))
     if settings.gzip_responses:
@@ -68,6 +69,7 @@ def guard(app: FastAPI, service: ApiService, routes: list[Route]) -> None:
         known_paths=frozenset(route.path for route in routes),
         json_paths=frozenset(route.path for route in routes if "POST" in (route.methods or ())),
         allowed_hosts=frozenset(name.lower() for name in settings.allowed_hosts),
+        open_paths=OPEN_PATHS,
     )
 
 

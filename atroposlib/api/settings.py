@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from atroposlib.utils.exposure import API_KEY_ENVIRONMENT, ExposureRule, is_loopback
+from atroposlib.utils.request_guard import ALLOWED_HOSTS_HELP, HostNames
 
 __all__ = ["SETTINGS_ENV", "APISettings", "is_loopback", "settings_from_environment"]
 
@@ -42,10 +43,11 @@ class APISettings(ExposureRule, BaseModel):
     max_body_values: int = Field(
         8_000_000,
         gt=0,
-        description="Most JSON values one body may hold (counted by its commas before any "
-        "parsing; more gets 413). Parsing builds a Python object per value, about 18 times "
-        "the body's bytes: a 146 KB gzip post of 100 MB of token ids peaked at 1.8 GB "
-        "before this. 8M is about 5 groups of 64 sequences of 8k tokens.",
+        description="Most JSON values one body may hold (counted by its commas and "
+        "brackets before any parsing, so nested lists count too; more gets 413). Parsing "
+        "builds a Python object per value, about 18 times the body's bytes: a 146 KB gzip "
+        "post of 100 MB of token ids peaked at 1.8 GB before this. 8M is about 5 groups of "
+        "64 sequences of 8k tokens.",
     )
     api_key: str | None = Field(
         None,
@@ -55,12 +57,7 @@ class APISettings(ExposureRule, BaseModel):
     insecure: bool = Field(
         False, description="Allow binding a non-loopback address without an API key."
     )
-    allowed_hosts: list[str] = Field(
-        default_factory=list,
-        description="Host names (comma-separated) that requests may be addressed to when "
-        "there is no API key, besides localhost and IP addresses; '*' allows any. Other "
-        "names get 400: a web page can point its own name at 127.0.0.1 (DNS rebinding).",
-    )
+    allowed_hosts: HostNames = Field(default_factory=list, description=ALLOWED_HOSTS_HELP)
     idempotency_ttl_s: float = Field(
         3600.0, gt=0, description="How long an Idempotency-Key answer is remembered."
     )
@@ -84,13 +81,6 @@ class APISettings(ExposureRule, BaseModel):
         "text", description="Log format: text, or json for one object per line."
     )
     access_log: bool = Field(False, description="Log every HTTP request (uvicorn access log).")
-
-    @field_validator("allowed_hosts", mode="before")
-    @classmethod
-    def _split_names(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [name.strip() for name in value.split(",") if name.strip()]
-        return value
 
     @property
     def max_body_bytes(self) -> int:

@@ -34,6 +34,7 @@ import contextlib
 import functools
 import logging
 import os
+import select
 import signal
 import subprocess
 import tempfile
@@ -47,6 +48,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from atroposlib.envs import sandbox_isolation as layers
 from atroposlib.envs.sandbox_isolation import SandboxUnavailable
+from atroposlib.utils.waiting import WaitTimeout, poll_until
 
 __all__ = [
     "SandboxLimits",
@@ -194,6 +196,29 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def _exited_unreaped(pid: int, timeout_s: float) -> bool:
+    """Whether `pid` (our child) exits within `timeout_s`, leaving it unreaped: until it
+    is reaped its pid, the run's process group id, cannot name another process (SBX-F)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # a kernel before 5.3: ask without reaping, in polls
+
+        def exited() -> bool:
+            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            return os.waitid(os.P_PID, pid, flags) is not None
+
+        try:
+            return poll_until(exited, timeout_s, "the sandboxed run", interval_s=0.02)
+        except WaitTimeout:
+            return False
+    try:  # a pidfd turns readable when the process exits, and reaps nothing
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        return bool(poller.poll(int(timeout_s * 1000)))
+    finally:
+        os.close(pidfd)
+
+
 class Sandboxed:
     """One started run: `finish` waits for it (or its deadline) and collects the result."""
 
@@ -203,17 +228,18 @@ class Sandboxed:
         self.limits = limits
         self.started = time.monotonic()
 
+    def end(self) -> None:
+        """Kill what is left of the run, then reap it (in that order: SBX-F)."""
+        if self.child.returncode is None:
+            _kill_group(self.child.pid)
+            self.child.wait()
+
     def finish(self, timeout: float | None = None) -> SandboxResult:
         """Wait at most `timeout` (default: the wall clock left), then kill what is left."""
         left = self.limits.wall_time_s - (time.monotonic() - self.started)
-        timed_out = False
-        try:
-            self.child.wait(timeout=max(0.0, left if timeout is None else min(left, timeout)))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _kill_group(self.child.pid)
-            self.child.wait()
+        wait_s = max(0.0, left if timeout is None else min(left, timeout))
+        timed_out = not _exited_unreaped(self.child.pid, wait_s)
+        self.end()
         code = self.child.returncode
         if code is not None and code > 128:
             code = 128 - code  # both modes' first process reports a signal as 128 + signal
@@ -286,7 +312,7 @@ def _started(
                     env=_scrubbed_env(),
                     start_new_session=True,
                     pass_fds=(program_fd, *pass_fds),
-                    preexec_fn=functools.partial(layers.apply_rlimits, rlimits),
+                    preexec_fn=functools.partial(layers.child_setup, rlimits, os.getpid()),
                     **identity,
                 )
         finally:
@@ -295,8 +321,7 @@ def _started(
         try:
             yield run
         finally:
-            _kill_group(child.pid)
-            child.wait()
+            run.end()
 
 
 def _run(source: str, limits: SandboxLimits, stdin: str, args: Sequence[str]) -> SandboxResult:

@@ -20,11 +20,13 @@ Design decisions:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import logging
 import os
 import resource
 import shutil
+import signal
 import stat
 import sys
 import threading
@@ -173,6 +175,20 @@ def apply_rlimits(limits: list[tuple[int, int, int]]) -> None:
     """Runs in the child between fork and exec: C calls only."""
     for kind, soft, hard in limits:
         resource.setrlimit(kind, (soft, hard))
+
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child must not load it
+
+
+def child_setup(limits: list[tuple[int, int, int]], parent_pid: int) -> None:
+    """Runs in the child between fork and exec: the run's limits, and SIGKILL when the
+    parent dies. bubblewrap also has --die-with-parent; `unshare` has nothing of the
+    kind, and its `--kill-child` then takes the whole namespace down (SBX-C)."""
+    apply_rlimits(limits)
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the line above
+        os._exit(1)
 
 
 @functools.lru_cache(maxsize=1)

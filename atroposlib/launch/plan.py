@@ -38,7 +38,11 @@ from atroposlib.trainer_contract import (
     events_path,
     metrics_path,
 )
-from atroposlib.utils.exposure import API_KEY_ENVIRONMENT, ENGINE_KEY_ENVIRONMENT
+from atroposlib.utils.exposure import (
+    API_KEY_ENVIRONMENT,
+    ENGINE_KEY_ENVIRONMENT,
+    ENGINE_URLS_ENVIRONMENT,
+)
 
 ENGINES_FILE = "engines.yaml"
 """The trainer's engines as an environment's `openai:` list (written with several)."""
@@ -390,11 +394,18 @@ def _engines_yaml(shared: Shared) -> str:
 
 def _engine_key_for(section: EnvironmentSection, shared: Shared) -> dict[str, str]:
     """What an environment sends its engine: the YAML's openai.api_key, or the run's key
-    when the engine is the run's own (never to a server elsewhere)."""
+    when the engine is the run's own, each pinned to the servers it is for (never sent
+    to a server elsewhere, such as one a proxy's /setup names)."""
     given = section.openai.get("api_key")
     if given:
-        return {ENGINE_KEY_ENVIRONMENT[0]: str(given)}
-    return {} if "base_url" in section.openai else shared.key_env(ENGINE_KEY_ENVIRONMENT[0])
+        issued_for = section.openai.get("base_url") or ",".join(shared.engine_urls)
+        return {ENGINE_KEY_ENVIRONMENT[0]: str(given), ENGINE_URLS_ENVIRONMENT: str(issued_for)}
+    if "base_url" in section.openai or not shared.key:
+        return {}
+    return {
+        **shared.key_env(ENGINE_KEY_ENVIRONMENT[0]),
+        ENGINE_URLS_ENVIRONMENT: ",".join(shared.engine_urls),
+    }
 
 
 def _declared_config(module: str) -> type[BaseModel] | None:

@@ -136,7 +136,17 @@ class Launcher:
 
     # ------------------------------------------------------------------- run
     def run(self) -> int:
+        """Run to the end; the exit code. What the run writes (groups, logs, weights) is
+        its user's alone: the umask that every child inherits is 077 (RUN-A)."""
+        previous = os.umask(0o077)
+        try:
+            return self._run()
+        finally:
+            os.umask(previous)
+
+    def _run(self) -> int:
         self.plan.run_dir.mkdir(parents=True, exist_ok=True)
+        self.plan.run_dir.chmod(0o700)
         (self.plan.run_dir / "config.yaml").write_text(self.config_text)
         write_record(self.plan.run_dir, self.record)
         for name, text in self.plan.files.items():

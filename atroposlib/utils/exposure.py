@@ -20,6 +20,34 @@ API_KEY_ENVIRONMENT = "ATROPOS_API_KEY"
 ENGINE_KEY_ENVIRONMENT = ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY")
 """An engine's key, first set wins: our engine reads both, vLLM the second; an
 environment sends the first to its engine (how atropos-launch hands it over)."""
+ENGINE_URLS_ENVIRONMENT = "ATROPOS_ENGINE_URLS"
+"""The engines (`scheme://host:port`, comma-separated) that $ATROPOS_ENGINE_API_KEY was
+issued for: atropos-launch sets both, and an environment then sends the key to those
+servers only, never to a `base_url` it learns later (PRX-1 of the security review)."""
+
+
+def url_origin(url: str) -> str:
+    """`scheme://host:port` of `url`, lowercased, the port written out."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    scheme = (parts.scheme or "http").lower()
+    host = (parts.hostname or "").lower()
+    try:
+        port = parts.port or (443 if scheme == "https" else 80)
+    except ValueError:  # a port that is not a number names no engine
+        return ""
+    return f"{scheme}://{host}:{port}"
+
+
+def key_issued_for(url: str) -> bool:
+    """Whether the launcher's engine key may go to `url`: always when no launcher pinned
+    it (a key the user exported by hand), else only to the engines it named."""
+    pinned = os.environ.get(ENGINE_URLS_ENVIRONMENT)
+    if pinned is None:
+        return True
+    origin = url_origin(url)
+    return bool(origin) and origin in {url_origin(u) for u in pinned.split(",")}
 
 
 def is_loopback(host: str) -> bool:

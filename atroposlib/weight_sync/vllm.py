@@ -43,7 +43,7 @@ import httpx
 
 from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, key_from_environment
 from atroposlib.weight_sync.errors import WeightSyncError
-from atroposlib.weight_sync.vllm_route_guard import guard_launch_extras
+from atroposlib.weight_sync.vllm_route_guard import SYNC_KEY_HEADER, guard_launch_extras
 
 # vLLM 0.32's LoRAConfig.max_lora_rank accepts only these (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -80,11 +80,11 @@ def vllm_launch_extras(
 
 
 def weight_route_headers(sync_key: str) -> dict[str, str]:
-    """What the trainer sends on the weight routes: the engine's API key when it has one
-    (vLLM's own check on /v1/load_lora_adapter wants it; the guard takes either), else
-    the weight-sync key."""
+    """What the trainer sends on the weight routes: the weight-sync key, which alone
+    opens them (the route guard), and in `Authorization` the engine's API key when it has
+    one (vLLM's own check on /v1/load_lora_adapter wants it), else the sync key again."""
     token = key_from_environment(ENGINE_KEY_ENVIRONMENT) or sync_key
-    return {"Authorization": f"Bearer {token}"}
+    return {"Authorization": f"Bearer {token}", SYNC_KEY_HEADER: sync_key}
 
 
 def lora_base_name(served_model_name: str) -> str:

@@ -9,9 +9,12 @@ inside vLLM itself: no proxy, no extra port, no extra hop on the sampling path.
 
 The rule: every path needs `Authorization: Bearer <key>` except the read-only probes
 in `OPEN_PATHS` and the prefixes vLLM's own `--api-key` guards (the LoRA load and
-unload routes under `/v1` change weights, so they are guarded here too). The keys are
-the trainer's weight-sync key and the engine's API key, read from the environment at
-start; with neither, every guarded route is refused (closed, not open, by default).
+unload routes under `/v1` change weights, so they are guarded here too). The one key is
+the trainer's weight-sync key, read from the environment at start, sent as
+`Authorization: Bearer KEY` or as `X-Weight-Sync-Key: KEY` (for the LoRA routes, where
+vLLM's own check wants the engine key in `Authorization`); without it, every guarded
+route is refused (closed, not open, by default). The engine's API key, which every
+environment holds to sample, opens none of them (ENG-A of the security review).
 
 This module imports only the standard library: it runs inside vLLM's interpreter,
 which needs nothing of atroposlib's dependencies (`vllm_launch_extras` puts the
@@ -27,7 +30,8 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-KEY_VARIABLES = ("ATROPOS_WEIGHT_SYNC_KEY", "ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY")
+KEY_VARIABLES = ("ATROPOS_WEIGHT_SYNC_KEY",)
+SYNC_KEY_HEADER = "X-Weight-Sync-Key"
 OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/tokenize", "/detokenize"})
 VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")  # vLLM's --api-key covers them
 WEIGHT_ROUTES_UNDER_V1 = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
@@ -57,7 +61,7 @@ def guarded(path: str) -> bool:
 
 
 class WeightRouteGuard:
-    """Refuses a guarded route without one of the keys in `KEY_VARIABLES`."""
+    """Refuses a guarded route without the weight-sync key."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -67,9 +71,12 @@ class WeightRouteGuard:
     def authorized(self, scope: Scope) -> bool:
         headers = dict(scope.get("headers") or [])
         scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return False
-        digest = hashlib.sha256(token.encode()).digest()
+        offered = [token] if scheme.lower() == "bearer" and token else []
+        offered.append(headers.get(SYNC_KEY_HEADER.lower().encode(), b"").decode("latin-1"))
+        return any(self._known(key) for key in offered if key)
+
+    def _known(self, key: str) -> bool:
+        digest = hashlib.sha256(key.encode()).digest()
         return any(hmac.compare_digest(digest, known) for known in self.digests)
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:

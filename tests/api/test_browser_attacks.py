@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from atroposlib.api.middleware import host_allowed, host_name
+from atroposlib.utils.request_guard import host_allowed, host_name
 from tests.support.groups import REGISTRATION, make_group
 from tests.support.inprocess_api import inprocess_api
 
@@ -74,6 +74,21 @@ def test_a_foreign_host_reads_and_changes_nothing(running, path):
     assert queued(running) == before == 1
     post = running.post("/scored_data", json=make_group(4), headers=REBOUND)
     assert post.status_code == 400 and queued(running) == 1
+
+
+@pytest.mark.parametrize("path", ["/batch", "/reset_data"])
+def test_another_sites_image_takes_no_batch_and_wipes_nothing(running, path):
+    """API-B of the security review: a page's `<img src="http://127.0.0.1:8000/batch">`
+    is addressed to an IP, so the Host check passes it, and a keyless run-api handed it
+    a batch (a GET that changes state). A browser marks such a request with
+    `Sec-Fetch-Site`, and run-api refuses it before anything runs."""
+    before = queued(running), running.get("/info").json()
+    image = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}
+    for site in ("cross-site", "same-site"):
+        response = running.get(path, headers={**image, "Sec-Fetch-Site": site})
+        assert response.status_code == 403 and "another site's page" in response.text
+    assert (queued(running), running.get("/info").json()) == before
+    assert running.get("/status", headers={"Sec-Fetch-Site": "none"}).status_code == 200
 
 
 def test_health_answers_any_host(running):

@@ -217,6 +217,48 @@ def test_a_body_is_refused_on_its_value_count_before_it_is_parsed(tmp_path, monk
         assert parsed == [1]
 
 
+def test_a_nested_list_post_is_refused_before_it_is_parsed_at_the_default_limits(
+    tmp_path, monkeypatch
+):
+    """API-A of the security review: `[[[...]]]` holds a value per bracket and no comma,
+    so a 71 KiB gzip post took run-api to 1.49 GB under --max-body-values 8M. Brackets
+    count now: the review's own body is refused before any parser, within 200 MiB."""
+    import tracemalloc
+
+    import atroposlib.api.routes as routes
+
+    parsed = []
+    real = routes.read_groups_json
+    monkeypatch.setattr(
+        routes, "read_groups_json", lambda *a, **k: parsed.append(1) or real(*a, **k)
+    )
+    chunk = b"[" * 150 + b"]" * 150
+    count = (16 << 20) // (len(chunk) + 1)
+    body = (
+        b'{"tokens": [[1, 2]], "masks": [[1, 2]], "scores": [1.0], "images": ['
+        + b",".join([chunk] * count)
+        + b"]}"
+    )
+    bomb = gzip.compress(body)
+    assert len(bomb) < 80 << 10, "the review's 71 KiB post"
+    with inprocess_api(tmp_path / "state") as c:  # run-api's default limits
+        start_trainer(c, batch_size=4, max_token_len=16)
+        register_env(c, group_size=2)
+        headers = {"content-encoding": "gzip", "content-type": "application/json"}
+        tracemalloc.start()
+        try:
+            response = c.post("/scored_data", content=bomb, headers=headers)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert response.status_code == 413 and "--max-body-values" in response.text
+        assert parsed == [] and peak < 200 << 20, peak
+        deep = json.dumps(make_group(2))[:-1] + ', "images": ' + "[" * 80 + "]" * 80 + "}"
+        refused = c.post("/scored_data", content=deep, headers=JSON)
+        assert refused.status_code == 413 and "nests 81 levels" in refused.text
+        assert parsed == [] and post(c, make_group(2)).status_code == 200
+
+
 ENDPOINTS = [
     ("POST", "/register"),
     ("POST", "/register-env"),

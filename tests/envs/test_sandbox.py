@@ -11,6 +11,7 @@ elsewhere a mode that cannot run here skips with the reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -256,6 +257,67 @@ def test_a_daemon_that_leaves_the_session_dies_with_the_run(limits, tmp_path):
         assert result.ok and result.stdout == "parent done\n", result
         if os.geteuid() == 0:
             assert_machine_unharmed()  # no process of a sandbox user is left
+
+
+def test_the_run_dies_with_a_killed_parent(limits, tmp_path):
+    """SBX-C of the security review: in `namespaces` mode a SIGKILLed environment left
+    its sandboxed code running (nothing killed `unshare`), and a sleeping program lived
+    on for ever. Every process of the run now dies with the parent, in both modes."""
+    import signal
+    import sys
+
+    from atroposlib.utils.processes import alive, descendants
+
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from atroposlib.envs.sandbox import SandboxLimits, run_python\n"
+            f"run_python('import time\\ntime.sleep(120)', SandboxLimits("
+            f"isolation={limits.isolation!r}, wall_time_s=110, cpu_time_s=2))",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(sandbox_module.__file__).parents[2])},
+    )
+
+    def sandboxed_interpreter() -> bool:  # `python -I -S /dev/fd/N`, not a wrapper naming it
+        for pid in descendants(parent.pid):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-I", b"-S"]:
+                    return True
+        return False
+
+    run: set[int] = set()
+    try:
+        wait_until(sandboxed_interpreter, 60, "the sandboxed program to start")
+        run = descendants(parent.pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        wait_until(lambda: not any(alive(pid) for pid in run), 15, "the run to die with its parent")
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in run:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_runs_group_is_killed_before_its_leader_is_reaped(limits, monkeypatch):
+    """SBX-F of the security review: the group was SIGKILLed after `wait()` reaped its
+    leader, when the pid could already name another process. It is killed while the
+    leader is still ours (alive or a zombie) now, on every way a run ends."""
+    seen: list[bool] = []
+    real = sandbox_module._kill_group
+
+    def kill_group(pgid: int) -> None:
+        seen.append(os.path.exists(f"/proc/{pgid}"))
+        real(pgid)
+
+    monkeypatch.setattr(sandbox_module, "_kill_group", kill_group)
+    done = run_python("print(1)", limits)
+    timed = run_python("import time\ntime.sleep(30)", limits.model_copy(update={"wall_time_s": 1}))
+    assert done.ok and timed.timed_out, (done, timed)
+    assert len(seen) == 2 and all(seen), seen
 
 
 def test_a_work_dir_thousands_deep_does_not_break_the_caller(limits):

@@ -206,6 +206,8 @@ def test_every_child_gets_the_runs_fresh_key_in_its_environment_never_in_argv(tm
     assert first.engine.env == {"ATROPOS_ENGINE_API_KEY": key, "VLLM_API_KEY": key}
     (env,) = first.environments
     assert env.env["ATROPOS_API_KEY"] == env.env["ATROPOS_ENGINE_API_KEY"] == key
+    # the engine key goes to the run's engine only (PRX-1 of the security review)
+    assert env.env["ATROPOS_ENGINE_URLS"] == first.engine_url
 
 
 @pytest.mark.integration
@@ -228,7 +230,9 @@ def test_keys_from_the_yaml_move_to_the_environment_and_none_turns_keys_off(tmp_
     assert "yaml-api-secret" not in commands and "yaml-engine-secret" not in commands
     own, remote, elsewhere = resolved.environments
     assert own.env["ATROPOS_ENGINE_API_KEY"] == "yaml-api-secret"
+    assert own.env["ATROPOS_ENGINE_URLS"] == resolved.engine_url
     assert remote.env["ATROPOS_ENGINE_API_KEY"] == "yaml-engine-secret"
+    assert remote.env["ATROPOS_ENGINE_URLS"] == "http://127.0.0.1:1/v1"
     assert "ATROPOS_ENGINE_API_KEY" not in elsewhere.env  # the run's key stays home
     config = launch_config(tmp_path / "run3", keys="none")
     resolved = _plan(tmp_path, config)

@@ -27,6 +27,7 @@ run on a busy machine passes and a stalled one fails saying where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -117,6 +118,13 @@ def strangers_are_refused(run_dir) -> None:
     url = f"http://127.0.0.1:{api[api.index('--port') + 1]}"
     key_file = run_dir / "api-key"
     assert key_file.stat().st_mode & 0o777 == 0o600
+    # RUN-A: no other user reads the run's groups, logs or weights
+    readable = []
+    for path in [run_dir, *run_dir.rglob("*")]:
+        with contextlib.suppress(FileNotFoundError):  # a file replaced meanwhile
+            if path.stat().st_mode & 0o077:
+                readable.append(f"{path.relative_to(run_dir)} {path.stat().st_mode & 0o777:o}")
+    assert readable == [], readable
     key = key_file.read_text().strip()
     auth = {"Authorization": f"Bearer {key}"}
     text = {"Content-Type": "text/plain"}

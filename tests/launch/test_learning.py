@@ -16,6 +16,7 @@ import pytest
 from atroposlib.trainer_contract import read_events, read_metrics
 from tests.support.launch import check_the_console, finish, trend
 from tests.support.source import REPO
+from tests.support.token_script_server import TokenScriptServer
 
 # Every wait on a run is allowed what it costs at the run's own pace (tests/support/
 # pace.py), so these bound each test; this only catches a hang outside them.
@@ -80,7 +81,12 @@ def test_a_black_box_agent_learns_through_the_proxy(launch, tmp_path):
     flat run gets there by chance about once in 10,000). Measured on this project's
     2-core machine (16 prompts a step learn more per rollout than the shipped 8): t =
     7.4 at 40 steps, 7.9 at 45 (a rise of 0.28), 10.9 at 50 and 13.7 at 60; the
-    shipped groups of 8 rose +0.22 by step 60."""
+    shipped groups of 8 rose +0.22 by step 60.
+
+    On the way, PRX-1 of the security review: a local process holding no key posts
+    /setup to the environment's proxy (text/plain, as the review's attack, and JSON) to
+    point it at its own server. It gets 401s, its server hears nothing, and the run
+    learns as if nobody had tried."""
     run = launch(
         None,
         str(REPO / "configs" / "agent_proxy_cpu.yaml"),
@@ -88,7 +94,10 @@ def test_a_black_box_agent_learns_through_the_proxy(launch, tmp_path):
         *("--set", f"environments.0.env.group_size={AGENT_GROUP}"),
         *("--set", f"trainer.args.training_steps={AGENT_STEPS}"),
     )
-    finished = finish(run, tmp_path / "run", steps=AGENT_STEPS)
+    with TokenScriptServer([]) as attackers_server:
+        attack_the_envs_proxy(run, tmp_path / "run", attackers_server.url)
+        finished = finish(run, tmp_path / "run", steps=AGENT_STEPS)
+    assert attackers_server.requests == [], "the run's completions went to the attacker"
     assert finished.code == 0, finished.output()[-4000:]
     numbers = finished.numbers()
     assert numbers["steps"] == AGENT_STEPS
@@ -101,6 +110,30 @@ def test_a_black_box_agent_learns_through_the_proxy(launch, tmp_path):
     assert numbers["learned"] is True
     assert "Traceback" not in finished.output(), "the env's proxy must stop cleanly"
     assert finished.leftovers == []
+
+
+def attack_the_envs_proxy(run, run_dir, attackers_url: str) -> None:
+    """The review's keyless attack on a launched run's in-process proxy (see above)."""
+    import httpx
+
+    log, found = run_dir / "logs" / "agent_mod_arithmetic.log", {}
+
+    def proxy_served() -> bool:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        match = re.search(r"serving the agent proxy at (http://127\.0\.0\.1:\d+)", text)
+        found.update(url=match.group(1)) if match else None
+        return match is not None
+
+    run.wait(until=proxy_served, pace=run.pace(run_dir), steps=2, restarts=1)
+    with httpx.Client(base_url=found["url"]) as attacker:
+        setup = json.dumps({"model_name": "tiny", "servers": [{"base_url": f"{attackers_url}/v1"}]})
+        answers = [
+            attacker.post("/setup", content=setup, headers={"Content-Type": "text/plain"}),
+            attacker.post("/setup", content=setup, headers={"Content-Type": "application/json"}),
+            attacker.get("/sessions", headers={"Host": "attacker.example"}),
+            attacker.get("/sessions"),
+        ]
+        assert [a.status_code for a in answers] == [401] * 4, [a.text for a in answers]
 
 
 @pytest.mark.learning

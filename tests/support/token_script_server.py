@@ -4,7 +4,8 @@ The tiny model's samples are noise, so a test that needs the model to *write*
 something (a hermes tool call) drives this server instead: real HTTP, the
 request shape vLLM receives (token-id prompts, `return_tokens_as_token_ids`), and
 answers carrying `token_id:N` tokens with logprobs, as vLLM returns them. Each
-request takes the next scripted reply per choice; every request body is recorded.
+request takes the next scripted reply per choice; every request body, and the key it
+carried, is recorded.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class _ScriptHandler(JsonHandler):
         body = self.read_json()
         with server.lock:
             server.requests.append(body)
+            server.authorizations.append(self.headers.get("Authorization"))
             n = body.get("n") or 1
             if not self.path.endswith("/completions") or len(server.replies) < n:
                 self._answer(400, {"error": {"message": "no scripted reply left"}})
@@ -65,5 +67,7 @@ class TokenScriptServer(LocalHttpServer):
     def __init__(self, replies: list[tuple[list[int], str]]) -> None:
         self.replies = list(replies)
         self.requests: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []
+        """Each request's Authorization header (None: sent without one)."""
         self.lock = threading.Lock()
         super().__init__(_ScriptHandler)

@@ -42,3 +42,33 @@ def test_key_from_environment_takes_the_first_non_empty(monkeypatch):
     monkeypatch.delenv("EXPOSURE_C", raising=False)
     assert key_from_environment(["EXPOSURE_C", "EXPOSURE_A", "EXPOSURE_B"]) == "b"
     assert key_from_environment(["EXPOSURE_C"]) is None
+
+
+def test_the_launchers_engine_key_goes_only_to_the_engines_it_was_issued_for(monkeypatch):
+    """PRX-1 of the security review: a server learnt at run time (the proxy's /setup)
+    was sent the run's key. The key is pinned to its engines' origins now."""
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from atroposlib.envs.server_handling.vllm_server import VLLMServer
+    from atroposlib.utils.exposure import key_issued_for, url_origin
+
+    def key_sent_to(base_url: str, api_key: str | None = "", inherits: bool = True) -> str:
+        server = VLLMServer(APIServerConfig(base_url=base_url, model_name="m", api_key=api_key))
+        server.inherits_environment_keys = inherits
+        return server.endpoint_key
+
+    monkeypatch.setenv("ATROPOS_ENGINE_API_KEY", "run-key")
+    monkeypatch.setenv("OPENAI_API_KEY", "openai-key")
+    monkeypatch.delenv("ATROPOS_ENGINE_URLS", raising=False)
+    assert key_sent_to("http://gpu-box:9001/v1") == "run-key", "a key exported by hand"
+    monkeypatch.setenv("ATROPOS_ENGINE_URLS", "http://127.0.0.1:9001,http://127.0.0.1:9002")
+    assert key_sent_to("http://127.0.0.1:9001/v1") == "run-key"
+    assert key_sent_to("HTTP://127.0.0.1:9002/v1/") == "run-key"
+    assert key_sent_to("http://127.0.0.1:9003/v1") == ""
+    assert key_sent_to("http://attacker.example:9001/v1") == ""
+    assert key_sent_to("https://127.0.0.1:9001/v1") == "", "another scheme is another origin"
+    assert key_sent_to("http://127.0.0.1:9001/v1", inherits=False) == ""
+    assert key_sent_to("http://127.0.0.1:9003/v1", api_key="own") == "own", "its own key"
+    assert key_sent_to("http://127.0.0.1:9003/v1", api_key=None) == "openai-key", "the SDK's"
+    assert key_sent_to("http://127.0.0.1:9003/v1", api_key=None, inherits=False) == ""
+    assert url_origin("https://h/v1") == "https://h:443" and url_origin("http://h:x/") == ""
+    assert not key_issued_for("http://127.0.0.1:90011/v1")

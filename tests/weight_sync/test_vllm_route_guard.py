@@ -43,11 +43,25 @@ def test_weight_routes_need_the_key_and_the_rest_is_left_to_vllm(keyed):
     assert keyed.get("/v1/models").status_code == 200  # vLLM's own --api-key guards /v1
 
 
-def test_the_engine_api_key_also_opens_them(monkeypatch):
+def test_the_engine_api_key_opens_none_of_them(monkeypatch):
+    """ENG-A of the security review: the guard took the engine key, which every
+    environment holds to sample, so any environment could replace the weights. Only the
+    weight-sync key opens them now, as a bearer or beside vLLM's own engine key."""
+    from atroposlib.weight_sync.vllm import weight_route_headers
+
     monkeypatch.setenv("ATROPOS_WEIGHT_SYNC_KEY", "sync")
     monkeypatch.setenv("VLLM_API_KEY", "engine")
+    monkeypatch.setenv("ATROPOS_ENGINE_API_KEY", "engine")
     client = TestClient(serving_app())
-    assert client.post("/pause", headers={"Authorization": "Bearer engine"}).status_code == 200
+    for path in ("/pause", "/collective_rpc", "/v1/load_lora_adapter"):
+        assert client.post(path, headers={"Authorization": "Bearer engine"}).status_code == 401
+        both = {"Authorization": "Bearer engine", "X-Weight-Sync-Key": "sync"}
+        assert client.post(path, headers=both).status_code == 200
+        wrong = {"Authorization": "Bearer engine", "X-Weight-Sync-Key": "engine"}
+        assert client.post(path, headers=wrong).status_code == 401
+    # what the trainer sends: vLLM's /v1 check gets the engine key, the guard the sync key
+    assert weight_route_headers("sync") == both
+    assert client.post("/pause", headers=weight_route_headers("sync")).status_code == 200
 
 
 def test_without_any_key_every_weight_route_is_closed(monkeypatch):

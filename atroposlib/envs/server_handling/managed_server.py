@@ -26,6 +26,10 @@ finish_reason "tool_calls", and nodes keep the raw text the model wrote. Without
 an explicit `tool_parser`, the wrapped server's `tool_parser` attribute is used, so
 `server_manager.tool_parser = "hermes"` (as upstream environments set it) works.
 
+`token_budget=N` bounds what the nodes hold: a request is sent only when its worst case,
+`n` x (prompt ids + `max_tokens`), fits in what is left (a node it extends is freed),
+with `max_tokens` cut to fit; else `TokenBudgetSpent`. The proxy gives each session one.
+
 Like upstream: a fresh prompt is encoded with the tokenizer's special tokens
 (BOS on Llama-style tokenizers) and a doubled BOS (a chat template that writes
 one) is dropped; the suffix of an extended node is encoded without them.
@@ -49,11 +53,23 @@ from atroposlib.envs.server_handling.vllm_server import MAX_TOKEN_ALIASES, drop_
 from atroposlib.utils.openai_shapes import chat_choice, completion_body, text_choice
 from atroposlib.weight_sync.versions import weight_version_of
 
-__all__ = ["DummyManagedServer", "ManagedServer", "ManagedServerAdapter", "SequenceNode"]
+__all__ = [
+    "DummyManagedServer",
+    "ManagedServer",
+    "ManagedServerAdapter",
+    "SequenceNode",
+    "TokenBudgetSpent",
+]
 
 logger = logging.getLogger("atroposlib.inference")
 
 TOOL_KWARGS = ("tools", "tool_choice", "parallel_tool_calls")
+
+
+class TokenBudgetSpent(ValueError):
+    """The request's prompt and one token per choice do not fit in the token budget."""
+
+
 NOT_FORWARDED = ("messages", "prompt", "input_ids", "logprobs")
 
 
@@ -73,6 +89,7 @@ class ManagedServer:
         track_tree: bool = False,
         tool_parser: str | None = None,
         preserve_think_blocks: bool = False,
+        token_budget: int | None = None,
     ) -> None:
         """`server`: an APIServer or a ServerManager (anything with token-level calls).
 
@@ -80,6 +97,7 @@ class ManagedServer:
         ValueError if that cannot be loaded, or if `tool_parser` is not a known parser.
         `preserve_think_blocks=True` lets the chat template handle `<think>` blocks of
         earlier assistant turns itself (by default they are kept verbatim).
+        `token_budget`: the most tokens the nodes may hold (module docstring).
         """
         self.server = server
         self.tokenizer: Any = (
@@ -96,6 +114,7 @@ class ManagedServer:
         self._native_tools: bool | None = None  # whether the chat template renders tools
         self.current_nodes: list[SequenceNode] = []
         self.sequences: dict[str, SequenceNode] = {}
+        self.token_budget = token_budget
 
     @property
     def nodes(self) -> list[SequenceNode]:
@@ -199,6 +218,28 @@ class ManagedServer:
             drop_doubled_bos(ids, getattr(self.tokenizer, "bos_token_id", None)) if fresh else ids
         )
 
+    def held_tokens(self) -> int:
+        """Tokens the nodes hold now (what `token_budget` bounds)."""
+        nodes = self.sequences.values() if self.track_tree else self.current_nodes
+        return sum(len(node.tokens) for node in nodes)
+
+    def _fit_budget(
+        self, prompt_ids: list[int], parent: SequenceNode | None, request: dict[str, Any]
+    ) -> None:
+        """Cut `max_tokens` so that `n` samples of it fit the budget, or refuse."""
+        assert self.token_budget is not None
+        n = max(int(request.get("n") or 1), 1)
+        freed = len(parent.tokens) if parent is not None and not self.track_tree else 0
+        room = self.token_budget - self.held_tokens() + freed
+        per_choice = room // n - len(prompt_ids)
+        if per_choice < 1:
+            raise TokenBudgetSpent(
+                f"{n} x ({len(prompt_ids)} prompt tokens + 1) do not fit in the "
+                f"{room} tokens left of the budget of {self.token_budget}"
+            )
+        asked = request.get("max_tokens")
+        request["max_tokens"] = per_choice if asked is None else min(int(asked), per_choice)
+
     def _find_parent(self, prompt: str) -> SequenceNode | None:
         if self.track_tree:
             return self.sequences.get(prompt)
@@ -220,6 +261,8 @@ class ManagedServer:
         for alias in MAX_TOKEN_ALIASES:  # chat spellings of max_tokens, as upstream's vLLM client
             if alias in request:
                 request["max_tokens"] = request.pop(alias)
+        if self.token_budget is not None:
+            self._fit_budget(prompt_ids, parent, request)
         # Text and ids, as upstream: token-level servers send the ids, scripted ones
         # (ServerHarness) look the text up.
         _, outputs, logprobs, finishes = await self.server.tokens_and_logprobs_completion(

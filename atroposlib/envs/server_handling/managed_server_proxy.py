@@ -26,9 +26,17 @@ upstream:
   cannot be reached answers a 503 at once instead of a hang.
 - Tool calls are parsed on the wire by the project's parser (`tool_call_translator`),
   while the recorded text stays what the model wrote.
-- Loopback by default; with an API key every route but /health needs
-  `Authorization: Bearer <key>` (`atropos-proxy`, docs/security.md). Upstream binds
+- Loopback by default, behind the listeners' one guard (`utils/request_guard.py`):
+  JSON posts only, bounded bodies, and without a key only requests addressed to this
+  machine (a DNS-rebinding page or a cross-site form gets nothing). Upstream binds
   0.0.0.0 with no key.
+- Keys by role (docs/security.md). With an API key, that key opens every route but
+  /health, and each session gets a bearer of its own (`api_key` in the answer of
+  /sessions/create) that opens its `/{uuid}/v1/...` routes and nothing else: an agent
+  holds its session's key, never the key that lists, reads or rewires every session.
+  `serve_in_process` always has a key, which never leaves the process.
+- Servers that POST /setup names get only the keys its body gives: the engine key of
+  the environment is never sent to a `base_url` learnt at run time.
 
 Run it with `atropos-proxy --config servers.json --port 9100` (or upstream's
 `python -m atroposlib.envs.server_handling.managed_server_proxy ...`), or mount
@@ -39,7 +47,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+import re
+import secrets
 import time
 import uuid as uuid_lib
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -50,7 +61,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from atroposlib.envs.server_handling.dummy_managed_server import DummyManagedServer
-from atroposlib.envs.server_handling.managed_server import ManagedServer
+from atroposlib.envs.server_handling.managed_server import ManagedServer, TokenBudgetSpent
 from atroposlib.envs.server_handling.proxy_client import IN_PROCESS_PROXIES
 from atroposlib.envs.server_handling.proxy_models import (
     ChatCompletionProxyRequest,
@@ -69,7 +80,7 @@ from atroposlib.envs.server_handling.proxy_sessions import (
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, is_unreachable
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.utils.listen import KEEP_ALIVE_S
-from atroposlib.utils.token_guard import UNAUTHORIZED_MESSAGE, TokenGuard
+from atroposlib.utils.request_guard import RequestGuard
 
 __all__ = [
     "ChatCompletionProxyRequest",
@@ -86,6 +97,11 @@ logger = logging.getLogger("atroposlib.proxy")
 
 REAPER_INTERVAL_S = 5.0
 """Longest time between two sweeps for idle sessions (shorter with a short timeout)."""
+MAX_BODY_BYTES = 16 << 20
+"""Largest request body: a conversation of a few hundred thousand tokens."""
+MAX_BODY_VALUES = 1_000_000
+"""Most JSON values in a body: messages and tool schemas, never token arrays."""
+SESSION_PATH = re.compile(r"^/([^/]+)/v1/")
 
 
 def servers_from_config(config: dict[str, Any]) -> list[APIServerConfig]:
@@ -119,13 +135,28 @@ class ProxyService:
     """The proxy's state and one method per endpoint (`create_app` routes them)."""
 
     def __init__(
-        self, server_manager: Any, tokenizer: Any, model_name: str, limits: SessionLimits
+        self,
+        server_manager: Any,
+        tokenizer: Any,
+        model_name: str,
+        limits: SessionLimits,
+        api_key: str | None = None,
     ) -> None:
         self.server_manager = server_manager
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.limits = limits
         self.sessions = SessionTable(limits)
+        self.api_key = api_key
+        """The key that opens every route; with one, each session gets its own too."""
+
+    def session_key_opens(self, path: str, authorization: bytes) -> bool:
+        """Whether `authorization` is the bearer of the session whose routes `path` is."""
+        found = SESSION_PATH.match(path)
+        session = self.sessions.peek(found.group(1)) if found else None
+        if session is None or session.api_key is None:
+            return False
+        return hmac.compare_digest(authorization, f"Bearer {session.api_key}".encode())
 
     # -- helpers
     def session_of(self, session_uuid: str) -> SessionState:
@@ -142,9 +173,8 @@ class ProxyService:
                 url = _base_url(server)
                 if url and url.rstrip("/") == base_url.rstrip("/"):
                     return server
-            available = [u for u in map(_base_url, servers) if u]
             raise HTTPException(
-                404, f"No server with base_url '{base_url}'. Available: {available}"
+                404, f"No server with base_url '{base_url}' (GET /servers lists them)"
             )
         healthy = [s for s in servers if getattr(s, "server_healthy", True)] or servers
         return max(healthy, key=lambda s: s.free_slots("train") if hasattr(s, "free_slots") else 0)
@@ -157,6 +187,7 @@ class ProxyService:
                     self.tokenizer,
                     track_tree=request.track_tree,
                     tool_parser=request.tool_parser,
+                    token_budget=self.limits.session_token_budget,
                 )
             except ValueError as exc:  # an unknown tool parser names the known ones
                 raise HTTPException(400, str(exc)) from exc
@@ -188,7 +219,8 @@ class ProxyService:
         return {"object": "list", "data": [card]}
 
     async def setup(self, request: Request) -> dict[str, Any]:
-        """Replace the backends, as upstream: the body is the --config JSON's shape."""
+        """Replace the backends, as upstream: the body is the --config JSON's shape. A
+        server it names gets the key the body gives it, never one of this process's."""
         try:
             config = await request.json()
             configs = servers_from_config(config)
@@ -197,7 +229,10 @@ class ProxyService:
         if configs:
             from atroposlib.envs.server_handling.server_manager import ServerManager
 
-            self.server_manager.servers = ServerManager(configs=configs).servers
+            servers = ServerManager(configs=configs).servers
+            for server in servers:
+                server.inherits_environment_keys = False
+            self.server_manager.servers = servers
             logger.info("setup: %d backends", len(configs))
         return {
             "status": "ok",
@@ -220,7 +255,9 @@ class ProxyService:
             )
         return {"servers": listed}
 
-    async def create_session(self, request: SessionCreateRequest) -> SessionCreateResponse:
+    async def create_session(self, request: SessionCreateRequest) -> dict[str, Any]:
+        """Upstream's SessionCreateResponse, plus `api_key` (the session's own bearer)
+        when the proxy has a key."""
         session_uuid = str(uuid_lib.uuid4())
         server = self.select_server(request.base_url)
         session = SessionState(
@@ -229,18 +266,22 @@ class ProxyService:
             translator=ToolCallTranslator(self.tokenizer, request.tool_parser),
             model_name=self.model_name,
             base_url=_base_url(server),
+            api_key=secrets.token_urlsafe(32) if self.api_key else None,
         )
         try:
             self.sessions.add(session)
         except SessionsFull as exc:
             raise HTTPException(429, str(exc)) from exc
-        return SessionCreateResponse(
+        answer = SessionCreateResponse(
             uuid=session_uuid,
             model_name=self.model_name,
             tool_parser=request.tool_parser,
             base_url=session.base_url,
             created_at=session.created_at,
-        )
+        ).model_dump()
+        if session.api_key is not None:
+            answer["api_key"] = session.api_key
+        return answer
 
     async def list_sessions(self) -> dict[str, Any]:
         return {
@@ -277,18 +318,17 @@ class ProxyService:
                 result = await session.managed_server.chat_completion(
                     **completion_kwargs(request, left)
                 )
+            except TokenBudgetSpent as exc:
+                return openai_error(
+                    400,
+                    f"session {session_uuid} has too little left of its budget of "
+                    f"{self.limits.session_token_budget} tokens (--session-token-budget) "
+                    f"for this request: {exc}",
+                )
             except Exception as exc:
-                if is_unreachable(exc):
-                    return openai_error(
-                        503,
-                        f"the inference server {session.base_url} cannot be reached: {exc}",
-                        error_type="server_error",
-                    )
-                status = getattr(exc, "status_code", None)
-                if isinstance(status, int) and 400 <= status < 500:  # the backend refused it
-                    return openai_error(status, f"the inference server refused it: {exc}")
-                logger.exception("completion failed in session %s", session_uuid)
-                return openai_error(500, f"Completion failed: {exc}", error_type="server_error")
+                # the details (backend addresses, its own words) go to the log, not to
+                # the agent, which holds no more than its session's key (PRX-5)
+                return backend_failure(session_uuid, session.base_url, exc)
         return {
             "id": f"chatcmpl-{uuid_lib.uuid4().hex[:12]}",
             "object": "chat.completion",
@@ -326,6 +366,23 @@ class ProxyService:
         return {"status": "deleted", "uuid": session_uuid}
 
 
+def backend_failure(session_uuid: str, base_url: str | None, exc: Exception) -> JSONResponse:
+    """The agent's answer when the backend failed; what failed is logged."""
+    if is_unreachable(exc):
+        logger.warning("session %s: %s cannot be reached: %s", session_uuid, base_url, exc)
+        return openai_error(
+            503, "the inference server cannot be reached", error_type="server_error"
+        )
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and 400 <= status < 500:
+        logger.warning("session %s: %s refused a request: %s", session_uuid, base_url, exc)
+        return openai_error(status, f"the inference server refused the request ({status})")
+    logger.exception("completion failed in session %s", session_uuid)
+    return openai_error(
+        500, "the completion failed; the proxy's log says why", error_type="server_error"
+    )
+
+
 def completion_kwargs(request: ChatCompletionProxyRequest, tokens_left: int) -> dict[str, Any]:
     """ManagedServer.chat_completion's arguments; max_tokens cut to the session's budget."""
     n = max(request.n, 1)
@@ -360,9 +417,14 @@ def create_app(
     model_name: str = "unknown",
     limits: SessionLimits | None = None,
     api_key: str | None = None,
+    allowed_hosts: frozenset[str] = frozenset(),
 ) -> FastAPI:
-    """The proxy's FastAPI app over `server_manager`'s backends (see the module docstring)."""
-    service = ProxyService(server_manager, tokenizer, model_name, limits or SessionLimits())
+    """The proxy's FastAPI app over `server_manager`'s backends (see the module docstring).
+    `allowed_hosts`: Host names, besides localhost and IP addresses, a keyless proxy
+    answers."""
+    service = ProxyService(
+        server_manager, tokenizer, model_name, limits or SessionLimits(), api_key
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -374,14 +436,16 @@ def create_app(
 
     app = FastAPI(title="ManagedServer OpenAI Proxy", lifespan=lifespan)
     app.state.proxy = service
-    if api_key:
-        error = {"message": UNAUTHORIZED_MESSAGE, "type": "invalid_request_error", "code": 401}
-        app.add_middleware(
-            TokenGuard,
-            token=api_key,
-            open_paths=frozenset({"/health"}),
-            unauthorized_body={"error": error},
-        )
+    app.add_middleware(
+        RequestGuard,
+        api_key=api_key,
+        max_body_bytes=MAX_BODY_BYTES,
+        max_body_values=MAX_BODY_VALUES,
+        allowed_hosts=allowed_hosts,
+        open_paths=frozenset({"/health"}),
+        listener="atropos-proxy",
+        also_authorized=service.session_key_opens,
+    )
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     routes: list[tuple[str, str, Callable[..., Any]]] = [
@@ -436,7 +500,11 @@ async def serve_in_process(
     """The proxy served on this event loop, on a free loopback port: its URL, and the
     task that serves it (cancel it to stop). For an environment that hosts its own
     proxy instead of needing an `atropos-proxy` process beside it. SIGINT and SIGTERM
-    stay with the caller's handlers."""
+    stay with the caller's handlers.
+
+    Its key is made here and never leaves the process: this process reaches its own
+    sessions by call (`IN_PROCESS_PROXIES`), its agents by their sessions' keys, and
+    another local process, or a web page, reaches nothing (PRX-1 of the review)."""
     import uvicorn
 
     from atroposlib.utils.ports import free_port
@@ -448,7 +516,7 @@ async def serve_in_process(
             yield
 
     port = free_port()
-    app = create_app(server_manager, tokenizer, model_name, limits)
+    app = create_app(server_manager, tokenizer, model_name, limits, secrets.token_urlsafe(32))
     # no lifespan: the caller's loop ends by cancelling this task, which a lifespan
     # reports as a traceback; the idle-session reaper runs as a task of its own
     config = uvicorn.Config(

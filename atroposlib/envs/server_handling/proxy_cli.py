@@ -6,7 +6,9 @@ the ManagedServer OpenAI proxy as a standalone server.
 `servers.json` is upstream's: `{"model_name": ..., "tokenizer_name"?: ...,
 "servers": [{"base_url": "http://127.0.0.1:9001/v1", "server_type": "vllm"}, ...]}`.
 A server without `api_key` is sent the engine key from the environment
-(ATROPOS_ENGINE_API_KEY, else VLLM_API_KEY), as environments do. The proxy binds
+(ATROPOS_ENGINE_API_KEY, else VLLM_API_KEY), as environments do, if it is one the key
+was issued for (ATROPOS_ENGINE_URLS); servers set later by POST /setup get only the
+keys their body names. The proxy binds
 loopback; another address needs --api-key (or $ATROPOS_PROXY_API_KEY) or
 --insecure, as every listener here (atroposlib.utils.exposure).
 """
@@ -23,10 +25,16 @@ from typing import ClassVar
 from pydantic import Field
 
 from atroposlib.envs.server_handling.proxy_sessions import SessionLimits
-from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, ExposureRule, key_from_environment
+from atroposlib.utils.exposure import (
+    ENGINE_KEY_ENVIRONMENT,
+    ExposureRule,
+    key_from_environment,
+    key_issued_for,
+)
 from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.listen import ListenError, listen_socket, serve
 from atroposlib.utils.logging import configure_logging
+from atroposlib.utils.request_guard import ALLOWED_HOSTS_HELP, HostNames
 from atroposlib.utils.tokenizers import TokenizerLoadError, load_tokenizer
 
 PROXY_KEY_ENVIRONMENT = ("ATROPOS_PROXY_API_KEY",)
@@ -47,11 +55,13 @@ class ProxySettings(ExposureRule, SessionLimits):
     api_key: str | None = Field(
         None,
         description="Require 'Authorization: Bearer <key>' on every route but /health "
-        "(default: $ATROPOS_PROXY_API_KEY).",
+        "(default: $ATROPOS_PROXY_API_KEY); each session then gets a key of its own for "
+        "its completions.",
     )
     insecure: bool = Field(
         False, description="Allow binding a non-loopback address without an API key."
     )
+    allowed_hosts: HostNames = Field(default_factory=list, description=ALLOWED_HOSTS_HELP)
     log_level: str = Field("info", description="Logging level.")
 
 
@@ -73,7 +83,7 @@ def load_proxy_config(path: Path) -> dict:
             raise ValueError(f'{path}: servers[{index}] needs a "base_url" string')
     engine_key = key_from_environment(ENGINE_KEY_ENVIRONMENT)
     for server in servers:
-        if engine_key and not server.get("api_key"):
+        if engine_key and not server.get("api_key") and key_issued_for(server["base_url"]):
             server["api_key"] = engine_key
     return config
 
@@ -121,7 +131,8 @@ def _serve(settings: ProxySettings, config: dict, sock: socket.socket) -> int:
         return 1
     manager = ServerManager(configs=servers_from_config(config))
     limits = SessionLimits(**settings.model_dump(include=set(SessionLimits.model_fields)))
-    app = create_app(manager, tokenizer, model_name, limits, settings.api_key)
+    hosts = frozenset(name.lower() for name in settings.allowed_hosts)
+    app = create_app(manager, tokenizer, model_name, limits, settings.api_key, hosts)
     backends = ", ".join(str(c.config.base_url) for c in manager.servers)
     print(
         f"atropos-proxy: {model_name} over {backends} on http://{settings.host}:{settings.port}",

@@ -8,13 +8,15 @@ rebuilt as `SequenceNode`s, so `scored_data_group_from_nodes` (or an env's own c
 reads them exactly as it reads an in-process ManagedServer's.
 
     async with self.server.managed_server() as managed:
-        agent = MyAgent(base_url=managed.get_url(), api_key="x")   # any OpenAI client
+        agent = MyAgent(base_url=managed.get_url(), api_key=managed.api_key)  # any OpenAI client
         await agent.run(task)
         nodes = (await managed.fetch_state())["nodes"]
 
 On leaving the block the nodes are fetched one last time (so `get_state()` still has
-them) and the session is deleted. Requests carry the proxy's key
-(ATROPOS_PROXY_API_KEY) when one is set.
+them) and the session is deleted. The environment's requests carry the proxy's key
+(ATROPOS_PROXY_API_KEY) when one is set; the agent gets `api_key`, its session's own
+key (a keyed proxy hands one out per session), which opens that session's completions
+and nothing else.
 
 A proxy that this process serves itself (`serve_in_process`) is listed in
 `IN_PROCESS_PROXIES`: a session on it is opened, read and deleted by a call to its
@@ -51,8 +53,9 @@ class ProxyError(RuntimeError):
     """The proxy refused a request or could not be reached; the message says which."""
 
 
-def _headers() -> dict[str, str]:
-    key = os.environ.get(PROXY_KEY_ENVIRONMENT)
+def _headers(key: str | None = None) -> dict[str, str]:
+    """`key`, else the proxy's key from the environment, as a bearer header."""
+    key = key or os.environ.get(PROXY_KEY_ENVIRONMENT)
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
@@ -67,10 +70,14 @@ async def _call_in_process(call: Awaitable[Any]) -> dict[str, Any]:
     return answer.model_dump(mode="json") if hasattr(answer, "model_dump") else answer
 
 
-async def _request(method: str, url: str, timeout: float, json: Any = None) -> dict[str, Any]:
+async def _request(
+    method: str, url: str, timeout: float, json: Any = None, key: str | None = None
+) -> dict[str, Any]:
     client = shared_async_http_client()
     try:
-        response = await client.request(method, url, json=json, headers=_headers(), timeout=timeout)
+        response = await client.request(
+            method, url, json=json, headers=_headers(key), timeout=timeout
+        )
     except httpx.HTTPError as exc:
         raise ProxyError(f"cannot reach the proxy at {url}: {exc}") from exc
     try:
@@ -94,12 +101,16 @@ class ProxyManagedServer:
         model_name: str = "unknown",
         base_url: str | None = None,
         timeout_s: float = 300.0,
+        api_key: str | None = None,
     ) -> None:
         self.proxy_url = proxy_url.rstrip("/")
         self.session_uuid = session_uuid
         self.model_name = model_name
         self.base_url = base_url
         """The backend the proxy pinned this session to."""
+        self.api_key = api_key or "none"
+        """The key to hand the agent: its session's own (a keyless proxy wants none)."""
+        self._session_key = api_key
         self.timeout_s = timeout_s
         self._cached_nodes: list[SequenceNode] | None = None
         self._service = IN_PROCESS_PROXIES.get(self.proxy_url)
@@ -121,7 +132,7 @@ class ProxyManagedServer:
             if kwargs.get(name) is not None:
                 body[name] = kwargs[name]
         url = f"{self.proxy_url}/{self.session_uuid}/v1/chat/completions"
-        data = await _request("POST", url, self.timeout_s, json=body)
+        data = await _request("POST", url, self.timeout_s, json=body, key=self._session_key)
         data.setdefault("id", f"chatcmpl-{uuid_lib.uuid4().hex[:12]}")
         data.setdefault("created", int(time.time()))
         data.setdefault("model", self.model_name)
@@ -196,4 +207,5 @@ async def create_proxy_session(
         session_uuid=data["uuid"],
         model_name=data.get("model_name", model_name),
         base_url=data.get("base_url"),
+        api_key=data.get("api_key"),
     )

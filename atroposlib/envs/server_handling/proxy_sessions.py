@@ -10,7 +10,9 @@ session and its tokens for the life of the proxy. Here a session
 - is one of at most `max_sessions`: creating one more first drops expired ones, then
   is refused (429) rather than letting memory grow.
 
-So the proxy holds at most `max_sessions` x (`token_budget` + one prompt) tokens. A
+So the proxy holds at most `max_sessions` x `token_budget` tokens: a request is sent
+only if `n` x (its prompt + `max_tokens`) fits (ManagedServer's `token_budget`), and
+the body that carries the prompt is bounded before it is parsed. A
 session's requests run one at a time (its lock): ManagedServer extends nodes by
 prefix, and two turns of one conversation sent at once would race.
 """
@@ -39,7 +41,8 @@ class SessionLimits(BaseModel):
         32768,
         ge=1,
         description="Tokens a session's recorded sequences may hold: prompts and "
-        "completions of every turn; max_tokens is cut to what is left.",
+        "completions of every turn, times n; max_tokens is cut to what is left, and a "
+        "request whose prompt does not fit is refused.",
     )
 
 
@@ -56,6 +59,8 @@ class SessionState:
     translator: Any
     model_name: str
     base_url: str | None = None
+    api_key: str | None = None
+    """The bearer that opens this session's own routes (a keyed proxy's sessions)."""
     created_at: float = field(default_factory=time.time)
     last_accessed: float = field(default_factory=time.time)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -105,6 +110,10 @@ class SessionTable:
             return None
         session.last_accessed = now
         return session
+
+    def peek(self, uuid: str) -> SessionState | None:
+        """The session `uuid` as it is, without counting a use or expiring it."""
+        return self._sessions.get(uuid)
 
     def pop(self, uuid: str) -> SessionState | None:
         return self._sessions.pop(uuid, None)

@@ -40,7 +40,7 @@ from atroposlib.envs.server_handling.request_policy import (  # noqa: F401 - re-
     merge_choices,
     offset_seed,
 )
-from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT
+from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, key_issued_for
 
 logger = logging.getLogger("atroposlib.inference")
 OUTAGE_LOGGER = "atroposlib.inference.outage"
@@ -226,6 +226,8 @@ class APIServerConfig(ServerBaseline):
 
 class APIServer(ABC):
     token_ids_supported = True  # token-level calls work (False: text-only APIs)
+    inherits_environment_keys = True
+    """False: only `api_key` is sent, never a key from the environment (endpoint_key)."""
     max_attempts = 3
     backoff_s = 0.5
 
@@ -288,13 +290,14 @@ class APIServer(ABC):
     @property
     def endpoint_key(self) -> str:
         """The bearer key sent: `api_key`; else $ATROPOS_ENGINE_API_KEY (how atropos-launch
-        hands an environment its engine's key, out of argv); else, for None,
-        `OPENAI_API_KEY` (as the SDK does)."""
+        hands an environment its engine's key, out of argv), only to the engines it was
+        issued for ($ATROPOS_ENGINE_URLS); else, for None, `OPENAI_API_KEY` (as the SDK
+        does). A server added at run time (the proxy's /setup) inherits neither."""
         key = self.config.api_key
-        if key:
-            return key
+        if key or not self.inherits_environment_keys:
+            return key or ""
         launched = os.environ.get(ENGINE_KEY_ENVIRONMENT[0])
-        if launched:
+        if launched and key_issued_for(self.endpoint_url):
             return launched
         return os.environ.get("OPENAI_API_KEY", "") if key is None else ""
 

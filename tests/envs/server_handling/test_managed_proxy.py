@@ -321,6 +321,8 @@ def test_a_sessions_token_budget_and_the_session_cap_are_enforced(scripted, toke
         full = http.post("/sessions/create", json={})
         assert full.status_code == 429 and "--max-sessions" in full.json()["error"]["message"]
         messages = [{"role": "user", "content": "count"}]
+        render = f"/{uuid}/v1/chat/completions/render"
+        first_prompt = http.post(render, json={"messages": messages}).json()["num_tokens"]
         statuses = []
         for _ in range(10):
             answer = http.post(f"/{uuid}/v1/chat/completions", json={"messages": messages})
@@ -331,10 +333,10 @@ def test_a_sessions_token_budget_and_the_session_cap_are_enforced(scripted, toke
             messages += [answer.json()["choices"][0]["message"], {"role": "user", "content": "on"}]
         assert statuses[0] == 200 and statuses[-1] == 400, statuses
         recorded = len(http.get(f"/{uuid}/nodes").json()["nodes"][0]["tokens"])
-        assert recorded >= 60, "refused only once the budget is spent"
-    # each request's max_tokens was cut to what was left of the budget
+        assert recorded <= 60, "the session never holds more than its budget"
+    # each request's max_tokens was cut to what was left of the budget after its prompt
     asked = [request["max_tokens"] for request in backend.requests]
-    assert asked[0] == 60, "nothing recorded yet: the whole budget"
+    assert asked[0] == 60 - first_prompt, "nothing recorded yet: the budget less the prompt"
     assert asked == sorted(asked, reverse=True) and asked[-1] < asked[0]
 
 
@@ -404,7 +406,7 @@ def test_the_proxy_wants_its_key_and_refuses_an_open_address_without_one(
 
 # ---------------------------------------------------------------- served in process
 def test_a_proxy_served_in_process_opens_reads_and_deletes_its_own_sessions_by_call(
-    tokenizer, tiny_model_path
+    tokenizer, tiny_model_path, monkeypatch
 ):
     """`serve_in_process`: the env's own sessions skip HTTP, the agent's requests do not,
     and what the env reads (nodes, refusals) is what it would read over HTTP."""
@@ -422,13 +424,15 @@ def test_a_proxy_served_in_process_opens_reads_and_deletes_its_own_sessions_by_c
         try:
             async with manager.managed_server(use_proxy=True) as managed:
                 assert managed._service is service
-                client = openai.AsyncOpenAI(base_url=managed.get_url(), api_key="x")
+                client = openai.AsyncOpenAI(base_url=managed.get_url(), api_key=managed.api_key)
                 reply = await client.chat.completions.create(
                     model="tiny", messages=[{"role": "user", "content": "3 + 4?"}]
                 )
                 assert reply.choices[0].message.content == "7"
                 nodes = (await managed.fetch_state())["nodes"]
-                async with httpx.AsyncClient(base_url=url) as http:  # the same over HTTP
+                # the same over HTTP, with the key that never leaves the process
+                admin = {"Authorization": f"Bearer {service.api_key}"}
+                async with httpx.AsyncClient(base_url=url, headers=admin) as http:
                     over_http = (await http.get(f"/{managed.session_uuid}/nodes")).json()
                 assert [n.model_dump() for n in nodes] == over_http["nodes"]
                 assert nodes[0].tokens[-len(ids) :] == ids
@@ -436,8 +440,9 @@ def test_a_proxy_served_in_process_opens_reads_and_deletes_its_own_sessions_by_c
             # a deleted session is refused in the words the HTTP route uses
             refusals = []
             for registered in (True, False):
-                if not registered:
+                if not registered:  # as another process holding the proxy's key sees it
                     del proxy_client.IN_PROCESS_PROXIES[url]
+                    monkeypatch.setenv(proxy_client.PROXY_KEY_ENVIRONMENT, service.api_key)
                 gone = proxy_client.ProxyManagedServer(url, managed.session_uuid)
                 assert (gone._service is service) is registered
                 with pytest.raises(proxy_client.ProxyError) as refused:
