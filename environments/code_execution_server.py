@@ -41,6 +41,7 @@ not the task:
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -125,9 +126,21 @@ class CodeExecutionEnv(SingleTurnEnv):
             cpu_time_s=config.cpu_time_s,
             memory_mb=config.memory_mb,
             isolation=config.sandbox,
+            hidden_paths=self.answers_on_disk(),
         )
         require_isolation(config.sandbox)
         self.runs = asyncio.Semaphore(config.max_concurrent_runs)
+
+    def answers_on_disk(self) -> list[str]:
+        """Where this run keeps what would solve a problem without solving it: the
+        dataset (its canonical solutions), the groups and evaluations written (answers
+        that scored 1.0). A `namespaces` run sees them empty (SBX-B of the security
+        review), as it sees the env's state dir; bubblewrap shows none of the host."""
+        config = self.config
+        files = [config.dataset_path, config.data_path_to_save_groups]
+        found = [os.path.dirname(os.path.abspath(f)) for f in files if f]
+        evals = config.data_dir_to_save_evals
+        return found + ([os.path.abspath(evals)] if evals else [])
 
     def messages_for(self, item: dict[str, Any]) -> list[dict[str, str]]:
         request = f"Complete this function:\n```python\n{item['prompt']}```"

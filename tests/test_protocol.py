@@ -54,6 +54,7 @@ API_MAY_IMPORT = (
     "atroposlib.token_limit",
     "atroposlib.utils.exposure",
     "atroposlib.utils.request_guard",
+    "atroposlib.utils.durable",
 )
 
 

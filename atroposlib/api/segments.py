@@ -3,9 +3,11 @@
 Groups are large (~100 KB for 8 x 1024 tokens) and short-lived: most are served
 seconds after they arrive. Kept as SQLite blobs, each body would be written to
 the WAL and then copied again into the database file at every checkpoint. Here
-a body is written once with `os.write` (in the page cache before the client
-hears 200, so it survives `kill -9`), SQLite records only (segment, offset,
+a body is written once with `os.write`, SQLite records only (segment, offset,
 length), and a segment file is unlinked as soon as its last group is served.
+The store calls `sync()` before the commit that answers a post: the bodies, and a
+new segment's name, are on the disk before the client hears 200 and deletes its own
+copy, so a power loss loses nothing acknowledged (DUR-1 of the security review).
 
 A new segment is started at every open, so a torn write at a crash can never
 sit in front of newer data.
@@ -17,6 +19,8 @@ import logging
 import os
 import re
 from pathlib import Path
+
+from atroposlib.utils.durable import fsync_dir
 
 logger = logging.getLogger("atroposlib.api")
 
@@ -36,6 +40,8 @@ class SegmentLog:
         self.active = max(existing, default=0) + 1
         self._fd = self._open_active()
         self._size = 0
+        self._unsynced = False
+        self._new_name = True  # the active segment's directory entry is not yet durable
 
     def _path(self, segment: int) -> Path:
         return self.dir / f"seg-{segment:08d}.log"
@@ -78,8 +84,18 @@ class SegmentLog:
             self._size = os.fstat(self._fd).st_size  # keep offsets true after a partial write
             raise
         self._size += len(body)
+        self._unsynced = True
         self.live[self.active] = self.live.get(self.active, 0) + 1
         return (self.active, offset, len(body))
+
+    def sync(self) -> None:
+        """Make every body appended so far durable (one fdatasync for a batch of them)."""
+        if self._unsynced:
+            os.fdatasync(self._fd)
+            self._unsynced = False
+        if self._new_name:
+            fsync_dir(self.dir)
+            self._new_name = False
 
     def read(self, location: Location) -> bytes:
         segment, offset, length = location
@@ -106,6 +122,10 @@ class SegmentLog:
         except OSError:
             self.active = previous
             raise
+        if self._unsynced:  # the bodies still to sync are in the segment being closed
+            os.fdatasync(self._fd)
+            self._unsynced = False
+        self._new_name = True
         os.close(self._fd)
         self._fd = fd
         self._size = 0

@@ -6,10 +6,12 @@ idempotency answers are committed before the client hears 200. A batch's groups
 are either deleted in the same transaction that advances the step (a trainer
 that does not say which step it wants), or leased to their step in that
 transaction and deleted only when the trainer says a checkpoint covers it. SQLite runs
-in WAL mode with synchronous=NORMAL, which survives `kill -9` of the server (the
-WAL is in the OS page cache) at a few tens of microseconds per commit. Group
-bodies are appended to segment files (`segments.py`) and SQLite holds where
-they are, which avoids writing every 100 KB body twice.
+in WAL mode with synchronous=FULL: a commit is on the disk before it returns, so what
+a client was told survives a power loss, not only `kill -9` (DUR-1 of the security
+review: with NORMAL, an acknowledged group, whose sender then deletes its own copy,
+could be lost, and a batch taken could come back to be trained twice). Group bodies
+are appended to segment files (`segments.py`), synced before the commit that names
+them, and SQLite holds where they are, which avoids writing every 100 KB body twice.
 
 `MemoryStore` keeps the same data in dicts for `--ephemeral` runs and tests.
 
@@ -279,7 +281,7 @@ class SQLiteStore(GroupStore):
         try:
             self._db.execute("PRAGMA page_size=16384")
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=5000")
             self._db.executescript(_SCHEMA)
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(groups)")}
@@ -333,6 +335,7 @@ class SQLiteStore(GroupStore):
         try:
             for row, body in change.inserts:
                 placed.append((row, self.segments.append(body)))
+            self.segments.sync()  # the bodies before the rows that point at them
             self._commit(change, placed)
         except BaseException:
             for _, at in placed:

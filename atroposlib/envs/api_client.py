@@ -34,6 +34,7 @@ server also ignores the `Idempotency-Key` header. A 4xx on a plain call raises
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gzip
 import json
 import logging
@@ -43,7 +44,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -55,6 +56,8 @@ from atroposlib.utils.retry_notes import RetryNotes
 logger = logging.getLogger("atroposlib.envs")
 
 GZIP_MIN_BYTES = 1024
+OWNER_FILE = ".owner"
+"""In the spool: locked by the process that owns it, and naming that process."""
 RETRYABLE_4XX = {408, 429}  # timeouts and rate limits (a proxy's, say) pass with time
 QUERY_REFUSALS = {400, 422}  # how a server that reads no query parameters may refuse one
 
@@ -64,9 +67,38 @@ class APIRefusedError(RuntimeError):
     cannot help, so the caller stops with this message instead of retrying."""
 
 
+class StateDirInUse(RuntimeError):
+    """Another process holds this environment's spool: two copies would overwrite each
+    other's spooled groups (DUR-2 of the security review)."""
+
+
 class EnvUnknownError(APIRefusedError):
     """/status-env answered 404: the API lost this env (restarted without its state, or
     reset), so the env registers again instead of stopping."""
+
+
+def own_spool(spool: Path) -> IO[str]:
+    """An exclusive lock on `spool`, held while the returned file is open (the kernel
+    drops it when the process dies, however it dies). Each process numbers its spool
+    files from what it found at start, so a second owner would replace the first's."""
+    owner = open(spool / OWNER_FILE, "a+")
+    try:
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner.seek(0)
+        holder = owner.read().strip() or "another process"
+        owner.close()
+        raise StateDirInUse(
+            f"{spool} is in use by {holder}: two copies of one environment must not share "
+            "a state dir, or they overwrite each other's undelivered groups. Give this one "
+            "its own: ATROPOS_ENV_STATE_DIR=DIR, or another --env.wandb_name "
+            "(atropos-launch gives each copy its own)"
+        ) from None
+    owner.seek(0)
+    owner.truncate()
+    owner.write(f"pid {os.getpid()}\n")
+    owner.flush()
+    return owner
 
 
 def _refused(method: str, path: str, response: httpx.Response) -> APIRefusedError:
@@ -102,6 +134,7 @@ class TrajectoryClient:
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s)
         self.spool = Path(spool_dir)
         self.spool.mkdir(parents=True, exist_ok=True)
+        self._owner = own_spool(self.spool)
         self.dead_letter = Path(dead_letter_path or self.spool.parent / "dead-letter.jsonl")
         self.ledger = ledger_path(self.spool)
         self.max_backoff_s = max_backoff_s
@@ -411,3 +444,4 @@ class TrajectoryClient:
         if self._flusher is not None:
             self._flusher.cancel()
         await self.http.aclose()
+        self._owner.close()  # the spool is free for the next process

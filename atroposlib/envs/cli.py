@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from atroposlib.envs.api_client import APIRefusedError
+from atroposlib.envs.api_client import APIRefusedError, StateDirInUse
 from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.process import NothingProcessed, unused_path
 from atroposlib.envs.reporting import keep_full_metrics
@@ -309,7 +309,7 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     runner = {"serve": _serve, "process": _process, "evaluate": _evaluate}[args.command]
     try:
         asyncio.run(runner(env))
-    except (APIRefusedError, NothingProcessed, ContextRefused) as exc:
+    except (APIRefusedError, NothingProcessed, ContextRefused, StateDirInUse) as exc:
         # the message says it all; no traceback
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -223,12 +223,15 @@ def bubblewrap_command(scratch_bytes: int) -> list[str]:
     ]
 
 
-# Runs as root inside fresh namespaces: cap the scratch dirs, hide the given host paths,
-# then run the command as the run's uid (as a child, so it is not the namespace's init).
+# Runs as root inside fresh namespaces: the host's root file system read-only in this
+# mount namespace (a write to a world-writable host dir would outlive the run and reach
+# the next one: SBX-D of the security review), fresh capped scratch dirs, the given host
+# paths hidden, then the command as the run's uid (as a child, not the namespace's init).
 # Arguments: SIZE UID WORK_DIR SCRATCH_DIR... -- HIDDEN_DIR... -- COMMAND...
 NAMESPACE_INIT = r"""
 set -e
 size=$1; uid=$2; work=$3; shift 3
+mount -o remount,bind,ro /
 while [ "$1" != "--" ]; do
   if [ -d "$1" ]; then mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" tmpfs "$1"; fi
   shift
@@ -249,7 +252,10 @@ setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs --inh-caps=-
 def hidden_paths(extra: Sequence[str] = ()) -> list[str]:
     """Host dirs a `namespaces` run sees empty: the project, its data, homes, the cwd."""
     candidates = [str(PROJECT_ROOT), os.getcwd(), "/root", "/home", *extra]
-    for variable in ("HF_HOME", "HF_DATASETS_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME"):
+    for variable in (
+        *("HF_HOME", "HF_DATASETS_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_CACHE"),
+        *("TRANSFORMERS_CACHE", "XDG_CACHE_HOME", "ATROPOS_ENV_STATE_DIR", "ATROPOS_CACHE_DIR"),
+    ):
         if os.environ.get(variable):
             candidates.append(os.environ[variable])
     prefix = _interpreter_prefix()

@@ -8,8 +8,12 @@ data. vLLM's own extension point, `--middleware module.Class`, lets us add the c
 inside vLLM itself: no proxy, no extra port, no extra hop on the sampling path.
 
 The rule: every path needs `Authorization: Bearer <key>` except the read-only probes
-in `OPEN_PATHS` and the prefixes vLLM's own `--api-key` guards (the LoRA load and
-unload routes under `/v1` change weights, so they are guarded here too). The one key is
+in `OPEN_PATHS`. The sampling prefixes vLLM's own `--api-key` guards (`/v1`, `/v2`,
+`/inference`, `/cohere`) take the engine's key (`VLLM_API_KEY` or
+`ATROPOS_ENGINE_API_KEY`) here too, so their guard does not depend on which of them a
+given vLLM version checks (ENG-B of the security review); with no engine key they are
+open, as vLLM leaves them. The LoRA load and unload routes under `/v1` change weights,
+so they are weight routes. The one key is
 the trainer's weight-sync key, read from the environment at start, sent as
 `Authorization: Bearer KEY` or as `X-Weight-Sync-Key: KEY` (for the LoRA routes, where
 vLLM's own check wants the engine key in `Authorization`); without it, every guarded
@@ -31,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 KEY_VARIABLES = ("ATROPOS_WEIGHT_SYNC_KEY",)
+SAMPLING_KEY_VARIABLES = ("VLLM_API_KEY", "ATROPOS_ENGINE_API_KEY")
 SYNC_KEY_HEADER = "X-Weight-Sync-Key"
 OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/tokenize", "/detokenize"})
 VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")  # vLLM's --api-key covers them
@@ -51,13 +56,9 @@ def guard_launch_extras(sync_key: str) -> tuple[list[str], dict[str, str]]:
     return ["--middleware", MIDDLEWARE], env
 
 
-def guarded(path: str) -> bool:
-    """Whether `path` needs the key here (vLLM's own check covers its prefixes)."""
-    if path in OPEN_PATHS:
-        return False
-    if path.startswith(WEIGHT_ROUTES_UNDER_V1):
-        return True
-    return not path.startswith(VLLM_GUARDED_PREFIXES)
+def sampling(path: str) -> bool:
+    """Whether `path` is a sampling route, which the engine's key opens too."""
+    return path.startswith(VLLM_GUARDED_PREFIXES) and not path.startswith(WEIGHT_ROUTES_UNDER_V1)
 
 
 class WeightRouteGuard:
@@ -65,29 +66,33 @@ class WeightRouteGuard:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        keys = [os.environ.get(name) for name in KEY_VARIABLES]
-        self.digests = [hashlib.sha256(key.encode()).digest() for key in keys if key]
+        self.digests = _digests(KEY_VARIABLES)
+        self.sampling_digests = _digests(SAMPLING_KEY_VARIABLES)
 
-    def authorized(self, scope: Scope) -> bool:
+    def authorized(self, scope: Scope, path: str) -> bool:
         headers = dict(scope.get("headers") or [])
         scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        offered = [token] if scheme.lower() == "bearer" and token else []
-        offered.append(headers.get(SYNC_KEY_HEADER.lower().encode(), b"").decode("latin-1"))
-        return any(self._known(key) for key in offered if key)
-
-    def _known(self, key: str) -> bool:
-        digest = hashlib.sha256(key.encode()).digest()
-        return any(hmac.compare_digest(digest, known) for known in self.digests)
+        bearer = token if scheme.lower() == "bearer" else ""
+        offered = [bearer, headers.get(SYNC_KEY_HEADER.lower().encode(), b"").decode("latin-1")]
+        if any(_known(key, self.digests) for key in offered if key):
+            return True
+        if sampling(path):
+            return not self.sampling_digests or _known(bearer, self.sampling_digests)
+        return False
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
-        if not guarded(path) or self.authorized(scope):
+        if path in OPEN_PATHS or self.authorized(scope, path):
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":
             return await send({"type": "websocket.close", "code": 1008})
-        reason = "this route needs the engine's weight-sync key (Authorization: Bearer KEY)"
+        reason = (
+            "this route needs the engine's API key (Authorization: Bearer KEY)"
+            if sampling(path)
+            else "this route needs the engine's weight-sync key (Authorization: Bearer KEY)"
+        )
         body = json.dumps({"error": "Unauthorized", "detail": reason}).encode()
         await send(
             {
@@ -97,3 +102,15 @@ class WeightRouteGuard:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def _digests(variables: tuple[str, ...]) -> list[bytes]:
+    keys = [os.environ.get(name) for name in variables]
+    return [hashlib.sha256(key.encode()).digest() for key in keys if key]
+
+
+def _known(key: str, digests: list[bytes]) -> bool:
+    if not key:
+        return False
+    digest = hashlib.sha256(key.encode()).digest()
+    return any(hmac.compare_digest(digest, known) for known in digests)

@@ -188,6 +188,48 @@ def test_the_canonical_solution_on_disk_is_out_of_reach(limits):
 
 
 @pytest.mark.integration
+def test_a_dataset_outside_the_hidden_places_is_out_of_reach_too(limits, tmp_path):
+    """SBX-B of the security review: in `namespaces` mode a dataset given as
+    `--env.dataset_path` in a world-readable dir outside the project, the cwd and the
+    homes (the review's was under /srv) was read by the answer, which scored 1.0 without
+    solving anything. The env hides where its dataset and its outputs lie."""
+    import os
+    import shutil
+    import tempfile
+
+    base = "/srv" if os.access("/srv", os.W_OK) else None
+    if base is None:
+        pytest.skip("needs a writable /srv: a place no sandbox mode hides by itself")
+    folder = tempfile.mkdtemp(prefix="atropos-sbx-b-", dir=base)
+    try:
+        os.chmod(folder, 0o755)
+        dataset = os.path.join(folder, "test.jsonl")
+        shutil.copy(SAMPLE_DIR / "test.jsonl", dataset)
+        os.chmod(dataset, 0o644)
+        config = types.SimpleNamespace(
+            dataset_path=dataset,
+            data_path_to_save_groups=str(tmp_path / "rollouts" / "code.jsonl"),
+            data_dir_to_save_evals=str(tmp_path / "evals"),
+        )
+        hidden = CodeExecutionEnv.answers_on_disk(types.SimpleNamespace(config=config))
+        assert folder in hidden and str(tmp_path / "rollouts") in hidden
+        problem = read_jsonl(SAMPLE_DIR / "test.jsonl")[0]
+        steal = fenced(
+            "import json\n"
+            f"for line in open({dataset!r}):\n"
+            "    row = json.loads(line)\n"
+            f"    if row['entry_point'] == {problem['entry_point']!r}:\n"
+            "        exec(row['prompt'] + row['canonical_solution'])\n"
+        )
+        if limits.isolation == "namespaces":  # the attack works where nothing hides it
+            assert asyncio.run(run_tests(steal, problem, limits)).score == 1.0
+        hiding = limits.model_copy(update={"hidden_paths": hidden})
+        assert asyncio.run(run_tests(steal, problem, hiding)).score == 0.0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.integration
 def test_assert_true_lines_are_not_cases(limits):
     """SBX-10: HumanEval's `assert True, "..."` lines passed for any candidate."""
     problem = {

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 
 import pytest
 
 from atroposlib.delivery_ledger import DELIVERED_LEDGER
-from atroposlib.envs.api_client import APIRefusedError, TrajectoryClient
+from atroposlib.envs.api_client import APIRefusedError, StateDirInUse, TrajectoryClient
 from atroposlib.protocol import GROUP_ID_FIELD, WEIGHT_VERSIONS_FIELD
 from atroposlib.utils.ports import free_port
 from atroposlib.utils.waiting import poll_until_async
@@ -85,6 +86,31 @@ def test_resuming_a_spool_warns_with_count_and_path(tmp_path, caplog):
         asyncio.run(open_client())
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("3" in m and str(spool) in m for m in warnings), warnings
+
+
+@pytest.mark.integration  # the first owner's flusher knocks on a closed loopback port
+def test_a_second_owner_of_a_spool_is_refused_until_the_first_is_gone(tmp_path):
+    """DUR-2 of the security review: two copies of one env in one directory shared its
+    spool, and the second's group replaced the first's file. The second is refused now,
+    with words that say what to do; the first's group stays; once the first closes (or
+    dies), the spool is free."""
+    spool = tmp_path / "state" / "spool"
+
+    async def run() -> None:
+        first = TrajectoryClient("http://127.0.0.1:9", spool)
+        first.send([make_group(2, tag=1)])
+        with pytest.raises(StateDirInUse) as refused:
+            TrajectoryClient("http://127.0.0.1:9", spool)
+        message = str(refused.value)
+        assert f"pid {os.getpid()}" in message and "ATROPOS_ENV_STATE_DIR" in message
+        (kept,) = sorted(spool.glob("*.json"))
+        assert json.loads(kept.read_text())["payload"]["tokens"] == make_group(2, tag=1)["tokens"]
+        await first.close(flush_timeout_s=0.1)
+        second = TrajectoryClient("http://127.0.0.1:9", spool)
+        assert second.pending() == 1, "the first's group waits for the next owner"
+        await second.close(flush_timeout_s=0.1)
+
+    asyncio.run(run())
 
 
 def test_status_env_polls_and_a_refusal_is_one_clear_error(api, wire_client, tmp_path):

@@ -190,6 +190,33 @@ def test_a_write_outside_the_run_is_refused_and_scratch_is_capped_and_cleaned(li
     assert_machine_unharmed()
 
 
+def test_nothing_written_outside_the_run_reaches_the_host_or_the_next_run(limits):
+    """SBX-D of the security review: in `namespaces` mode a world-writable host dir
+    outside the scratch dirs (the review's was under /srv) kept what a run wrote, and the
+    next run read it. The host's root file system is read-only to a run now."""
+    import shutil
+    import tempfile
+
+    if not os.access("/srv", os.W_OK):
+        pytest.skip("needs a writable /srv: a host dir outside every scratch dir")
+    shared = tempfile.mkdtemp(prefix="atropos-sbx-d-", dir="/srv")
+    try:
+        os.chmod(shared, 0o1777)
+        write = (
+            "import os\n"
+            "try:\n"
+            f"    open(os.path.join({shared!r}, 'left'), 'w').write('from a past run')\n"
+            "    print('wrote')\n"
+            "except OSError as exc:\n"
+            "    print('refused', exc.errno)\n"
+        )
+        result = run_python(write, limits)
+        assert result.ok and result.stdout.startswith("refused"), result
+        assert os.listdir(shared) == []
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 def test_a_network_call_reaches_nothing(limits):
     """SBX-4: a loopback listener (run-api, an engine) is out of reach."""
     received: list[bytes] = []

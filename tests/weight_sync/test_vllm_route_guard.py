@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from atroposlib.weight_sync.vllm_route_guard import WeightRouteGuard, guard_launch_extras, guarded
+from atroposlib.weight_sync.vllm_route_guard import WeightRouteGuard, guard_launch_extras, sampling
 
 
 def serving_app() -> Starlette:
@@ -64,6 +64,25 @@ def test_the_engine_api_key_opens_none_of_them(monkeypatch):
     assert client.post("/pause", headers=weight_route_headers("sync")).status_code == 200
 
 
+def test_the_sampling_routes_take_the_engine_key_here_whatever_vllm_checks(monkeypatch):
+    """ENG-B of the security review: the guard left /v1, /v2, /inference and /cohere to
+    vLLM's own --api-key check, whose coverage changed between vLLM versions. With an
+    engine key in the engine's environment, the guard checks them itself."""
+    monkeypatch.setenv("ATROPOS_WEIGHT_SYNC_KEY", "sync")
+    monkeypatch.setenv("VLLM_API_KEY", "engine")
+    monkeypatch.delenv("ATROPOS_ENGINE_API_KEY", raising=False)
+    client = TestClient(serving_app())
+    assert client.get("/v1/models").status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    for key in ("engine", "sync"):
+        assert (
+            client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        )
+    assert client.get("/health").status_code == 200
+    refused = client.post("/pause", headers={"Authorization": "Bearer engine"})
+    assert refused.status_code == 401 and "weight-sync key" in refused.text
+
+
 def test_without_any_key_every_weight_route_is_closed(monkeypatch):
     for name in ("ATROPOS_WEIGHT_SYNC_KEY", "ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY"):
         monkeypatch.delenv(name, raising=False)
@@ -73,8 +92,8 @@ def test_without_any_key_every_weight_route_is_closed(monkeypatch):
 
 
 def test_which_paths_are_guarded_and_how_vllm_is_told():
-    assert guarded("/update_weights") and guarded("/v1/unload_lora_adapter")
-    assert not guarded("/v1/chat/completions") and not guarded("/health")
+    assert sampling("/v1/chat/completions") and sampling("/inference/v1/generate")
+    assert not sampling("/v1/unload_lora_adapter") and not sampling("/update_weights")
     args, env = guard_launch_extras("k")
     assert args == ["--middleware", "atroposlib.weight_sync.vllm_route_guard.WeightRouteGuard"]
     assert env["ATROPOS_WEIGHT_SYNC_KEY"] == "k" and env["PYTHONPATH"]

@@ -182,7 +182,7 @@ class ManagedServer:
         for choice, calls in zip(answer.choices, all_calls, strict=True):
             if calls:  # plain dicts, as upstream attaches them (see tool_call_translator)
                 # ToolCall dicts read like openai's tool-call models, which the SDK names
-                choice.message.tool_calls = calls  # type: ignore[assignment]
+                choice.message.tool_calls = calls
         return answer
 
     async def completion(self, prompt: str = "", **kwargs: Any) -> Completion:

@@ -109,7 +109,7 @@ class VLLMServer(OpenAIServer):
             if request.get(argument) is not None
         }
         body = {key: value for key, value in request.items() if value is not None}
-        answer: Any = await self.openai.post(  # type: ignore[call-overload]  # options: a dict
+        answer: Any = await self.openai.post(  # options: a dict
             "/completions", cast_to=object, body={**body, **extra}, options=options
         )
         try:
