@@ -51,6 +51,21 @@ ENV_ID_QUERY = {
 """`/status-env`'s documented parameter; the route itself also reads the body form."""
 
 
+ENVIRONMENT_PATHS = frozenset(
+    {
+        "/register-env",
+        "/disconnect-env",
+        "/scored_data",
+        "/scored_data_list",
+        "/status-env",
+        "/info",
+        "/wandb_info",
+    }
+)
+"""What an environment calls: all that run-api's environment key (`--env-api-key`)
+opens. Taking batches, registering a trainer and wiping the run need the run's key."""
+
+
 def json_answer(answer: bytes | dict[str, Any]) -> Response:
     """Pre-serialised group JSON goes out as is; small dicts through JSONResponse."""
     if isinstance(answer, bytes):

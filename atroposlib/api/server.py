@@ -11,7 +11,8 @@ nothing; the store itself opens only when an app starts serving.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import hmac
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,7 +21,7 @@ from starlette.routing import Route
 
 from atroposlib.api.errors import install_error_handlers
 from atroposlib.api.middleware import OPEN_PATHS, document_guard
-from atroposlib.api.routes import ROUTERS
+from atroposlib.api.routes import ENVIRONMENT_PATHS, ROUTERS
 from atroposlib.api.service import ApiService
 from atroposlib.api.settings import APISettings, settings_from_environment
 from atroposlib.utils.request_guard import RequestGuard
@@ -70,7 +71,20 @@ def guard(app: FastAPI, service: ApiService, routes: list[Route]) -> None:
         json_paths=frozenset(route.path for route in routes if "POST" in (route.methods or ())),
         allowed_hosts=frozenset(name.lower() for name in settings.allowed_hosts),
         open_paths=OPEN_PATHS,
+        also_authorized=environment_key(settings.env_api_key),
     )
+
+
+def environment_key(key: str | None) -> Callable[[str, bytes], bool] | None:
+    """The environments' key, which opens ENVIRONMENT_PATHS only (keys by role)."""
+    if not key:
+        return None
+    expected = f"Bearer {key}".encode()
+
+    def opens(path: str, authorization: bytes) -> bool:
+        return path in ENVIRONMENT_PATHS and hmac.compare_digest(authorization, expected)
+
+    return opens
 
 
 _app: FastAPI | None = None

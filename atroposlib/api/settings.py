@@ -7,7 +7,12 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from atroposlib.utils.exposure import API_KEY_ENVIRONMENT, ExposureRule, is_loopback
+from atroposlib.utils.exposure import (
+    API_KEY_ENVIRONMENT,
+    ENV_KEY_ENVIRONMENT,
+    ExposureRule,
+    is_loopback,
+)
 from atroposlib.utils.request_guard import ALLOWED_HOSTS_HELP, HostNames
 
 __all__ = ["SETTINGS_ENV", "APISettings", "is_loopback", "settings_from_environment"]
@@ -53,6 +58,12 @@ class APISettings(ExposureRule, BaseModel):
         None,
         description="Require 'Authorization: Bearer <key>' on every endpoint but / and /health "
         "(default: $ATROPOS_API_KEY).",
+    )
+    env_api_key: str | None = Field(
+        default_factory=lambda: os.environ.get(ENV_KEY_ENVIRONMENT) or None,
+        description="A second key, for environments: it opens only the routes an "
+        "environment calls (registering, posting groups, /status-env, /info), never "
+        "/batch or /reset_data (default: $ATROPOS_ENV_API_KEY; needs --api-key).",
     )
     insecure: bool = Field(
         False, description="Allow binding a non-loopback address without an API key."

@@ -12,6 +12,8 @@ missing script, a port in use, a bad trainer flag, limits that disagree) is a
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import importlib
 import importlib.util
 import secrets
@@ -42,6 +44,7 @@ from atroposlib.utils.exposure import (
     API_KEY_ENVIRONMENT,
     ENGINE_KEY_ENVIRONMENT,
     ENGINE_URLS_ENVIRONMENT,
+    ENV_KEY_ENVIRONMENT,
 )
 
 ENGINES_FILE = "engines.yaml"
@@ -130,9 +133,20 @@ class Shared:
     def engine_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{self.engine_port + i}" for i in range(self.engine_count)]
 
-    def key_env(self, *names: str) -> dict[str, str]:
-        """The run's key under each of `names`, for a child's environment (never its argv)."""
-        return {name: self.key for name in names} if self.key else {}
+    def key_env(self, *names: str, role: str | None = None) -> dict[str, str]:
+        """The run's key (or its `role` key) under each of `names`, for a child's
+        environment (never its argv)."""
+        key = self.role_key(role) if role else self.key
+        return {name: key for name in names} if key else {}
+
+    def role_key(self, role: str) -> str | None:
+        """The key of one role ("env": run-api's environment routes; "engine": sampling),
+        derived from the run's key, so a resumed run derives the same ones. The run's key
+        itself (the trainer's, and `<run_dir>/api-key`'s) opens everything; an
+        environment holds only the two role keys (docs/security.md, "Keys by role")."""
+        if not self.key:
+            return None
+        return hmac.new(self.key.encode(), role.encode(), hashlib.sha256).hexdigest()
 
 
 def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) -> Plan:
@@ -223,7 +237,10 @@ def _api_plan(config: LaunchConfig, shared: Shared, port: int) -> ProcessPlan:
         [shared.python, "-m", "atroposlib.cli.run_api", *flags(args)],
         health_url=f"{shared.api_url}/health",
         max_restarts=config.api.max_restarts,
-        env=shared.key_env(API_KEY_ENVIRONMENT),
+        env={
+            **shared.key_env(API_KEY_ENVIRONMENT),
+            **shared.key_env(ENV_KEY_ENVIRONMENT, role="env"),
+        },
         not_restartable=(
             "the API runs with ephemeral: true, so its queue and registrations died with it"
             if args.get("ephemeral")
@@ -275,7 +292,10 @@ def _trainer_plan(
         health_url=None if config.engine else f"{shared.engine_url}/health",
         max_restarts=config.trainer.max_restarts,
         # its own engine, if it runs one, inherits the engine key
-        env=shared.key_env(API_KEY_ENVIRONMENT, *ENGINE_KEY_ENVIRONMENT),
+        env={
+            **shared.key_env(API_KEY_ENVIRONMENT),
+            **shared.key_env(*ENGINE_KEY_ENVIRONMENT, role="engine"),
+        },
     )
     return trainer, settings
 
@@ -312,7 +332,7 @@ def _engine_plan(
         engine_command(engine_config, resolve_engine(engine_config), shared.model),
         health_url=f"{engine_config.url}/health",
         max_restarts=section.max_restarts,
-        env=shared.key_env(*ENGINE_KEY_ENVIRONMENT),
+        env=shared.key_env(*ENGINE_KEY_ENVIRONMENT, role="engine"),
     )
 
 
@@ -362,7 +382,8 @@ def _environment_plans(
                 del openai_values["base_url"]
                 engines_config = ["--config", str(shared.run_dir / ENGINES_FILE)]
             key_env = {
-                **shared.key_env(API_KEY_ENVIRONMENT),
+                # run-api's environment routes only: no /batch, no /reset_data
+                **shared.key_env(API_KEY_ENVIRONMENT, role="env"),
                 **_engine_key_for(section, shared),
                 # backlogs and spools belong to this run, not to the working directory
                 "ATROPOS_ENV_STATE_DIR": str(shared.run_dir / "env-state" / name),
@@ -403,7 +424,7 @@ def _engine_key_for(section: EnvironmentSection, shared: Shared) -> dict[str, st
     if "base_url" in section.openai or not shared.key:
         return {}
     return {
-        **shared.key_env(ENGINE_KEY_ENVIRONMENT[0]),
+        **shared.key_env(ENGINE_KEY_ENVIRONMENT[0], role="engine"),
         ENGINE_URLS_ENVIRONMENT: ",".join(shared.engine_urls),
     }
 

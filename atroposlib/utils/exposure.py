@@ -17,6 +17,10 @@ from typing import Any, ClassVar
 INSECURE_FLAG = "--insecure"
 API_KEY_ENVIRONMENT = "ATROPOS_API_KEY"
 """run-api's key: run-api, environments, trainers and viewers read it."""
+ENV_KEY_ENVIRONMENT = "ATROPOS_ENV_API_KEY"
+"""A second run-api key, which opens only what an environment calls (ENVIRONMENT_PATHS
+in atroposlib/api/routes.py): atropos-launch gives it to the environments as their
+ATROPOS_API_KEY, so an environment's process cannot take batches or wipe the run."""
 ENGINE_KEY_ENVIRONMENT = ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY")
 """An engine's key, first set wins: our engine reads both, vLLM the second; an
 environment sends the first to its engine (how atropos-launch hands it over)."""

@@ -111,3 +111,36 @@ def test_insecure_is_said_out_loud():
     assert warning.startswith("WARNING: serving 0.0.0.0 with --insecure and no API key")
     assert APISettings(host="0.0.0.0", insecure=True, api_key="k").exposure_warning() is None
     assert APISettings(host="127.0.0.1", insecure=True).exposure_warning() is None
+
+
+def test_the_environments_key_opens_only_what_an_environment_calls(tmp_path):
+    """Keys by role (issue 46): atropos-launch gave every environment the run's key, so
+    any environment's process, or whoever stole its key (PRX-1), could take batches or
+    wipe the run. The environments' key opens their routes and nothing else."""
+    from tests.support.groups import start_trainer
+    from tests.support.inprocess_api import inprocess_api
+
+    admin = {"Authorization": "Bearer run-key"}
+    env = {"Authorization": "Bearer env-key"}
+    with inprocess_api(tmp_path / "state", api_key="run-key", env_api_key="env-key") as c:
+        c.headers.update(admin)  # the trainer: registered, and its first /batch asked
+        start_trainer(c, batch_size=4)
+        del c.headers["Authorization"]
+        registration = {"max_token_length": 64, "desired_name": "env", "group_size": 2}
+        env_id = c.post("/register-env", json=registration, headers=env).json()["env_id"]
+        assert c.post("/scored_data", json=make_group(2), headers=env).status_code == 200
+        assert c.get(f"/status-env?env_id={env_id}", headers=env).status_code == 200
+        assert c.get("/info", headers=env).status_code == 200
+        for method, path in [
+            ("GET", "/batch"),
+            ("POST", "/reset_data"),
+            ("POST", "/register"),
+            ("GET", "/status"),
+            ("GET", "/latest_example"),
+            ("GET", "/metrics"),
+        ]:
+            refused = c.request(method, path, headers=env, json={} if method == "POST" else None)
+            assert refused.status_code == 401, (path, refused.text)
+        assert c.get("/status", headers=admin).json()["queue_size"] == 1, "nothing taken"
+    with inprocess_api(tmp_path / "plain", api_key="run-key") as c:  # no env key: none
+        assert c.get("/info", headers=env).status_code == 401

@@ -202,10 +202,17 @@ def test_every_child_gets_the_runs_fresh_key_in_its_environment_never_in_argv(tm
     assert key and len(key) >= 32 and key != second.key
     everyone = [first.api, first.trainer, first.engine, *first.environments]
     assert all(key not in " ".join(p.command) for p in everyone)
-    assert first.api.env["ATROPOS_API_KEY"] == first.trainer.env["ATROPOS_API_KEY"] == key
-    assert first.engine.env == {"ATROPOS_ENGINE_API_KEY": key, "VLLM_API_KEY": key}
+    # keys by role (issue 46): the run's key opens everything and stays with run-api and
+    # the trainer; an environment holds run-api's environment key and the engine key
+    env_key, engine_key = role_key(key, "env"), role_key(key, "engine")
+    assert len({key, env_key, engine_key}) == 3
+    assert first.api.env == {"ATROPOS_API_KEY": key, "ATROPOS_ENV_API_KEY": env_key}
+    assert first.trainer.env["ATROPOS_API_KEY"] == key
+    assert first.trainer.env["ATROPOS_ENGINE_API_KEY"] == engine_key
+    assert first.engine.env == {"ATROPOS_ENGINE_API_KEY": engine_key, "VLLM_API_KEY": engine_key}
     (env,) = first.environments
-    assert env.env["ATROPOS_API_KEY"] == env.env["ATROPOS_ENGINE_API_KEY"] == key
+    assert env.env["ATROPOS_API_KEY"] == env_key and key not in env.env.values()
+    assert env.env["ATROPOS_ENGINE_API_KEY"] == engine_key
     # the engine key goes to the run's engine only (PRX-1 of the security review)
     assert env.env["ATROPOS_ENGINE_URLS"] == first.engine_url
 
@@ -229,7 +236,7 @@ def test_keys_from_the_yaml_move_to_the_environment_and_none_turns_keys_off(tmp_
     commands = " ".join(" ".join(p.command) for p in [resolved.api, *resolved.environments])
     assert "yaml-api-secret" not in commands and "yaml-engine-secret" not in commands
     own, remote, elsewhere = resolved.environments
-    assert own.env["ATROPOS_ENGINE_API_KEY"] == "yaml-api-secret"
+    assert own.env["ATROPOS_ENGINE_API_KEY"] == role_key("yaml-api-secret", "engine")
     assert own.env["ATROPOS_ENGINE_URLS"] == resolved.engine_url
     assert remote.env["ATROPOS_ENGINE_API_KEY"] == "yaml-engine-secret"
     assert remote.env["ATROPOS_ENGINE_URLS"] == "http://127.0.0.1:1/v1"
@@ -237,6 +244,15 @@ def test_keys_from_the_yaml_move_to_the_environment_and_none_turns_keys_off(tmp_
     config = launch_config(tmp_path / "run3", keys="none")
     resolved = _plan(tmp_path, config)
     assert resolved.key is None and "ATROPOS_API_KEY" not in resolved.api.env
+
+
+def role_key(key: str, role: str) -> str:
+    """What docs/security.md says a role's key is: HMAC-SHA256 of the role, keyed by the
+    run's key (so a resumed run derives the same)."""
+    import hashlib
+    import hmac
+
+    return hmac.new(key.encode(), role.encode(), hashlib.sha256).hexdigest()
 
 
 def test_secrets_in_the_yaml_are_redacted_from_what_the_run_keeps():
