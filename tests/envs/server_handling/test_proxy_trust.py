@@ -10,8 +10,10 @@ an HTTP client holding no key, or an agent holding only its session's key.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -62,9 +64,8 @@ def test_prx1_no_local_process_can_rewire_the_envs_proxy_or_catch_the_runs_key(
 
     async def run() -> None:
         manager = ServerManager([server_config(engine.url)])
-        url, task = await serve_in_process(manager, tokenizer, "tiny")
-        service = IN_PROCESS_PROXIES[url]
-        try:
+        async with proxy_in_process(manager, tokenizer) as url:
+            service = IN_PROCESS_PROXIES[url]
             async with httpx.AsyncClient(base_url=url, timeout=30) as attacker:
                 for headers in ({"Content-Type": "text/plain"}, {}):
                     sent = await attacker.post(
@@ -76,7 +77,6 @@ def test_prx1_no_local_process_can_rewire_the_envs_proxy_or_catch_the_runs_key(
                 assert (await attacker.get("/health")).status_code == 200
             assert [s.config.base_url for s in manager.servers] == [f"{engine.url}/v1"]
             # the env's own rollout still goes where it should, with the run's key
-            manager.proxy_url = url
             async with manager.managed_server(use_proxy=True) as managed:
                 reply = await managed.chat_completion(messages=HI, max_tokens=4)
                 assert reply.choices[0].message.content == "7"
@@ -91,9 +91,6 @@ def test_prx1_no_local_process_can_rewire_the_envs_proxy_or_catch_the_runs_key(
                 assert answer.status_code == 200, answer.text
             # one request, with the SDK's placeholder (it needs some key), not the run's
             assert catcher.authorizations == ["Bearer x"], "a /setup server inherits no key"
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     try:
         asyncio.run(run())
@@ -108,9 +105,7 @@ def test_prx4_a_sessions_key_opens_its_own_completions_and_nothing_else(tokenize
 
     async def run() -> None:
         manager = ServerManager([server_config(engine.url)])
-        url, task = await serve_in_process(manager, tokenizer, "tiny")
-        manager.proxy_url = url
-        try:
+        async with proxy_in_process(manager, tokenizer) as url:
             async with (
                 manager.managed_server(use_proxy=True) as mine,
                 manager.managed_server(use_proxy=True) as theirs,
@@ -135,14 +130,23 @@ def test_prx4_a_sessions_key_opens_its_own_completions_and_nothing_else(tokenize
                     assert refused[0].json()["error"]["code"] == 401, "the SDK's error shape"
                 assert len((await theirs.fetch_state())["nodes"]) == 0, "their session untouched"
                 assert len((await mine.fetch_state())["nodes"]) == 1
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     try:
         asyncio.run(run())
     finally:
         engine.close()
+
+
+@contextlib.asynccontextmanager
+async def proxy_in_process(manager: ServerManager, tokenizer) -> AsyncIterator[str]:
+    """`serve_in_process` over `manager`, which then opens its sessions there: its URL."""
+    url, task = await serve_in_process(manager, tokenizer, "tiny")
+    manager.proxy_url = url
+    try:
+        yield url
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def keyless_proxy(tokenizer, engine: TokenScriptServer, budget: int = 32768) -> TestClient:
