@@ -40,7 +40,8 @@ upstream:
 
 Run it with `atropos-proxy --config servers.json --port 9100` (or upstream's
 `python -m atroposlib.envs.server_handling.managed_server_proxy ...`), or mount
-`create_app(server_manager, tokenizer, model_name)` in an existing FastAPI app.
+`create_app(server_manager, tokenizer, model_name)` in an existing FastAPI app, or serve
+it inside an environment's event loop with `serve_in_process` (proxy_serving.py).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ import re
 import secrets
 import time
 import uuid as uuid_lib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -62,7 +63,6 @@ from fastapi.responses import JSONResponse
 
 from atroposlib.envs.server_handling.dummy_managed_server import DummyManagedServer
 from atroposlib.envs.server_handling.managed_server import ManagedServer, TokenBudgetSpent
-from atroposlib.envs.server_handling.proxy_client import IN_PROCESS_PROXIES
 from atroposlib.envs.server_handling.proxy_models import (
     ChatCompletionProxyRequest,
     ChatMessage,
@@ -71,6 +71,7 @@ from atroposlib.envs.server_handling.proxy_models import (
     SessionCreateResponse,
     openai_error,
 )
+from atroposlib.envs.server_handling.proxy_serving import reap_idle_sessions, serve_in_process
 from atroposlib.envs.server_handling.proxy_sessions import (
     SessionLimits,
     SessionsFull,
@@ -79,7 +80,6 @@ from atroposlib.envs.server_handling.proxy_sessions import (
 )
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, is_unreachable
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
-from atroposlib.utils.listen import KEEP_ALIVE_S
 from atroposlib.utils.request_guard import RequestGuard
 
 __all__ = [
@@ -91,12 +91,11 @@ __all__ = [
     "SessionCreateResponse",
     "create_app",
     "openai_error",
+    "serve_in_process",
 ]
 
 logger = logging.getLogger("atroposlib.proxy")
 
-REAPER_INTERVAL_S = 5.0
-"""Longest time between two sweeps for idle sessions (shorter with a short timeout)."""
 MAX_BODY_BYTES = 16 << 20
 """Largest request body: a conversation of a few hundred thousand tokens."""
 MAX_BODY_VALUES = 1_000_000
@@ -428,7 +427,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        reaper = asyncio.get_running_loop().create_task(_reap(service.sessions))
+        reaper = asyncio.get_running_loop().create_task(reap_idle_sessions(service.sessions))
         try:
             yield
         finally:
@@ -465,14 +464,6 @@ def create_app(
     return app
 
 
-async def _reap(sessions: SessionTable) -> None:
-    """Drop idle sessions every few seconds (also done on every create and lookup)."""
-    while True:
-        await asyncio.sleep(min(REAPER_INTERVAL_S, sessions.limits.idle_timeout_s / 4))
-        if expired := sessions.expire():
-            logger.info("dropped %d idle sessions", len(expired))
-
-
 async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
     return openai_error(exc.status_code, str(exc.detail))
 
@@ -489,59 +480,6 @@ def _nodes(managed: Any) -> list[Any]:
     """A session's recorded nodes: its sequences in tree mode, its nodes otherwise."""
     state = managed.get_state()
     return list(state["sequences"].values()) if "sequences" in state else list(state["nodes"])
-
-
-async def serve_in_process(
-    server_manager: Any,
-    tokenizer: Any,
-    model_name: str = "unknown",
-    limits: SessionLimits | None = None,
-) -> tuple[str, asyncio.Task]:
-    """The proxy served on this event loop, on a free loopback port: its URL, and the
-    task that serves it (cancel it to stop). For an environment that hosts its own
-    proxy instead of needing an `atropos-proxy` process beside it. SIGINT and SIGTERM
-    stay with the caller's handlers.
-
-    Its key is made here and never leaves the process: this process reaches its own
-    sessions by call (`IN_PROCESS_PROXIES`), its agents by their sessions' keys, and
-    another local process, or a web page, reaches nothing (PRX-1 of the review)."""
-    import uvicorn
-
-    from atroposlib.utils.ports import free_port
-    from atroposlib.utils.waiting import poll_until_async
-
-    class LeavesSignalsAlone(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    port = free_port()
-    app = create_app(server_manager, tokenizer, model_name, limits, secrets.token_urlsafe(32))
-    # no lifespan: the caller's loop ends by cancelling this task, which a lifespan
-    # reports as a traceback; the idle-session reaper runs as a task of its own
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-        timeout_keep_alive=KEEP_ALIVE_S,
-    )
-    server = LeavesSignalsAlone(config)
-    loop = asyncio.get_running_loop()
-    task = loop.create_task(server.serve())
-    reaper = loop.create_task(_reap(app.state.proxy.sessions))
-    task.add_done_callback(lambda _: reaper.cancel())
-    await poll_until_async(lambda: server.started or task.done(), 30, "the proxy did not start")
-    if task.done():
-        task.result()  # raises what stopped it
-        raise RuntimeError("the in-process proxy stopped before it started")
-    url = f"http://127.0.0.1:{port}"
-    # this process's own sessions skip the HTTP round trip (proxy_client's docstring)
-    IN_PROCESS_PROXIES[url] = app.state.proxy
-    task.add_done_callback(lambda _: IN_PROCESS_PROXIES.pop(url, None))
-    return url, task
 
 
 def main(argv: list[str] | None = None) -> int:
