@@ -142,7 +142,7 @@ class Shared:
     def role_key(self, role: str) -> str | None:
         """The key of one role ("env": run-api's environment routes; "engine": sampling),
         derived from the run's key, so a resumed run derives the same ones. The run's key
-        itself (the trainer's, and `<run_dir>/api-key`'s) opens everything; an
+        itself (the trainer's, and `<run_dir>/api-key`'s) opens every run-api route; an
         environment holds only the two role keys (docs/security.md, "Keys by role")."""
         if not self.key:
             return None

@@ -29,6 +29,15 @@ def shipped(name: str) -> dict:
     return yaml.safe_load((REPO / "configs" / name).read_text())
 
 
+def engine_key(run_key: str) -> str:
+    """The engines' key of a launched run: HMAC-SHA256 of "engine" by the run's key
+    (docs/security.md, "Keys by role")."""
+    import hashlib
+    import hmac
+
+    return hmac.new(run_key.encode(), b"engine", hashlib.sha256).hexdigest()
+
+
 def run_dir_flag(tmp_path) -> tuple[str, str]:
     return ("--run-dir", str(tmp_path / "run"))
 
@@ -155,7 +164,8 @@ def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_pa
             return False
         trainer = json.loads(commands.read_text())["trainer"]
         first = int(trainer[trainer.index("--vllm-port") + 1])
-        key = (run_dir / "api-key").read_text().strip()
+        # the engines take the run's sampling key, derived from the run's key
+        key = engine_key((run_dir / "api-key").read_text().strip())
         for index in (0, 1):
             try:
                 text = httpx.get(
