@@ -11,7 +11,7 @@ import pytest
 from atroposlib.cli.launch import main
 from atroposlib.launch.config import load_config
 from atroposlib.launch.plan import plan
-from tests.support.launch import ARITH_ENV, launch_config, write_config
+from tests.support.launch import ARITH_ENV, launch_config, role_key, write_config
 from tests.support.source import REPO
 
 
@@ -244,15 +244,6 @@ def test_keys_from_the_yaml_move_to_the_environment_and_none_turns_keys_off(tmp_
     config = launch_config(tmp_path / "run3", keys="none")
     resolved = _plan(tmp_path, config)
     assert resolved.key is None and "ATROPOS_API_KEY" not in resolved.api.env
-
-
-def role_key(key: str, role: str) -> str:
-    """What docs/security.md says a role's key is: HMAC-SHA256 of the role, keyed by the
-    run's key (so a resumed run derives the same)."""
-    import hashlib
-    import hmac
-
-    return hmac.new(key.encode(), role.encode(), hashlib.sha256).hexdigest()
 
 
 def test_secrets_in_the_yaml_are_redacted_from_what_the_run_keeps():

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from atroposlib.trainer_contract import read_events, read_metrics
-from tests.support.launch import check_the_console, finish, trend
+from tests.support.launch import check_the_console, finish, role_key, trend
 from tests.support.source import REPO
 from tests.support.token_script_server import TokenScriptServer
 
@@ -27,15 +27,6 @@ def shipped(name: str) -> dict:
     import yaml
 
     return yaml.safe_load((REPO / "configs" / name).read_text())
-
-
-def engine_key(run_key: str) -> str:
-    """The engines' key of a launched run: HMAC-SHA256 of "engine" by the run's key
-    (docs/security.md, "Keys by role")."""
-    import hashlib
-    import hmac
-
-    return hmac.new(run_key.encode(), b"engine", hashlib.sha256).hexdigest()
 
 
 def run_dir_flag(tmp_path) -> tuple[str, str]:
@@ -165,7 +156,7 @@ def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_pa
         trainer = json.loads(commands.read_text())["trainer"]
         first = int(trainer[trainer.index("--vllm-port") + 1])
         # the engines take the run's sampling key, derived from the run's key
-        key = engine_key((run_dir / "api-key").read_text().strip())
+        key = role_key((run_dir / "api-key").read_text().strip(), "engine")
         for index in (0, 1):
             try:
                 text = httpx.get(

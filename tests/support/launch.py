@@ -247,3 +247,12 @@ def trend(scores: list[float]) -> tuple[float, float]:
     if not error:  # the scores lie on the line
         return slope * (n - 1), math.copysign(math.inf, slope) if slope else 0.0
     return slope * (n - 1), slope / error
+
+
+def role_key(run_key: str, role: str) -> str:
+    """A launched run's key for `role` ("env", "engine"), as docs/security.md defines it:
+    HMAC-SHA256 of the role, keyed by the run's key."""
+    import hashlib
+    import hmac
+
+    return hmac.new(run_key.encode(), role.encode(), hashlib.sha256).hexdigest()
