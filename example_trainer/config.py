@@ -454,3 +454,8 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
         help=f"{field.description} (default: {field.default!r})",
     )
     return parser
+
+
+LAUNCH_CONFIG = TrainingConfig
+"""What atropos-launch checks this trainer's flags against (atroposlib.trainer_contract).
+Here, not only in grpo.py, so the launcher reads it without importing torch."""

@@ -37,6 +37,9 @@ from example_trainer.checkpoint import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
+
+# what atropos-launch checks this trainer's flags against (atroposlib.trainer_contract)
+from example_trainer.config import LAUNCH_CONFIG as LAUNCH_CONFIG
 from example_trainer.config import TrainingConfig, build_parser
 from example_trainer.data import (
     BatchGroups,
@@ -76,9 +79,6 @@ NOTHING_TRAINED = dict.fromkeys(
 or every sequence was too stale (--max-staleness)."""
 
 logger = logging.getLogger("example_trainer")
-
-# what atropos-launch checks this trainer's flags against (atroposlib.trainer_contract)
-LAUNCH_CONFIG = TrainingConfig
 
 
 def pick_device(name: str) -> torch.device:

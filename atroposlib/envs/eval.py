@@ -17,13 +17,17 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.asyncio import tqdm_asyncio
 
-from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.utils.metrics import plain_numbers
+
+if TYPE_CHECKING:
+    # imported where a server is made: the launcher's report reads EVAL_HISTORY from
+    # here, and the server stack imports the openai SDK (a second of CPU per launch)
+    from atroposlib.envs.server_handling.server_manager import ServerManager
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +189,7 @@ async def eval_runner(eval_env: EvalBase) -> dict:
     import argparse
 
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from atroposlib.envs.server_handling.server_manager import ServerManager
 
     parser = argparse.ArgumentParser(description=type(eval_env).__doc__)
     parser.add_argument(

@@ -21,6 +21,10 @@ MAX_COPIES = 256
 """More processes of one environment than any machine runs usefully: a typo, not a plan."""
 
 DEFAULT_TRAINER = "example_trainer.grpo"
+DEFAULT_TRAINER_FLAGS = "example_trainer.config"
+"""Where the default trainer's `LAUNCH_CONFIG` is read: its own module imports torch,
+3 s of CPU per launch for a class this one holds without it (test_config checks that
+both name the same class)."""
 
 
 class ConfigError(ValueError):

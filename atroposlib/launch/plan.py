@@ -28,6 +28,8 @@ from pydantic import BaseModel, ValidationError
 from atroposlib.api.settings import APISettings
 from atroposlib.launch.checks import check_model_name
 from atroposlib.launch.config import (
+    DEFAULT_TRAINER,
+    DEFAULT_TRAINER_FLAGS,
     ConfigError,
     EnvironmentSection,
     LaunchConfig,
@@ -437,8 +439,9 @@ def _declared_config(module: str) -> type[BaseModel] | None:
         found = None
     if found is None:
         raise ConfigError(f"trainer module not found: {module}")
+    declaring = DEFAULT_TRAINER_FLAGS if module == DEFAULT_TRAINER else module
     try:
-        loaded = importlib.import_module(module)
+        loaded = importlib.import_module(declaring)
     except Exception as exc:
         raise ConfigError(f"trainer module {module} fails to import: {exc!r}") from exc
     declared = getattr(loaded, LAUNCH_CONFIG_ATTRIBUTE, None)

@@ -7,10 +7,15 @@ which kernel path produced it, so every such record carries these facts.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
+import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
+
+from atroposlib.utils.cache_dir import default_cache_dir
 
 VERSIONED = ("torch", "transformers", "tokenizers", "atroposlib")
 
@@ -29,12 +34,57 @@ def cpu_model_name() -> str:
 
 
 def torch_cpu_capability() -> str | None:
-    """The vector kernels torch picked (AVX2, AVX512, DEFAULT, ...); None without torch."""
+    """The vector kernels torch picks here (AVX2, AVX512, DEFAULT, ...); None without torch.
+
+    Asking torch means importing it, 2-3 s of CPU that a launcher, which runs no model,
+    would pay for every run's report. So a process without torch loaded reads the
+    answer from the cache, where the first asker left it under what decides it:
+    torch's version, the CPU's flags and `ATEN_CPU_CAPABILITY`."""
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+    deciding = (version, platform.machine(), _cpu_flags(), os.getenv("ATEN_CPU_CAPABILITY", ""))
+    key = hashlib.sha256("\n".join(deciding).encode()).hexdigest()[:16]
+    cached = default_cache_dir() / "machine" / f"torch-cpu-capability-{key}"
+    if "torch" not in sys.modules:
+        try:
+            return cached.read_text().strip()
+        except OSError:
+            pass
     try:
         import torch
     except ImportError:
         return None
-    return str(torch.backends.cpu.get_cpu_capability())
+    capability = str(torch.backends.cpu.get_cpu_capability())
+    _write_quietly(cached, capability)
+    return capability
+
+
+def _cpu_flags() -> str:
+    """The instruction-set flags of the first CPU in /proc/cpuinfo (x86 `flags`, Arm
+    `Features`), else the CPU's name."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return value.strip()
+    except OSError:
+        pass
+    return cpu_model_name()
+
+
+def _write_quietly(path: Path, text: str) -> None:
+    """Write `path` whole (a reader sees the old file or the new one), or nothing: a
+    cache that cannot be written is asked again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    except OSError:
+        pass
 
 
 def machine_facts() -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
+from atroposlib.utils.cache_dir import default_cache_dir
 from atroposlib.utils.machine import machine_facts
 from atroposlib.utils.tiny_model_training import (
     Reading,
@@ -271,13 +272,6 @@ def describe_tiny_model(model_dir: str | os.PathLike[str]) -> str:
 
 def _render(conversation: list[dict[str, str]]) -> str:
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("ATROPOS_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "atroposlib"
-    )
-    return Path(base)
 
 
 def ensure_tiny_model(

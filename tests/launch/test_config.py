@@ -352,3 +352,14 @@ def test_a_loss_setting_that_contradicts_itself_is_refused_before_the_run(tmp_pa
     config["trainer"]["args"].update(loss_type="cispo", clip_eps_high=0.28)
     code, err = run_main(tmp_path, config, capsys)
     assert code == 2 and "cap of at least 1" in err
+
+
+def test_the_default_trainers_flags_model_is_read_where_it_declares_it():
+    """DEFAULT_TRAINER_FLAGS spares each launch the trainer's torch import: only while
+    the model read there is the trainer's own."""
+    import importlib
+
+    from atroposlib.launch.config import DEFAULT_TRAINER, DEFAULT_TRAINER_FLAGS
+
+    declared = importlib.import_module(DEFAULT_TRAINER).LAUNCH_CONFIG
+    assert declared is importlib.import_module(DEFAULT_TRAINER_FLAGS).LAUNCH_CONFIG

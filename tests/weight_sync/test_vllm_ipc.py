@@ -438,6 +438,24 @@ def test_launch_extras_name_ipc_backend_dev_mode_and_the_worker_extension():
     assert str(repo) in env["PYTHONPATH"].split(":")
 
 
+def test_the_update_payload_names_each_weight_with_its_handle_in_vllms_fields():
+    """The fields of vLLM 0.32's IPCWeightTransferUpdateInfo, one entry per weight in
+    the same order; the handles pickled as its `ipc_handles_pickled` reads them. (That
+    real vLLM parses it is test_vllm_ipc_vllm_cpu.py's question.)"""
+    import base64
+    import pickle
+
+    weights = [("a.weight", torch.zeros(2, 3)), ("b.bias", torch.zeros(4, dtype=torch.bfloat16))]
+    handles = [{GPU: ("handle", index)} for index in range(len(weights))]
+    payload = sv.update_info(weights, handles)
+    assert set(payload) == {"names", "dtype_names", "shapes", "ipc_handles_pickled"}
+    assert payload["names"] == ["a.weight", "b.bias"]
+    assert payload["dtype_names"] == ["float32", "bfloat16"]
+    assert payload["shapes"] == [[2, 3], [4]]
+    assert pickle.loads(base64.b64decode(payload["ipc_handles_pickled"])) == handles
+    json.dumps(payload)  # it travels as JSON
+
+
 def test_a_sharded_trainer_shares_its_gathered_weights_in_the_engines_dtype(
     engines, tiny_model_path
 ):
