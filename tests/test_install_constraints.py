@@ -63,9 +63,9 @@ def test_the_installer_pins_every_install():
         for line in text.splitlines()
         if line.strip().startswith(('"${PIP[@]}"', '"${UV[@]}"'))
     ]
-    # torch and uv (pip), the project with its extras and pip, lm-eval's IFEval modules
-    # for dev, upstream's rewards into .venv/reference for dev (uv)
-    assert len(installs) == 4
+    # uv (pip), torch, the project with its extras and pip, lm-eval's IFEval modules for
+    # dev, upstream's rewards into .venv/reference for dev (uv)
+    assert len(installs) == 5
     assert all(line.endswith('"${PIN[@]}"') for line in installs), installs
     assert "PIN=(-c scripts/constraints.txt)" in text
     pinned = pins(REPO / "scripts" / "constraints.txt")
