@@ -89,6 +89,12 @@ class CodeExecutionConfig(SingleTurnConfig, DataSourceConfig):
         description="Address space of each of an answer's two sandboxes (solution, judge), "
         "all its processes together.",
     )
+    memory_cgroup: bool = Field(
+        True,
+        description="Each sandbox in a memory cgroup capped at memory_mb; the env refuses "
+        "to start where none can be made. False: the address-space rlimit alone, which "
+        "does not count memory held unmapped (a memfd).",
+    )
     case_timeout_s: float = Field(3.0, gt=0, description="Time one test case may take.")
     max_concurrent_runs: int = Field(8, ge=1, description="Sandboxed runs at once.")
     sandbox: Literal["bubblewrap", "namespaces"] = Field(
@@ -127,8 +133,9 @@ class CodeExecutionEnv(SingleTurnEnv):
             memory_mb=config.memory_mb,
             isolation=config.sandbox,
             hidden_paths=self.answers_on_disk(),
+            memory_cgroup=config.memory_cgroup,
         )
-        require_isolation(config.sandbox)
+        require_isolation(config.sandbox, config.memory_cgroup)
         self.runs = asyncio.Semaphore(config.max_concurrent_runs)
 
     def answers_on_disk(self) -> list[str]:

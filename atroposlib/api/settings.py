@@ -69,8 +69,12 @@ class APISettings(ExposureRule, BaseModel):
         False, description="Allow binding a non-loopback address without an API key."
     )
     allowed_hosts: HostNames = Field(default_factory=list, description=ALLOWED_HOSTS_HELP)
-    idempotency_ttl_s: float = Field(
-        3600.0, gt=0, description="How long an Idempotency-Key answer is remembered."
+    idempotency_ttl_s: float | None = Field(
+        None,
+        gt=0,
+        description="How long an Idempotency-Key answer is remembered (default: as long as "
+        "the state dir, so a spooled post replayed after any pause is not queued twice; "
+        "a value bounds the memory, about 250 bytes per post).",
     )
     retry_after_s: int = Field(2, ge=1, description="Retry-After seconds sent with 503 answers.")
     env_timeout_s: float = Field(

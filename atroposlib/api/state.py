@@ -59,7 +59,7 @@ class RunState(BatchServing):
         self,
         store: GroupStore,
         max_queued_sequences: int = 1_000_000,
-        idempotency_ttl_s: float = 3600.0,
+        idempotency_ttl_s: float | None = None,
         env_timeout_s: float = 120.0,
     ) -> None:
         self.store = store
@@ -283,7 +283,7 @@ class RunState(BatchServing):
         """
         if idempotency_key is not None:
             previous = self.idempotency.get(idempotency_key)
-            if previous is not None and time.time() - previous[1] < self.idempotency_ttl_s:
+            if previous is not None and not self._expired(previous[1]):
                 self.counters["idempotent_replays"] += 1
                 return previous[0]
         max_len = self.registration.max_token_len if self.registration else -1
@@ -366,9 +366,15 @@ class RunState(BatchServing):
             except OSError as exc:
                 logger.warning("cannot read the latest group for /latest_example: %s", exc)
 
+    def _expired(self, created: float) -> bool:
+        """Whether an idempotency answer made at `created` is past its TTL (none by
+        default: a replay after any pause is answered, not trained twice; DUR-3)."""
+        ttl = self.idempotency_ttl_s
+        return ttl is not None and time.time() - created >= ttl
+
     def _maybe_prune_idempotency(self) -> None:
         self._writes_since_prune += 1
-        if self._writes_since_prune < IDEMPOTENCY_PRUNE_EVERY:
+        if self._writes_since_prune < IDEMPOTENCY_PRUNE_EVERY or self.idempotency_ttl_s is None:
             return
         self._writes_since_prune = 0
         cutoff = time.time() - self.idempotency_ttl_s

@@ -79,7 +79,7 @@ class GroupStore(ABC):
     dir: Path | None = None  # where it writes, for naming a failure's cause
 
     @abstractmethod
-    def load(self, idempotency_ttl_s: float) -> LoadedState:
+    def load(self, idempotency_ttl_s: float | None) -> LoadedState:
         """Everything needed to rebuild the in-memory state at start-up."""
 
     @abstractmethod
@@ -117,7 +117,7 @@ class MemoryStore(GroupStore):
         self._bodies: dict[int, bytes] = {}
         self._kv: dict[str, Any] = {}
 
-    def load(self, idempotency_ttl_s: float) -> LoadedState:
+    def load(self, idempotency_ttl_s: float | None) -> LoadedState:
         return LoadedState(kv=dict(self._kv), rows=[], idempotency={}, latest=None)
 
     def write(self, change: WriteSet) -> None:
@@ -296,7 +296,7 @@ class SQLiteStore(GroupStore):
     def _transaction(self):
         return _Transaction(self._db)
 
-    def load(self, idempotency_ttl_s: float) -> LoadedState:
+    def load(self, idempotency_ttl_s: float | None) -> LoadedState:
         kv = {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM kv")}
         found = self._db.execute(
             "SELECT id, env_id, size, qorder, buffered, served_step, segment, offset, length "
@@ -319,7 +319,8 @@ class SQLiteStore(GroupStore):
                 )
                 self._where[i] = (seg, off, n)
         try:  # housekeeping: a full disk must not stop a restart
-            self.prune_idempotency(time.time() - idempotency_ttl_s)
+            if idempotency_ttl_s is not None:
+                self.prune_idempotency(time.time() - idempotency_ttl_s)
         except (sqlite3.Error, OSError) as exc:
             logger.warning("cannot prune idempotency answers: %s", write_failure(exc))
         idem = {
@@ -455,11 +456,7 @@ def queued_group_ids(
 
     store = SQLiteStore(state_dir)
     try:
-        rows = [
-            row
-            for row in store.load(idempotency_ttl_s=float("inf")).rows
-            if waiting(row.served_step)
-        ]
+        rows = [row for row in store.load(idempotency_ttl_s=None).rows if waiting(row.served_step)]
         bodies = store.bodies([row.id for row in rows])
     finally:
         store.close()

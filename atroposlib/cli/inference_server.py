@@ -21,6 +21,7 @@ from atroposlib.utils.flags import add_model_flags, parse_settings
 from atroposlib.utils.listen import ListenError, listen_socket, serve
 from atroposlib.utils.logging import configure_logging
 from atroposlib.utils.model_files import local_model_problem
+from atroposlib.utils.request_guard import ALLOWED_HOSTS_HELP, HostNames
 
 KEY_ENVIRONMENT = ENGINE_KEY_ENVIRONMENT
 
@@ -71,6 +72,7 @@ class InferenceServerSettings(ExposureRule, BaseModel):
     insecure: bool = Field(
         False, description="Allow binding a non-loopback address without an API key."
     )
+    allowed_hosts: HostNames = Field(default_factory=list, description=ALLOWED_HOSTS_HELP)
     log_level: str = Field("info", description="Logging level.")
 
 
@@ -151,6 +153,7 @@ def _load_app(settings: InferenceServerSettings) -> Any:
         settings.max_batch_rows,
         api_key=settings.api_key,
         weight_sync_key=settings.weight_sync_key or os.environ.get(WEIGHT_SYNC_KEY_ENVIRONMENT),
+        allowed_hosts=frozenset(name.lower() for name in settings.allowed_hosts),
     )
 
 

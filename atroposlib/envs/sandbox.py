@@ -4,10 +4,11 @@ Every run gets all of these; `sandbox_isolation.py` builds them:
 
 - **Time.** A wall-clock deadline, after which the run's session is killed, and a
   CPU-time rlimit: the kernel stops a busy loop with SIGXCPU.
-- **Memory and processes.** The run's address space in all (`memory_mb`, shared out
-  per process), a process cap (`max_processes`: a fork bomb's forks fail), a cap on
-  every file written (stdout and stderr included: endless printing ends with SIGXFSZ)
-  and no core dumps.
+- **Memory and processes.** A memory cgroup of the run's own capped at `memory_mb`
+  (`sandbox_cgroup.py`: it counts memory no process maps, such as a memfd's), the
+  run's address space in all (`memory_mb`, shared out per process), a process cap
+  (`max_processes`: a fork bomb's forks fail), a cap on every file written (stdout
+  and stderr included: endless printing ends with SIGXFSZ) and no core dumps.
 - **Identity.** A root parent runs each concurrent run as a uid of its own, never one
   that still owns a process, so runs cannot signal or starve each other and cannot
   write the host's files. A non-root parent needs bubblewrap.
@@ -21,10 +22,11 @@ Every run gets all of these; `sandbox_isolation.py` builds them:
   home directories, data caches and the cwd, which it hides.
 - **Environment.** Scrubbed to PATH, LANG, HOME and TMPDIR.
 
-A mode that cannot run here raises `SandboxUnavailable` at the first run: nothing
-falls back to weaker isolation. Calls block; `run_python_async` runs one in a worker
-thread, and `sandboxed_python` starts one that runs beside others (the code grader
-pairs a solution with a judge through pipes).
+A mode that cannot run here raises `SandboxUnavailable` at the first run, and so does
+a machine where no memory cgroup can be made (unless `memory_cgroup=False` says that
+`RLIMIT_AS` alone will do): nothing falls back to weaker isolation. Calls block;
+`run_python_async` runs one in a worker thread, and `sandboxed_python` starts one that
+runs beside others (the code grader pairs a solution with a judge through pipes).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from atroposlib.envs import sandbox_isolation as layers
+from atroposlib.envs.sandbox_cgroup import RunCgroup, make_run_cgroup
 from atroposlib.envs.sandbox_isolation import SandboxUnavailable
 from atroposlib.utils.waiting import WaitTimeout, poll_until
 
@@ -95,6 +98,12 @@ class SandboxLimits(BaseModel):
     hidden_paths: list[str] = Field(
         default_factory=list, description="More host dirs a 'namespaces' run sees empty."
     )
+    memory_cgroup: bool = Field(
+        True,
+        description="Run in a memory cgroup capped at memory_mb (refused where none can be "
+        "made). False: RLIMIT_AS alone, which does not count memory a process holds "
+        "without mapping it (a memfd, a detached System V segment).",
+    )
 
     @model_validator(mode="after")
     def _memory_per_process(self) -> SandboxLimits:
@@ -117,6 +126,8 @@ class SandboxResult:
     stderr: str
     timed_out: bool
     duration_s: float
+    memory_exceeded: bool = False
+    """The run's memory cgroup hit its limit (the kernel then kills inside the run)."""
 
     @property
     def ok(self) -> bool:
@@ -131,7 +142,7 @@ class SandboxResult:
             return "cpu_time"
         if self.exit_code == -signal.SIGXFSZ:
             return "file_size"
-        if "MemoryError" in self.stderr:
+        if self.memory_exceeded or "MemoryError" in self.stderr:
             return "memory"
         return "ok" if self.exit_code == 0 else "error"
 
@@ -143,13 +154,14 @@ class Isolation:
     bubblewrap: bool  # the default mode can run here
     namespaces: bool  # the opt-in mode can run here
     run_as_uids: range  # the users runs execute as (just ours when not root)
+    memory_cgroup: bool  # a run gets a memory cgroup of its own here
 
 
 @functools.lru_cache(maxsize=2)
 def _mode_works(mode: str) -> str | None:
     """None when `mode` runs here, else why not (probed once per process)."""
     try:
-        result = _run("pass", SandboxLimits(isolation=mode), "", ())
+        result = _run("pass", SandboxLimits(isolation=mode, memory_cgroup=False), "", ())
     except (SandboxUnavailable, OSError) as error:
         return str(error)
     if not result.ok:
@@ -164,14 +176,29 @@ def isolation() -> Isolation:
         bubblewrap=_mode_works("bubblewrap") is None,
         namespaces=_mode_works("namespaces") is None,
         run_as_uids=layers.run_users.uids,
+        memory_cgroup=_cgroup_problem() is None,
     )
 
 
-def require_isolation(mode: str) -> None:
-    """Raise `SandboxUnavailable`, with the reason, unless `mode` runs here."""
+@functools.lru_cache(maxsize=1)
+def _cgroup_problem() -> str | None:
+    """None when a run's memory cgroup can be made here, else why not (probed once)."""
+    try:
+        make_run_cgroup(64, 1).remove()
+    except SandboxUnavailable as error:
+        return str(error)
+    return None
+
+
+def require_isolation(mode: str, memory_cgroup: bool = True) -> None:
+    """Raise `SandboxUnavailable`, with the reason, unless `mode` runs here (and, with
+    `memory_cgroup`, a run's memory cgroup can be made)."""
     problem = _mode_works(mode)
     if problem is not None:
         raise SandboxUnavailable(f"the {mode!r} sandbox cannot run here: {problem}")
+    problem = _cgroup_problem() if memory_cgroup else None
+    if problem is not None:
+        raise SandboxUnavailable(problem)
 
 
 def _scrubbed_env() -> dict[str, str]:
@@ -222,10 +249,17 @@ def _exited_unreaped(pid: int, timeout_s: float) -> bool:
 class Sandboxed:
     """One started run: `finish` waits for it (or its deadline) and collects the result."""
 
-    def __init__(self, child: subprocess.Popen, run_dir: Path, limits: SandboxLimits) -> None:
+    def __init__(
+        self,
+        child: subprocess.Popen,
+        run_dir: Path,
+        limits: SandboxLimits,
+        cgroup: RunCgroup | None = None,
+    ) -> None:
         self.child = child
         self.run_dir = run_dir
         self.limits = limits
+        self.cgroup = cgroup
         self.started = time.monotonic()
 
     def end(self) -> None:
@@ -250,6 +284,7 @@ class Sandboxed:
             stderr=_read_capped(self.run_dir / "stderr", cap),
             timed_out=timed_out,
             duration_s=time.monotonic() - self.started,
+            memory_exceeded=self.cgroup is not None and self.cgroup.memory_exceeded(),
         )
 
 
@@ -267,7 +302,7 @@ def sandboxed_python(
     Leaving the block kills whatever of the run is still alive.
     """
     limits = limits or SandboxLimits()
-    require_isolation(limits.isolation)
+    require_isolation(limits.isolation, limits.memory_cgroup)
     with _started(source, limits, stdin, pass_fds, args) as run:
         yield run
 
@@ -278,6 +313,7 @@ def _started(
 ) -> Iterator[Sandboxed]:
     with (
         layers.run_users.take() as (uid, charged),
+        _run_cgroup(limits) as cgroup,
         tempfile.TemporaryDirectory(prefix=RUN_DIR_PREFIX, ignore_cleanup_errors=True) as private,
         tempfile.TemporaryFile() as stdin_file,
     ):
@@ -312,16 +348,35 @@ def _started(
                     env=_scrubbed_env(),
                     start_new_session=True,
                     pass_fds=(program_fd, *pass_fds),
-                    preexec_fn=functools.partial(layers.child_setup, rlimits, os.getpid()),
+                    preexec_fn=functools.partial(
+                        layers.child_setup,
+                        rlimits,
+                        os.getpid(),
+                        cgroup.open_for_joining() if cgroup else [],
+                    ),
                     **identity,
                 )
         finally:
             os.close(program_fd)
-        run = Sandboxed(child, run_dir, limits)
+        run = Sandboxed(child, run_dir, limits, cgroup)
         try:
             yield run
         finally:
             run.end()
+
+
+@contextlib.contextmanager
+def _run_cgroup(limits: SandboxLimits) -> Iterator[RunCgroup | None]:
+    """The run's memory cgroup (None without `memory_cgroup`), removed after the run.
+    Its task cap is the process cap's, plus one for `namespaces` mode's shell."""
+    if not limits.memory_cgroup:
+        yield None
+        return
+    cgroup = make_run_cgroup(limits.memory_mb, limits.max_processes + 4)
+    try:
+        yield cgroup
+    finally:
+        cgroup.remove()
 
 
 def _run(source: str, limits: SandboxLimits, stdin: str, args: Sequence[str]) -> SandboxResult:
@@ -335,7 +390,7 @@ def run_python(source: str, limits: SandboxLimits | None = None, stdin: str = ""
     Raises `SandboxUnavailable` when the asked-for isolation cannot run here.
     """
     limits = limits or SandboxLimits()
-    require_isolation(limits.isolation)
+    require_isolation(limits.isolation, limits.memory_cgroup)
     return _run(source, limits, stdin, ())
 
 

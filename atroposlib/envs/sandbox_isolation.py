@@ -3,7 +3,7 @@
 Design decisions:
 
 - **Two modes, no silent fallback.** `bubblewrap` (the default) runs code in
-  bubblewrap's namespaces over a root that holds only the interpreter's directories.
+  bubblewrap's namespaces over a root that holds only the interpreter and its libraries.
   `namespaces` is the explicit opt-in for machines without bubblewrap: util-linux's
   `unshare` (root only) gives the same PID, network, IPC and mount namespaces and
   size-capped tmpfs mounts, but the host's files stay readable except the paths it
@@ -40,7 +40,11 @@ logger = logging.getLogger(__name__)
 UID_POOL_SIZE = 64
 UID_POOL_BASE = 2_000_000_000 + os.getpid() * UID_POOL_SIZE  # pids < 2**22: unique, < 2**32
 WORK_DIR = "/tmp/work"  # inside both modes: on the run's own /tmp tmpfs
-# What the interpreter needs; everything else of the host stays out of a bubblewrap run.
+# What the interpreter needs; everything else of the host stays out of a bubblewrap run
+# (SBX-E: /usr/local, /usr/src or /etc/pip.conf can hold a project's or a user's secrets).
+LIBRARY_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64")
+ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")  # the dynamic loader's cache, the time zone
+# What a `namespaces` run keeps visible even when a hidden path would cover it.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 # The dirs every run gets fresh and size-capped; a `namespaces` run sees the host's
 # /run/lock too (world-writable there), which bubblewrap's root does not hold.
@@ -181,10 +185,15 @@ PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child must not load it
 
 
-def child_setup(limits: list[tuple[int, int, int]], parent_pid: int) -> None:
-    """Runs in the child between fork and exec: the run's limits, and SIGKILL when the
-    parent dies. bubblewrap also has --die-with-parent; `unshare` has nothing of the
-    kind, and its `--kill-child` then takes the whole namespace down (SBX-C)."""
+def child_setup(
+    limits: list[tuple[int, int, int]], parent_pid: int, cgroup_fds: Sequence[int] = ()
+) -> None:
+    """Runs in the child between fork and exec: the run's cgroup (each of `cgroup_fds`
+    is a `cgroup.procs` the parent opened) and limits, and SIGKILL when the parent dies.
+    bubblewrap also has --die-with-parent; `unshare` has nothing of the kind, and its
+    `--kill-child` then takes the whole namespace down (SBX-C)."""
+    for fd in cgroup_fds:
+        os.write(fd, b"0")  # "0": the writing process
     apply_rlimits(limits)
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before the line above
@@ -199,11 +208,16 @@ def bubblewrap_path() -> str | None:
 
 
 def _system_binds() -> list[str]:
+    """The interpreter, the library dirs it and its standard library load from, its
+    own prefix when that is not the system's (/usr), and two /etc files: read-only."""
+    shown = [d for d in LIBRARY_DIRS if os.path.exists(d)]
     prefix = _interpreter_prefix()
-    roots = [d for d in SYSTEM_DIRS if os.path.exists(d)]
-    if not any(prefix == d or prefix.startswith(d + "/") for d in roots):
-        roots.append(prefix)
-    return [arg for d in roots for arg in ("--ro-bind", d, d)]
+    if prefix in ("/usr", "/"):  # the system's python: its standard library is in /usr/lib
+        shown.append(os.path.realpath(interpreter()))
+    elif not any(prefix == d or prefix.startswith(d + "/") for d in shown):
+        shown.append(prefix)
+    shown += [f for f in ETC_FILES if os.path.exists(f)]
+    return [arg for path in shown for arg in ("--ro-bind", path, path)]
 
 
 def bubblewrap_command(scratch_bytes: int) -> list[str]:

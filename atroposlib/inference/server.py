@@ -14,9 +14,11 @@ shapes there and in `atroposlib.utils.openai_shapes`, all pure and tested
 without a model; the route handlers here only parse, submit to the scheduler
 and build the answer, so every route samples through the same batches.
 
-With an `api_key`, every route but `/health` needs `Authorization: Bearer <key>`
-(stricter than vLLM, whose key guards only `/v1`): `/generate`, `/tokenize` and
-`/metrics` cost or reveal as much as the OpenAI routes. The weight routes
+Every request passes run-api's guard (`atroposlib.utils.request_guard`): JSON posts,
+bounded bodies, no other site's page, and without a key only a local Host. With an
+`api_key`, every route but `/health` needs `Authorization: Bearer <key>` (stricter than
+vLLM, whose key guards only `/v1`): `/generate`, `/tokenize` and `/metrics` cost or
+reveal as much as the OpenAI routes. The weight routes
 (hot reload, `weight_info`) are in `atroposlib.weight_sync.disk_routes`; every choice carries vLLM's
 `weight_versions` once the engine has a version.
 """
@@ -67,7 +69,11 @@ from atroposlib.utils.openai_shapes import (
     token_text,
     usage_body,
 )
-from atroposlib.utils.token_guard import UNAUTHORIZED_MESSAGE, TokenGuard
+from atroposlib.utils.request_guard import (
+    CHAT_MAX_BODY_BYTES,
+    CHAT_MAX_BODY_VALUES,
+    RequestGuard,
+)
 from atroposlib.weight_sync.disk_routes import RELOAD_PATH, install_weight_routes
 
 
@@ -180,6 +186,7 @@ def create_inference_app(
     max_batch_rows: int = 64,
     api_key: str | None = None,
     weight_sync_key: str | None = None,
+    allowed_hosts: frozenset[str] = frozenset(),
 ) -> FastAPI:
     scheduler: BatchScheduler | None = None
 
@@ -194,14 +201,16 @@ def create_inference_app(
 
     app = FastAPI(title="atroposlib inference server", lifespan=lifespan)
     _install_error_handlers(app)
-    if api_key:
-        app.add_middleware(
-            TokenGuard,
-            token=api_key,
-            # the weight sync key, when there is one, guards the reload route itself
-            open_paths=OPEN_PATHS | {RELOAD_PATH} if weight_sync_key else OPEN_PATHS,
-            unauthorized_body=error_body(401, UNAUTHORIZED_MESSAGE, None),
-        )
+    app.add_middleware(
+        RequestGuard,
+        api_key=api_key,
+        max_body_bytes=CHAT_MAX_BODY_BYTES,
+        max_body_values=CHAT_MAX_BODY_VALUES,
+        # the weight sync key, when there is one, guards the reload route itself
+        open_paths=OPEN_PATHS | {RELOAD_PATH} if api_key and weight_sync_key else OPEN_PATHS,
+        allowed_hosts=allowed_hosts,
+        listener="the engine",
+    )
     install_weight_routes(app, engine, weight_sync_key, api_key)
     tokenizer = engine.tokenizer
 

@@ -2,8 +2,10 @@
 gzip bodies, the values and nesting a body may hold, latency.
 
 Doing this in a single pure-ASGI pass (not Starlette's BaseHTTPMiddleware) keeps the
-per-request cost to a few microseconds and reads the body exactly once. run-api and the
-ManagedServer proxy (standalone and in process) stand behind it.
+per-request cost to a few microseconds and reads the body exactly once. Every listener
+of a run stands behind it: run-api, the ManagedServer proxy (standalone and in process),
+the CPU engine and its weight routes, and the viewer's page (whose browser gives the key
+once, `browser_login`). A WebSocket handshake gets the same checks (refused: close 1008).
 
 Loopback is no trust boundary (docs/security.md): every local process, and every web
 page a local browser opens, can reach 127.0.0.1. So, key or not, a POST must say
@@ -42,12 +44,20 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from atroposlib.utils.browser_login import BrowserLogin
+
 _inflate: types.ModuleType  # isal_zlib or zlib: the same functions and `error`
 try:  # ISA-L inflates gzip about twice as fast as zlib; same API
     from isal import isal_zlib as _inflate
 except ImportError:  # pragma: no cover - optional speed-up
     _inflate = zlib
 
+CHAT_MAX_BODY_BYTES = 16 << 20
+"""Largest body an OpenAI-shaped listener (an engine, the proxy) takes: a conversation of
+a few hundred thousand tokens."""
+CHAT_MAX_BODY_VALUES = 1_000_000
+"""Most JSON values in such a body: messages, tool schemas, a token-id prompt's ids."""
+UNAUTHORIZED_MESSAGE = "missing or wrong API key: send 'Authorization: Bearer <key>'"
 MAX_BODY_DEPTH = 64
 """Deepest nesting of lists and objects a body may have: the trainer's groups need 3,
 chat tools' JSON schemas a dozen; `json`'s recursion fails near 1,000."""
@@ -162,12 +172,16 @@ class RequestGuard:
         listener: str = "run-api",
         max_body_depth: int = MAX_BODY_DEPTH,
         also_authorized: Callable[[str, bytes], bool] | None = None,
+        browser_cookie: str | None = None,
+        unauthorized_message: str = UNAUTHORIZED_MESSAGE,
     ) -> None:
         """`allowed_hosts`: the Host names, besides localhost and IP addresses, that a
         request may name when there is no key (with one, the key is the check).
         `json_paths`: the paths whose POST must be JSON (None: every POST; another
         path is the router's 404 or 405). `also_authorized(path, authorization)`: a
-        key other than `api_key` that opens `path` (a proxy session's own bearer)."""
+        key other than `api_key` that opens `path` (a proxy session's own bearer).
+        `browser_cookie`: a browser may give the key once as `?token=` and is then
+        known by this cookie (`browser_login`; a page's own requests carry no header)."""
         self.app = app
         self.json_paths = json_paths
         self.expected = f"Bearer {api_key}".encode() if api_key else None
@@ -180,8 +194,16 @@ class RequestGuard:
         self.open_paths = open_paths
         self.listener = listener
         self.also_authorized = also_authorized
+        self.login = BrowserLogin(api_key, browser_cookie) if api_key and browser_cookie else None
+        self.unauthorized_message = unauthorized_message
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            if self._websocket_refused(scope):
+                await send({"type": "websocket.close", "code": 1008})  # policy violation
+                return
+            await self.app(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -198,10 +220,26 @@ class RequestGuard:
     ) -> None:
         await send_json(send, status, error_payload(status, message), headers)
 
-    def _authorized(self, path: str, given: bytes) -> bool:
+    def _authorized(self, path: str, headers: dict[bytes, bytes]) -> bool:
+        given = headers.get(b"authorization", b"")
         if self.expected is not None and hmac.compare_digest(given, self.expected):
             return True
+        if self.login is not None and self.login.has_session(headers):
+            return True
         return self.also_authorized is not None and self.also_authorized(path, given)
+
+    def _websocket_refused(self, scope: Scope) -> bool:
+        """The handshake checks of an HTTP request: another site's page, the key, the Host."""
+        headers, path = dict(scope["headers"]), scope["path"]
+        if path in self.open_paths:
+            return False
+        if headers.get(b"sec-fetch-site", b"").lower() in (b"cross-site", b"same-site"):
+            return True
+        if self.expected is not None:
+            return not self._authorized(path, headers)
+        return b"host" in headers and not host_allowed(
+            host_name(headers[b"host"]), self.allowed_hosts
+        )
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
@@ -211,8 +249,12 @@ class RequestGuard:
                 await self._refuse(send, 403, another_sites_page(self.listener))
                 return
         if self.expected is not None and path not in self.open_paths:
-            if not self._authorized(path, headers.get(b"authorization", b"")):
-                message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
+            if not self._authorized(path, headers):
+                login = self.login.address_login(scope) if self.login is not None else None
+                if self.login is not None and login is not None:
+                    await self.login.redirect_with_cookie(scope, login, send)
+                    return
+                message = self.unauthorized_message
                 await self._refuse(send, 401, message, {"WWW-Authenticate": "Bearer"})
                 return
         if self.expected is None and b"host" in headers and path not in self.open_paths:

@@ -7,9 +7,11 @@ does not drain the run, and an API that is down or empty is reported at once ins
 hanging the page. The tokenizer is loaded before the page starts, so a wrong
 `--tokenizer` stops the tool with a message rather than failing on the first click.
 
-The Gradio page is mounted in a FastAPI app of our own, served by uvicorn, so that
-one `TokenGuard` sits in front of every route (page, assets, Gradio's API) when the
-page has a token, and `/health` answers for pollers; `share` is never possible.
+The Gradio page is mounted in a FastAPI app of our own, served by uvicorn, so that the
+listeners' one `RequestGuard` sits in front of every route (page, assets, Gradio's API,
+its WebSocket): the token when the page has one (a browser gives it once, then holds a
+session cookie), a local Host when it has none, and no other site's page either way.
+`/health` answers for pollers; `share` is never possible.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from atroposlib.utils import listen
 from atroposlib.utils.listen import ListenError, listen_socket
-from atroposlib.utils.token_guard import TokenGuard
+from atroposlib.utils.request_guard import RequestGuard
 from atroposlib.utils.tokenizers import TokenizerLoadError
 from atroposlib.utils.tokenizers import load_tokenizer as load_named_tokenizer
 from atroposlib.viewer.render import Decoder, render_batch, render_notice, scoped_css
@@ -30,6 +32,8 @@ from atroposlib.viewer.source import GroupSource
 INSTALL_HINT = "view-run needs Gradio: pip install gradio"
 PULL_BUTTON = "Grab next batch"
 OPEN_PATHS = frozenset({"/health"})
+MAX_BODY_BYTES = 1 << 20
+"""Gradio's posts from this page are a button's event: small."""
 PAGE_TOKEN_HINT = (
     "missing or wrong token: open the page once as /?token=<key> (a cookie keeps it), "
     "or send 'Authorization: Bearer <key>'"
@@ -103,14 +107,15 @@ def page_app(settings: ViewRunSettings, blocks: Any) -> Any:
     app = gr.mount_gradio_app(
         app, blocks, path="/", css=scoped_css(), footer_links=[], ssr_mode=False
     )
-    if settings.api_key:
-        app.add_middleware(
-            TokenGuard,
-            token=settings.api_key,
-            open_paths=OPEN_PATHS,
-            cookie_name=f"atropos_view_{settings.port}",
-            unauthorized_body={"detail": PAGE_TOKEN_HINT},
-        )
+    app.add_middleware(
+        RequestGuard,
+        api_key=settings.api_key,
+        max_body_bytes=MAX_BODY_BYTES,
+        open_paths=OPEN_PATHS,
+        listener="view-run",
+        browser_cookie=f"atropos_view_{settings.port}",
+        unauthorized_message=PAGE_TOKEN_HINT,
+    )
     return app
 
 

@@ -16,6 +16,7 @@ from tests.support.groups import (
     start_trainer,
     tags_of,
 )
+from tests.support.inprocess_api import inprocess_api
 from tests.support.processes import ApiProcess
 from tests.support.waiting import wait_until
 
@@ -138,6 +139,29 @@ def test_idempotency_key_answers_repeat_without_queueing_twice(client):
         assert answer.json() == {"status": "received", "groups_processed": 2}
     assert client.get("/status").json()["queue_size"] == 3
     assert "atropos_idempotent_replays_total 2.0" in client.get("/metrics").text
+
+
+def test_a_replay_long_after_its_post_is_answered_not_queued_again(tmp_path, monkeypatch):
+    """DUR-3: an environment killed between the API's 200 and its spool's unlink posts
+    the group again when it resumes, maybe hours later, and across an API restart: the
+    answer is the first one's, and the trainer gets the group once."""
+    import atroposlib.api.state as state_module
+
+    key = {"Idempotency-Key": "spooled-1"}
+    with inprocess_api(tmp_path / "state") as client:
+        register(client, batch_size=4)
+        first = client.post("/scored_data", json=make_group(4, tag=1), headers=key)
+        assert first.status_code == 200
+    later = time.time() + 2 * 86400  # two days on
+    monkeypatch.setattr(state_module.time, "time", lambda: later)
+    with inprocess_api(tmp_path / "state") as client:
+        again = client.post("/scored_data", json=make_group(4, tag=1), headers=key)
+        assert again.json() == {"status": "received"}
+        assert client.get("/status").json()["queue_size"] == 1
+    # a TTL, where one is set, still forgets
+    with inprocess_api(tmp_path / "state", idempotency_ttl_s=3600) as client:
+        client.post("/scored_data", json=make_group(4, tag=1), headers=key)
+        assert client.get("/status").json()["queue_size"] == 2
 
 
 def test_queue_cap_answers_503_then_recovers(api_factory):

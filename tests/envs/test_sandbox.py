@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from atroposlib.envs import sandbox as sandbox_module
-from atroposlib.envs import sandbox_isolation
+from atroposlib.envs import sandbox_cgroup, sandbox_isolation
 from atroposlib.envs.sandbox import (
     SandboxLimits,
     SandboxUnavailable,
@@ -129,6 +129,52 @@ def test_the_memory_limit_holds_for_the_run_not_each_process(limits):
     assert len(grabbed) == 4, result
     assert sum(grabbed) <= limits.memory_mb, grabbed
     assert_machine_unharmed()
+
+
+def memfd_probe(count: int) -> str:
+    """The review's SBX-A probe: `count` memfds of 15 MiB, written, never mapped."""
+    return (
+        "import os\n"
+        "held, fds, chunk = 0, [], b'x' * (15 << 20)\n"
+        "try:\n"
+        f"    for n in range({count}):\n"
+        "        fds.append(os.memfd_create(f'probe{n}'))\n"
+        "        os.write(fds[-1], chunk)\n"
+        "        held += 15\n"
+        "        print(held, flush=True)\n"
+        "except OSError as error:\n"
+        "    print('refused', error, flush=True)\n"
+    )
+
+
+def held_mib(result) -> int:
+    return max((int(word) for word in result.stdout.split() if word.isdigit()), default=0)
+
+
+def test_memory_held_without_mapping_it_stays_under_the_cap(limits):
+    """SBX-A: RLIMIT_AS counts mapped memory only, and the probe held 600 MiB of memfds
+    under memory_mb=512. The run's memory cgroup counts every page it holds."""
+    limits = limits.model_copy(update={"memory_mb": 512, "max_processes": 4})
+    result = run_python(memfd_probe(40), limits)
+    assert 0 < held_mib(result) <= 512, result
+    assert result.reason == "memory" or "refused" in result.stdout, result
+    assert own_run_cgroups() == []
+    assert_machine_unharmed()
+
+
+def test_without_a_cgroup_the_cap_counts_only_mapped_memory(limits):
+    """What `memory_cgroup=False` states (docs/security.md): the address-space rlimit
+    alone, which memory held unmapped passes."""
+    limits = limits.model_copy(update={"memory_mb": 128, "max_processes": 0})
+    result = run_python(memfd_probe(12), limits.model_copy(update={"memory_cgroup": False}))
+    assert held_mib(result) == 180 > limits.memory_mb, result
+    assert_machine_unharmed()
+
+
+def own_run_cgroups() -> list[str]:
+    """This process's sandbox cgroups still on disk (each run removes its own)."""
+    mine = f"{sandbox_cgroup.NAME_PREFIX}{os.getpid()}-*"
+    return [p.name for parent in sandbox_cgroup.parent_dirs() for p in parent.glob(mine)]
 
 
 def test_endless_output_is_cut_off_without_filling_memory(limits):
@@ -369,7 +415,10 @@ def test_a_fork_bomb_does_not_starve_concurrent_runs(limits):
         "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
         "        time.sleep(0.01)"
     )
-    neighbour = "import subprocess, time\ntime.sleep(1)\nprint(subprocess.run(['true']).returncode)"
+    neighbour = (  # starts a process of its own: the interpreter (no host command is there)
+        "import subprocess, sys, time\ntime.sleep(1)\n"
+        "print(subprocess.run([sys.executable, '-S', '-c', 'pass']).returncode)"
+    )
 
     async def together() -> list:
         runs = [run_python_async(bomb, limits.model_copy(update={"wall_time_s": 4}))]
@@ -419,8 +468,36 @@ def test_bubblewrap_is_run_by_the_path_the_probe_found():
     command = sandbox_isolation.bubblewrap_command(1 << 20)
     assert command[0] == found and os.path.isabs(found)
     binds = [command[i + 1] for i, arg in enumerate(command) if arg == "--ro-bind"]
-    prefix = str(Path(os.path.realpath(sandbox_isolation.interpreter())).parents[1])
-    assert "/" not in binds and set(binds) <= {*sandbox_isolation.SYSTEM_DIRS, prefix}
+    interpreter = os.path.realpath(sandbox_isolation.interpreter())
+    allowed = {
+        *sandbox_isolation.LIBRARY_DIRS,
+        *sandbox_isolation.ETC_FILES,
+        interpreter,
+        str(Path(interpreter).parents[1]),
+    }
+    assert "/" not in binds and "/usr" not in binds and "/etc" not in binds
+    assert set(binds) <= allowed, set(binds) - allowed
+
+
+def test_a_bubblewrap_run_sees_the_interpreter_and_its_libraries_only():
+    """SBX-E: all of /usr and /etc were visible, and with them whatever a machine keeps
+    in /usr/local, /usr/src or /etc (a pip.conf with an index token, the machine id)."""
+    problem = sandbox_module._mode_works("bubblewrap")
+    if problem is not None:
+        pytest.skip(f"the bubblewrap sandbox cannot run here: {problem}")
+    source = (
+        "import json, os, sqlite3, ssl, decimal, ctypes\n"  # the standard library still loads
+        "listing = lambda d: sorted(os.listdir(d)) if os.path.isdir(d) else []\n"
+        "print(json.dumps({d: listing(d) for d in ('/', '/etc', '/usr')}))\n"
+    )
+    result = run_python(source, LIMITS)
+    assert result.ok, result
+    seen = json.loads(result.stdout)
+    assert set(seen["/etc"]) <= {"ld.so.cache", "localtime"}, seen["/etc"]
+    prefix = Path(os.path.realpath(sandbox_isolation.interpreter())).parents[1]
+    kept = set(prefix.relative_to("/usr").parts[:1]) if prefix.is_relative_to("/usr") else set()
+    assert not ({"local", "src", "share", "sbin", "games", "include"} - kept) & set(seen["/usr"])
+    assert not {"home", "root", "srv", "opt", "mnt", "sbin"} & set(seen["/"]), seen["/"]
 
 
 def test_limits_that_leave_a_process_too_little_memory_are_refused():

@@ -181,8 +181,12 @@ def test_errors_are_openai_shaped(client, inference_server):
         f"{inference_server.url}/v1/completions", json={"model": "tiny", "prompt": [10**9]}
     )
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
-    response = httpx.post(f"{inference_server.url}/v1/completions", content=b"{bad json")
+    json_type = {"Content-Type": "application/json"}
+    url = f"{inference_server.url}/v1/completions"
+    response = httpx.post(url, content=b"{bad json", headers=json_type)
     assert response.status_code == 400 and "error" in response.json()
+    response = httpx.post(url, content=b"{bad json")  # what any web page can post
+    assert response.status_code == 415 and "application/json" in response.json()["error"]["message"]
     assert client.chat.completions.create(
         model="tiny", messages=question(1, 2), max_tokens=2
     ).choices

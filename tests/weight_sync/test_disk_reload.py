@@ -185,7 +185,8 @@ def in_process(model: Path, api_key: str | None) -> Iterator[TestClient]:
     from atroposlib.inference.server import create_inference_app
 
     app = create_inference_app(GenerationEngine.load(str(model)), "tiny", api_key=api_key)
-    with TestClient(app) as client:  # runs the lifespan: the batch scheduler
+    # runs the lifespan (the batch scheduler); a local Host, as the guard asks of a keyless one
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         yield client
 
 

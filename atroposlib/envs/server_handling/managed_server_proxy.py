@@ -80,7 +80,11 @@ from atroposlib.envs.server_handling.proxy_sessions import (
 )
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, is_unreachable
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
-from atroposlib.utils.request_guard import RequestGuard
+from atroposlib.utils.request_guard import (
+    CHAT_MAX_BODY_BYTES,
+    CHAT_MAX_BODY_VALUES,
+    RequestGuard,
+)
 
 __all__ = [
     "ChatCompletionProxyRequest",
@@ -96,10 +100,6 @@ __all__ = [
 
 logger = logging.getLogger("atroposlib.proxy")
 
-MAX_BODY_BYTES = 16 << 20
-"""Largest request body: a conversation of a few hundred thousand tokens."""
-MAX_BODY_VALUES = 1_000_000
-"""Most JSON values in a body: messages and tool schemas, never token arrays."""
 SESSION_PATH = re.compile(r"^/([^/]+)/v1/")
 
 
@@ -438,8 +438,8 @@ def create_app(
     app.add_middleware(
         RequestGuard,
         api_key=api_key,
-        max_body_bytes=MAX_BODY_BYTES,
-        max_body_values=MAX_BODY_VALUES,
+        max_body_bytes=CHAT_MAX_BODY_BYTES,
+        max_body_values=CHAT_MAX_BODY_VALUES,
         allowed_hosts=allowed_hosts,
         open_paths=frozenset({"/health"}),
         listener="atropos-proxy",
