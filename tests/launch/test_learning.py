@@ -64,24 +64,24 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     assert finished.leftovers == []
 
 
-AGENT_STEPS, AGENT_GROUP = 45, 4
+AGENT_STEPS, AGENT_GROUP = 40, 4
 
 
 @pytest.mark.learning
 def test_a_black_box_agent_learns_through_the_proxy(launch, tmp_path):
-    """configs/agent_proxy_cpu.yaml, its batch of 64 as 16 groups of 4 for 45 steps: an
+    """configs/agent_proxy_cpu.yaml, its batch of 64 as 16 groups of 4 for 40 steps: an
     agent that knows only the openai SDK answers through the environment's proxy
     sessions, and the score rises.
 
     The run's cost is its rollouts (each is its own proxy session, several HTTP calls in
     the env's process, and its own engine request, about 7 times a quickstart rollout's
     CPU), so it is judged on every step's score, not on its first and last 10 steps'
-    means as the quickstart is: the line through the 45 step scores must rise by the
+    means as the quickstart is: the line through the 40 step scores must rise by the
     quickstart's margin, 0.15, and its slope must be 4 standard errors above zero (a
     flat run gets there by chance about once in 10,000). Measured on this project's
     2-core machine (16 prompts a step learn more per rollout than the shipped 8): t =
-    7.4 at 40 steps, 7.9 at 45 (a rise of 0.28), 10.9 at 50 and 13.7 at 60; the
-    shipped groups of 8 rose +0.22 by step 60.
+    7.4 and 6.3 at 40 steps in two runs (the second rose 0.31), 7.9 at 45, 10.9 at 50 and 13.7
+    at 60; the shipped groups of 8 rose +0.22 by step 60.
 
     On the way, PRX-1 of the security review: a local process holding no key posts
     /setup to the environment's proxy (text/plain, as the review's attack, and JSON) to
