@@ -20,17 +20,22 @@ from atroposlib.utils.cache_dir import default_cache_dir
 VERSIONED = ("torch", "transformers", "tokenizers", "atroposlib")
 
 
-def cpu_model_name() -> str:
-    """The CPU's marketing name from /proc/cpuinfo, else what `platform` knows."""
+def _cpuinfo(*keys: str) -> str | None:
+    """The first CPU's value of the first of `keys` /proc/cpuinfo has, if any."""
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:
                 key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "Hardware"):
+                if key.strip() in keys:
                     return value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model_name() -> str:
+    """The CPU's marketing name from /proc/cpuinfo, else what `platform` knows."""
+    return _cpuinfo("model name", "Model", "Hardware") or platform.processor() or platform.machine()
 
 
 def torch_cpu_capability() -> str | None:
@@ -62,17 +67,9 @@ def torch_cpu_capability() -> str | None:
 
 
 def _cpu_flags() -> str:
-    """The instruction-set flags of the first CPU in /proc/cpuinfo (x86 `flags`, Arm
-    `Features`), else the CPU's name."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return value.strip()
-    except OSError:
-        pass
-    return cpu_model_name()
+    """The instruction-set flags of the first CPU (x86 `flags`, Arm `Features`), else
+    the CPU's name."""
+    return _cpuinfo("flags", "Features") or cpu_model_name()
 
 
 def _write_quietly(path: Path, text: str) -> None:
