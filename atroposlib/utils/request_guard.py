@@ -229,39 +229,41 @@ class RequestGuard:
         return self.also_authorized is not None and self.also_authorized(path, given)
 
     def _websocket_refused(self, scope: Scope) -> bool:
-        """The handshake checks of an HTTP request: another site's page, the key, the Host."""
-        headers, path = dict(scope["headers"]), scope["path"]
+        """A handshake gets an HTTP request's checks of who is asking."""
+        return self._who_is_refused(scope, dict(scope["headers"])) is not None
+
+    def _who_is_refused(self, scope: Scope, headers: dict[bytes, bytes]) -> int | None:
+        """The refusal's status for who is asking (another site's page 403, no key 401,
+        a foreign Host without a key 400), or None."""
+        path = scope["path"]
         if path in self.open_paths:
-            return False
+            return None
         if headers.get(b"sec-fetch-site", b"").lower() in (b"cross-site", b"same-site"):
-            return True
+            return 403
         if self.expected is not None:
-            return not self._authorized(path, headers)
-        return b"host" in headers and not host_allowed(
-            host_name(headers[b"host"]), self.allowed_hosts
-        )
+            return None if self._authorized(path, headers) else 401
+        if b"host" in headers and not host_allowed(host_name(headers[b"host"]), self.allowed_hosts):
+            return 400
+        return None
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
         path = scope["path"]
-        if headers.get(b"sec-fetch-site", b"").lower() in (b"cross-site", b"same-site"):
-            if path not in self.open_paths:
-                await self._refuse(send, 403, another_sites_page(self.listener))
+        refused = self._who_is_refused(scope, headers)
+        if refused == 403:
+            await self._refuse(send, 403, another_sites_page(self.listener))
+            return
+        if refused == 401:
+            login = self.login.address_login(scope) if self.login is not None else None
+            if self.login is not None and login is not None:
+                await self.login.redirect_with_cookie(scope, login, send)
                 return
-        if self.expected is not None and path not in self.open_paths:
-            if not self._authorized(path, headers):
-                login = self.login.address_login(scope) if self.login is not None else None
-                if self.login is not None and login is not None:
-                    await self.login.redirect_with_cookie(scope, login, send)
-                    return
-                message = self.unauthorized_message
-                await self._refuse(send, 401, message, {"WWW-Authenticate": "Bearer"})
-                return
-        if self.expected is None and b"host" in headers and path not in self.open_paths:
-            name = host_name(headers[b"host"])
-            if not host_allowed(name, self.allowed_hosts):
-                await self._refuse(send, 400, wrong_host(name, self.listener))
-                return
+            message = self.unauthorized_message
+            await self._refuse(send, 401, message, {"WWW-Authenticate": "Bearer"})
+            return
+        if refused == 400:
+            await self._refuse(send, 400, wrong_host(host_name(headers[b"host"]), self.listener))
+            return
         if (
             scope["method"] == "POST"
             and (self.json_paths is None or path in self.json_paths)
