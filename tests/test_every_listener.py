@@ -1,11 +1,13 @@
 """Every listener a launched run starts, against the same attacks (item 2 of issue 46).
 
-run-api, the CPU engine and the environment's proxy each stand behind
-`atroposlib.utils.request_guard.RequestGuard`. Here each is built in this process, keyed
-and keyless, and each gets the same requests: what a DNS-rebinding page, a cross-site
+run-api, the CPU engine, the environment's proxy and vLLM (through the middleware it
+loads, `weight_sync/vllm_route_guard.py`) each stand behind
+`atroposlib.utils.request_guard.RequestGuard`. Here each is built in this process (vLLM
+as a stand-in app under its middleware), keyed and keyless, and each gets the same
+requests: what a DNS-rebinding page, a cross-site
 form or image, a blind `text/plain` post, a nested or oversized body and a keyless
 client can send. Each is refused with the same status and the same error shape, before
-any route runs. (vLLM's weight routes have their own guard, inside vLLM:
+any route runs. (Real vLLM under the guard: inference/test_vllm.py; its key rules:
 weight_sync/test_vllm_route_guard.py; the viewer's page, viewer/test_viewer_exposure.py.)
 """
 
@@ -17,6 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from atroposlib.api.server import create_app as api_app
@@ -24,6 +29,7 @@ from atroposlib.api.settings import APISettings
 from atroposlib.envs.server_handling.managed_server_proxy import create_app as proxy_app
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.utils.request_guard import CHAT_MAX_BODY_BYTES
+from atroposlib.weight_sync.vllm_route_guard import WeightRouteGuard
 from tests.support.inference_servers import server_config
 
 pytestmark = pytest.mark.integration
@@ -43,6 +49,7 @@ LISTENERS = [
     Listener("run-api", "/status", "/scored_data"),
     Listener("engine", "/v1/models", "/v1/completions"),
     Listener("proxy", "/sessions", "/sessions/create"),
+    Listener("vllm", "/v1/models", "/v1/completions"),
 ]
 MAX_BODY_MB = CHAT_MAX_BODY_BYTES / 2**20  # the engine's and the proxy's; run-api's is set to it
 
@@ -54,8 +61,29 @@ def engine(tiny_model_path):
     return GenerationEngine.load(str(tiny_model_path))
 
 
+def vllm_stand_in(key: str | None, monkeypatch) -> Starlette:
+    """vLLM's routes as echoes, under the middleware vLLM loads; `key`: its engine key
+    (the weight-sync key is always set, as the launcher sets it)."""
+
+    async def echo(request):
+        return JSONResponse({"path": request.url.path})
+
+    monkeypatch.setenv("ATROPOS_WEIGHT_SYNC_KEY", "the-sync-key")
+    monkeypatch.delenv("ATROPOS_ENGINE_API_KEY", raising=False)
+    if key:
+        monkeypatch.setenv("VLLM_API_KEY", key)
+    else:
+        monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    paths = ["/health", "/v1/models", "/v1/completions"]
+    app = Starlette(routes=[Route(path, echo, methods=["GET", "POST"]) for path in paths])
+    app.add_middleware(WeightRouteGuard)
+    return app
+
+
 @contextmanager
-def served(listener: Listener, key: str | None, engine, tmp_path) -> Iterator[TestClient]:
+def served(
+    listener: Listener, key: str | None, engine, tmp_path, monkeypatch
+) -> Iterator[TestClient]:
     if listener.name == "run-api":
         state_dir = str(tmp_path / "state")
         app = api_app(APISettings(state_dir=state_dir, api_key=key, max_body_mb=MAX_BODY_MB))
@@ -63,6 +91,8 @@ def served(listener: Listener, key: str | None, engine, tmp_path) -> Iterator[Te
         from atroposlib.inference.server import create_inference_app
 
         app = create_inference_app(engine, "tiny", api_key=key)
+    elif listener.name == "vllm":
+        app = vllm_stand_in(key, monkeypatch)
     else:
         nowhere = ServerManager([server_config("http://127.0.0.1:9", timeout=1)])
         app = proxy_app(nowhere, engine.tokenizer, "tiny", api_key=key)
@@ -80,10 +110,12 @@ def refused(answer, status: int) -> str:
 
 @pytest.mark.parametrize("listener", LISTENERS, ids=lambda listener: listener.name)
 @pytest.mark.parametrize("keyed", [False, True], ids=["keyless", "keyed"])
-def test_each_listener_refuses_the_same_attacks_the_same_way(listener, keyed, engine, tmp_path):
+def test_each_listener_refuses_the_same_attacks_the_same_way(
+    listener, keyed, engine, tmp_path, monkeypatch
+):
     key = KEY if keyed else None
     auth = {"Authorization": f"Bearer {KEY}"} if keyed else {}
-    with served(listener, key, engine, tmp_path) as http:
+    with served(listener, key, engine, tmp_path, monkeypatch) as http:
         assert http.get("/health").status_code == 200
         if keyed:  # no key, a wrong key: 401, with the header that says how
             for headers in ({}, {"Authorization": "Bearer wrong"}):

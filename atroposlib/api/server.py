@@ -75,14 +75,15 @@ def guard(app: FastAPI, service: ApiService, routes: list[Route]) -> None:
     )
 
 
-def environment_key(key: str | None) -> Callable[[str, bytes], bool] | None:
+def environment_key(key: str | None) -> Callable[[str, dict[bytes, bytes]], bool] | None:
     """The environments' key, which opens ENVIRONMENT_PATHS only (keys by role)."""
     if not key:
         return None
     expected = f"Bearer {key}".encode()
 
-    def opens(path: str, authorization: bytes) -> bool:
-        return path in ENVIRONMENT_PATHS and hmac.compare_digest(authorization, expected)
+    def opens(path: str, headers: dict[bytes, bytes]) -> bool:
+        given = headers.get(b"authorization", b"")
+        return path in ENVIRONMENT_PATHS and hmac.compare_digest(given, expected)
 
     return opens
 

@@ -74,7 +74,7 @@ from atroposlib.utils.request_guard import (
     CHAT_MAX_BODY_VALUES,
     RequestGuard,
 )
-from atroposlib.weight_sync.disk_routes import RELOAD_PATH, install_weight_routes
+from atroposlib.weight_sync.disk_routes import install_weight_routes, sync_key_opens_reload
 
 
 def with_weight_versions(choice: dict[str, Any], sample: Sample) -> dict[str, Any]:
@@ -206,12 +206,12 @@ def create_inference_app(
         api_key=api_key,
         max_body_bytes=CHAT_MAX_BODY_BYTES,
         max_body_values=CHAT_MAX_BODY_VALUES,
-        # the weight sync key, when there is one, guards the reload route itself
-        open_paths=OPEN_PATHS | {RELOAD_PATH} if api_key and weight_sync_key else OPEN_PATHS,
+        open_paths=OPEN_PATHS,
+        also_authorized=sync_key_opens_reload(weight_sync_key),
         allowed_hosts=allowed_hosts,
         listener="the engine",
     )
-    install_weight_routes(app, engine, weight_sync_key, api_key)
+    install_weight_routes(app, engine, weight_sync_key)
     tokenizer = engine.tokenizer
 
     def spelling(as_ids: bool) -> Callable[[int], str]:

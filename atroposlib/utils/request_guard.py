@@ -171,15 +171,15 @@ class RequestGuard:
         open_paths: frozenset[str] = frozenset({"/", "/health"}),
         listener: str = "run-api",
         max_body_depth: int = MAX_BODY_DEPTH,
-        also_authorized: Callable[[str, bytes], bool] | None = None,
+        also_authorized: Callable[[str, dict[bytes, bytes]], bool] | None = None,
         browser_cookie: str | None = None,
         unauthorized_message: str = UNAUTHORIZED_MESSAGE,
     ) -> None:
         """`allowed_hosts`: the Host names, besides localhost and IP addresses, that a
         request may name when there is no key (with one, the key is the check).
         `json_paths`: the paths whose POST must be JSON (None: every POST; another
-        path is the router's 404 or 405). `also_authorized(path, authorization)`: a
-        key other than `api_key` that opens `path` (a proxy session's own bearer).
+        path is the router's 404 or 405). `also_authorized(path, headers)`: a key
+        other than `api_key` that opens `path` (a proxy session's own bearer).
         `browser_cookie`: a browser may give the key once as `?token=` and is then
         known by this cookie (`browser_login`; a page's own requests carry no header)."""
         self.app = app
@@ -226,7 +226,7 @@ class RequestGuard:
             return True
         if self.login is not None and self.login.has_session(headers):
             return True
-        return self.also_authorized is not None and self.also_authorized(path, given)
+        return self.also_authorized is not None and self.also_authorized(path, headers)
 
     def _websocket_refused(self, scope: Scope) -> bool:
         """A handshake gets an HTTP request's checks of who is asking."""

@@ -8,8 +8,9 @@ Design decisions:
 - Replacing the weights is the one route that can ruin a run, so it has a key
   of its own (`--weight-sync-key`, $ATROPOS_WEIGHT_SYNC_KEY): the trainer that
   owns the engine holds it and environments, which only sample, never see it.
-  Without that key the engine's `--api-key` guards it; with neither, the route
-  refuses (403) rather than let anyone who can reach the port swap the model.
+  The engine's `--api-key`, which every environment holds, never opens it (keys by
+  role, ENG-A of the security review): without a sync key the route refuses (403)
+  rather than let anyone who can sample swap the model.
 - The load runs on a worker thread and waits for the round in flight
   (`GenerationEngine.load_weights`), so no request fails or mixes weights; the
   event loop keeps answering meanwhile.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 from fastapi import FastAPI, Request
@@ -46,7 +48,7 @@ WEIGHT_VERSION_ENVIRONMENT = "ATROPOS_WEIGHT_VERSION"
 """Where it reads the label of the weights it starts on (the trainer sets the step)."""
 DISABLED_MESSAGE = (
     "weight reload is off on this engine: start it with --weight-sync-key "
-    "(or $ATROPOS_WEIGHT_SYNC_KEY) or --api-key"
+    "(or $ATROPOS_WEIGHT_SYNC_KEY); its --api-key opens sampling only"
 )
 
 
@@ -77,14 +79,20 @@ def _refusal(status: int, message: str) -> JSONResponse:
     return JSONResponse({"success": False, "message": message}, status_code=status)
 
 
-def install_weight_routes(
-    app: FastAPI,
-    engine: ReloadableEngine,
-    sync_key: str | None,
-    api_key: str | None,
-) -> None:
-    """Add the routes; with a `sync_key`, the caller must leave RELOAD_PATH out of the
-    api-key guard (the sync key guards it here)."""
+def sync_key_opens_reload(sync_key: str | None) -> Callable[[str, dict[bytes, bytes]], bool]:
+    """For the engine's request guard: the sync key gets a request to RELOAD_PATH past
+    the api-key check (the route checks it again, and the api key there is refused)."""
+    expected = f"Bearer {sync_key}".encode() if sync_key else None
+
+    def opens(path: str, headers: dict[bytes, bytes]) -> bool:
+        given = headers.get(b"authorization", b"")
+        return path == RELOAD_PATH and expected is not None and hmac.compare_digest(given, expected)
+
+    return opens
+
+
+def install_weight_routes(app: FastAPI, engine: ReloadableEngine, sync_key: str | None) -> None:
+    """Add the routes; the reload takes `sync_key` alone (none: the reload is off)."""
     expected = f"Bearer {sync_key}".encode() if sync_key else None
 
     @app.get("/weight_info")
@@ -95,12 +103,11 @@ def install_weight_routes(
     async def update_weights_from_disk(request: Request) -> JSONResponse:
         # the key first, then the body: an unauthenticated caller learns nothing of its
         # schema (a FastAPI body parameter would be parsed before this function runs)
-        if expected is not None:
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                return _refusal(401, "missing or wrong weight sync key")
-        elif not api_key:
+        if expected is None:
             return _refusal(403, DISABLED_MESSAGE)
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return _refusal(401, "missing or wrong weight sync key")
         try:
             body = UpdateWeightsFromDisk.model_validate_json(await request.body())
         except ValidationError as exc:

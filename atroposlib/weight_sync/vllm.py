@@ -82,9 +82,14 @@ def vllm_launch_extras(
 def weight_route_headers(sync_key: str) -> dict[str, str]:
     """What the trainer sends on the weight routes: the weight-sync key, which alone
     opens them (the route guard), and in `Authorization` the engine's API key when it has
-    one (vLLM's own check on /v1/load_lora_adapter wants it), else the sync key again."""
+    one (vLLM's own check on /v1/load_lora_adapter wants it), else the sync key again.
+    Every POST says JSON, a body or not, as the guard asks of every listener."""
     token = key_from_environment(ENGINE_KEY_ENVIRONMENT) or sync_key
-    return {"Authorization": f"Bearer {token}", SYNC_KEY_HEADER: sync_key}
+    return {
+        "Authorization": f"Bearer {token}",
+        SYNC_KEY_HEADER: sync_key,
+        "Content-Type": "application/json",
+    }
 
 
 def lora_base_name(served_model_name: str) -> str:

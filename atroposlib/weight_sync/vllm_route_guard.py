@@ -20,19 +20,27 @@ vLLM's own check wants the engine key in `Authorization`); without it, every gua
 route is refused (closed, not open, by default). The engine's API key, which every
 environment holds to sample, opens none of them (ENG-A of the security review).
 
-This module imports only the standard library: it runs inside vLLM's interpreter,
-which needs nothing of atroposlib's dependencies (`vllm_launch_extras` puts the
-project on its PYTHONPATH).
+Everything else is run-api's guard (`atroposlib.utils.request_guard.RequestGuard`), so
+vLLM's listener answers the same attacks as every other listener of a run, in the same
+error shape: a POST must be JSON (the trainer's bodiless `/pause` says so too), a
+browser's cross-site request is refused, bodies are bounded in bytes, values and depth
+before vLLM parses them, and with no engine key the sampling routes answer only
+requests addressed to localhost or an IP address (DNS rebinding).
+
+This module and the guard import only what vLLM itself depends on (starlette, pydantic):
+they run inside vLLM's interpreter, which has nothing else of atroposlib's
+(`guard_launch_extras` puts the project on its PYTHONPATH).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
-from collections.abc import Awaitable, Callable
+import secrets
 from typing import Any
+
+from atroposlib.utils.request_guard import CHAT_MAX_BODY_BYTES, CHAT_MAX_BODY_VALUES, RequestGuard
 
 KEY_VARIABLES = ("ATROPOS_WEIGHT_SYNC_KEY",)
 SAMPLING_KEY_VARIABLES = ("VLLM_API_KEY", "ATROPOS_ENGINE_API_KEY")
@@ -41,9 +49,12 @@ OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/tokenize",
 VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")  # vLLM's --api-key covers them
 WEIGHT_ROUTES_UNDER_V1 = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 MIDDLEWARE = f"{__name__}.WeightRouteGuard"
+UNAUTHORIZED = (
+    "missing or wrong key: vLLM's weight routes need the engine's weight-sync key "
+    "(Authorization: Bearer KEY, or X-Weight-Sync-Key: KEY), its sampling routes its API key"
+)
 
 Scope = dict[str, Any]
-ASGIApp = Callable[[Scope, Callable, Callable], Awaitable[None]]
 
 
 def guard_launch_extras(sync_key: str) -> tuple[list[str], dict[str, str]]:
@@ -62,46 +73,44 @@ def sampling(path: str) -> bool:
 
 
 class WeightRouteGuard:
-    """Refuses a guarded route without the weight-sync key."""
+    """Two RequestGuards on vLLM's app: keyed by the sync key (and, on the sampling
+    routes, the engine key), and, when there is no engine key, a keyless one for the
+    sampling routes, which vLLM then leaves open."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self.digests = _digests(KEY_VARIABLES)
-        self.sampling_digests = _digests(SAMPLING_KEY_VARIABLES)
+    def __init__(self, app: Any) -> None:
+        sync_digests = _digests(KEY_VARIABLES)
+        sampling_digests = _digests(SAMPLING_KEY_VARIABLES)
 
-    def authorized(self, scope: Scope, path: str) -> bool:
-        headers = dict(scope.get("headers") or [])
-        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        bearer = token if scheme.lower() == "bearer" else ""
-        offered = [bearer, headers.get(SYNC_KEY_HEADER.lower().encode(), b"").decode("latin-1")]
-        if any(_known(key, self.digests) for key in offered if key):
-            return True
-        if sampling(path):
-            return not self.sampling_digests or _known(bearer, self.sampling_digests)
-        return False
+        def opens(path: str, headers: dict[bytes, bytes]) -> bool:
+            scheme, _, bearer = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer":
+                bearer = ""
+            offered = (bearer, headers.get(SYNC_KEY_HEADER.lower().encode(), b"").decode("latin-1"))
+            if any(_known(key, sync_digests) for key in offered):
+                return True
+            return sampling(path) and _known(bearer, sampling_digests)
 
-    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            return await self.app(scope, receive, send)
-        path = scope["path"].removeprefix(scope.get("root_path", ""))
-        if path in OPEN_PATHS or self.authorized(scope, path):
-            return await self.app(scope, receive, send)
-        if scope["type"] == "websocket":
-            return await send({"type": "websocket.close", "code": 1008})
-        reason = (
-            "this route needs the engine's API key (Authorization: Bearer KEY)"
-            if sampling(path)
-            else "this route needs the engine's weight-sync key (Authorization: Bearer KEY)"
-        )
-        body = json.dumps({"error": "Unauthorized", "detail": reason}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        def guard(key: str | None) -> RequestGuard:
+            return RequestGuard(
+                app,
+                key,
+                max_body_bytes=CHAT_MAX_BODY_BYTES,
+                max_body_values=CHAT_MAX_BODY_VALUES,
+                open_paths=OPEN_PATHS,
+                listener="vLLM",
+                also_authorized=opens,
+                unauthorized_message=UNAUTHORIZED,
+            )
+
+        # with no sync key every guarded route stays closed: a key nobody holds
+        self.keyed = guard(os.environ.get(KEY_VARIABLES[0]) or secrets.token_urlsafe(32))
+        self.keyless_sampling = None if sampling_digests else guard(None)
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
+        if self.keyless_sampling is not None and sampling(path):
+            return await self.keyless_sampling(scope, receive, send)
+        return await self.keyed(scope, receive, send)
 
 
 def _digests(variables: tuple[str, ...]) -> list[bytes]:

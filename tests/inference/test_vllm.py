@@ -378,6 +378,15 @@ def test_the_development_routes_need_the_sync_key(hot_engine, lora_engine, adapt
     assert httpx.get(f"{hot_engine.url}/health", timeout=10).status_code == 200
     assert httpx.get(f"{hot_engine.url}/v1/models", timeout=10).status_code == 200  # no api key
     assert httpx.get(f"{hot_engine.url}/weight_info", headers=AUTH, timeout=10).status_code == 200
+    # the rest of every listener's guard runs inside vLLM too (item 2 of issue 46)
+    blind = {**AUTH, "Content-Type": "text/plain"}
+    answer = httpx.post(f"{hot_engine.url}/pause", headers=blind, content=b"{}", timeout=10)
+    assert answer.status_code == 415 and answer.json()["error"]["code"] == 415, answer.text
+    page = {**AUTH, "Sec-Fetch-Site": "cross-site"}
+    assert httpx.get(f"{hot_engine.url}/weight_info", headers=page, timeout=10).status_code == 403
+    nested = b"[" * 100 + b"]" * 100
+    answer = httpx.post(f"{hot_engine.url}/v1/completions", headers=AUTH, content=nested)
+    assert answer.status_code == 413 and "nests 100 levels" in answer.json()["detail"]
 
 
 def test_launch_extras_name_what_each_mode_needs():

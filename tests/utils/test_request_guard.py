@@ -105,7 +105,10 @@ def test_a_page_the_user_opened_itself_and_a_program_are_answered():
 
 
 def test_a_second_key_opens_only_what_it_is_asked_for():
-    options = {"api_key": "admin", "also_authorized": lambda path, given: given == b"Bearer s"}
+    def opens(path: str, headers: dict[bytes, bytes]) -> bool:
+        return headers.get(b"authorization") == b"Bearer s"
+
+    options = {"api_key": "admin", "also_authorized": opens}
     assert refusal(options, b"{}", {**JSON, "Authorization": "Bearer s"})[0] == 200
     assert refusal(options, b"{}", {**JSON, "Authorization": "Bearer admin"})[0] == 200
     assert refusal(options, b"{}", {**JSON, "Authorization": "Bearer t"})[0] == 401

@@ -30,15 +30,18 @@ def keyed(monkeypatch):
     for name in ("ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ATROPOS_WEIGHT_SYNC_KEY", "sync")
-    return TestClient(serving_app())
+    return TestClient(serving_app(), base_url="http://127.0.0.1")
+
+
+JSON = {"Content-Type": "application/json"}
 
 
 def test_weight_routes_need_the_key_and_the_rest_is_left_to_vllm(keyed):
     for path in ("/collective_rpc", "/pause", "/v1/load_lora_adapter"):
-        assert keyed.post(path).status_code == 401
-        assert keyed.post(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert keyed.post(path, headers={"Authorization": "Basic sync"}).status_code == 401
-        assert keyed.post(path, headers={"Authorization": "Bearer sync"}).status_code == 200
+        assert keyed.post(path, headers=JSON).status_code == 401
+        for wrong in ("Bearer wrong", "Basic sync"):
+            assert keyed.post(path, headers={**JSON, "Authorization": wrong}).status_code == 401
+        assert keyed.post(path, headers={**JSON, "Authorization": "Bearer sync"}).status_code == 200
     assert keyed.get("/health").status_code == 200
     assert keyed.get("/v1/models").status_code == 200  # vLLM's own --api-key guards /v1
 
@@ -52,12 +55,13 @@ def test_the_engine_api_key_opens_none_of_them(monkeypatch):
     monkeypatch.setenv("ATROPOS_WEIGHT_SYNC_KEY", "sync")
     monkeypatch.setenv("VLLM_API_KEY", "engine")
     monkeypatch.setenv("ATROPOS_ENGINE_API_KEY", "engine")
-    client = TestClient(serving_app())
+    client = TestClient(serving_app(), base_url="http://127.0.0.1")
     for path in ("/pause", "/collective_rpc", "/v1/load_lora_adapter"):
-        assert client.post(path, headers={"Authorization": "Bearer engine"}).status_code == 401
-        both = {"Authorization": "Bearer engine", "X-Weight-Sync-Key": "sync"}
+        engine_key = {**JSON, "Authorization": "Bearer engine"}
+        assert client.post(path, headers=engine_key).status_code == 401
+        both = {**engine_key, "X-Weight-Sync-Key": "sync"}
         assert client.post(path, headers=both).status_code == 200
-        wrong = {"Authorization": "Bearer engine", "X-Weight-Sync-Key": "engine"}
+        wrong = {**engine_key, "X-Weight-Sync-Key": "engine"}
         assert client.post(path, headers=wrong).status_code == 401
     # what the trainer sends: vLLM's /v1 check gets the engine key, the guard the sync key
     assert weight_route_headers("sync") == both
@@ -71,7 +75,7 @@ def test_the_sampling_routes_take_the_engine_key_here_whatever_vllm_checks(monke
     monkeypatch.setenv("ATROPOS_WEIGHT_SYNC_KEY", "sync")
     monkeypatch.setenv("VLLM_API_KEY", "engine")
     monkeypatch.delenv("ATROPOS_ENGINE_API_KEY", raising=False)
-    client = TestClient(serving_app())
+    client = TestClient(serving_app(), base_url="http://127.0.0.1")
     assert client.get("/v1/models").status_code == 401
     assert client.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
     for key in ("engine", "sync"):
@@ -79,15 +83,17 @@ def test_the_sampling_routes_take_the_engine_key_here_whatever_vllm_checks(monke
             client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
         )
     assert client.get("/health").status_code == 200
-    refused = client.post("/pause", headers={"Authorization": "Bearer engine"})
+    refused = client.post("/pause", headers={**JSON, "Authorization": "Bearer engine"})
     assert refused.status_code == 401 and "weight-sync key" in refused.text
 
 
 def test_without_any_key_every_weight_route_is_closed(monkeypatch):
     for name in ("ATROPOS_WEIGHT_SYNC_KEY", "ATROPOS_ENGINE_API_KEY", "VLLM_API_KEY"):
         monkeypatch.delenv(name, raising=False)
-    client = TestClient(serving_app())
-    assert client.post("/collective_rpc", headers={"Authorization": "Bearer "}).status_code == 401
+    client = TestClient(serving_app(), base_url="http://127.0.0.1")
+    for bearer in ("Bearer ", "Bearer None", "Bearer null"):
+        answer = client.post("/collective_rpc", headers={**JSON, "Authorization": bearer})
+        assert answer.status_code == 401
     assert client.get("/health").status_code == 200
 
 

@@ -149,13 +149,14 @@ class ProxyService:
         self.api_key = api_key
         """The key that opens every route; with one, each session gets its own too."""
 
-    def session_key_opens(self, path: str, authorization: bytes) -> bool:
-        """Whether `authorization` is the bearer of the session whose routes `path` is."""
+    def session_key_opens(self, path: str, headers: dict[bytes, bytes]) -> bool:
+        """Whether the request's bearer is that of the session whose routes `path` is."""
         found = SESSION_PATH.match(path)
         session = self.sessions.peek(found.group(1)) if found else None
         if session is None or session.api_key is None:
             return False
-        return hmac.compare_digest(authorization, f"Bearer {session.api_key}".encode())
+        given = headers.get(b"authorization", b"")
+        return hmac.compare_digest(given, f"Bearer {session.api_key}".encode())
 
     # -- helpers
     def session_of(self, session_uuid: str) -> SessionState:
