@@ -181,6 +181,8 @@ def micro_batches(
     (`shared_prefix.py`).
     """
     ordered = sorted(sequences, key=lambda s: len(s.tokens))
+    if not ordered:  # a rank whose share of the batch is empty
+        return []
     if token_budget is None:
         size = -(-len(ordered) // max(1, count))
         return [

@@ -6,7 +6,11 @@ sequences sorted by length and dealt round-robin) and normalises its loss by
 the counts of the *whole* batch, so the sum of the ranks' gradients is the
 single-process gradient. DDP averages gradients across ranks, so each rank
 scales its loss by the world size to turn that average back into the sum.
-Backends: nccl on GPUs, gloo on CPU. Without torchrun this is a no-op.
+Backends: on GPUs the group serves both devices (`cpu:gloo,cuda:nccl`): nccl alone maps
+only CUDA tensors, and a CPU one (FSDP's offloaded gradients' norm, a metric) then has no
+backend at all (DP-1 of the trainer review: every multi-GPU run died at its first step).
+The per-step collectives run on the training device besides. On CPU, gloo. Without
+torchrun this is a no-op.
 """
 
 from __future__ import annotations
@@ -27,11 +31,19 @@ COLLECTIVE_TIMEOUT = timedelta(hours=4)
 CLOSE_BARRIER_TIMEOUT = timedelta(seconds=30)
 
 
+def process_group_backend(device: torch.device) -> str:
+    """The backend spec for a group training on `device`: one for every device type a
+    collective may hold (the training device's, and the CPU's)."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
 @dataclass(frozen=True)
 class DataParallel:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    """The training device: the per-step collectives' tensors live there."""
 
     @property
     def is_main(self) -> bool:
@@ -60,19 +72,18 @@ class DataParallel:
         if not self.enabled or not values:
             return values
         keys = sorted(values)
-        tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+        tensor = torch.tensor(
+            [float(values[k]) for k in keys], dtype=torch.float64, device=self.device
+        )
         dist.all_reduce(tensor, op=op)
         return dict(zip(keys, tensor.tolist(), strict=True))
 
     def shard(self, items: list[T], length) -> list[T]:
-        """This rank's share: sorted by length, dealt round-robin (balanced compute)."""
+        """This rank's share: sorted by length, dealt round-robin (balanced compute). A
+        share may be empty (fewer sequences than ranks, as after --max-staleness drops
+        them): that rank then runs an idle pass, so every collective still meets (DP-2)."""
         if not self.enabled:
             return items
-        if len(items) < self.world_size:
-            raise ValueError(
-                f"a batch of {len(items)} sequences cannot feed {self.world_size} ranks; "
-                "raise --batch-size to at least the number of processes"
-            )
         return sorted(items, key=length)[self.rank :: self.world_size]
 
     def close(self) -> None:
@@ -99,12 +110,12 @@ def init_data_parallel(
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         if group_of_one and not dist.is_initialized():
-            backend = "nccl" if device.type == "cuda" else "gloo"
+            backend = process_group_backend(device)
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        return DataParallel(), device
+        return DataParallel(device=device), device
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT)
-    return DataParallel(dist.get_rank(), dist.get_world_size(), local_rank), device
+    dist.init_process_group(process_group_backend(device), timeout=COLLECTIVE_TIMEOUT)
+    return DataParallel(dist.get_rank(), dist.get_world_size(), local_rank, device), device

@@ -260,10 +260,14 @@ class Trainer(PolicyServing):
             self.shares_prompts,
         )
         step_metrics = StepMetrics(self.objective.settings, total_tokens)
-        count = padded_micro_batch_count(len(chunks), self.sharded and self.parallel.enabled)
+        count = padded_micro_batch_count(
+            len(chunks), self.sharded and self.parallel.enabled, self.device
+        )
+        if self.parallel.enabled:  # an empty share still meets the gradient all-reduce
+            count = max(count, 1)
         for index in range(count):
             last = index == count - 1
-            if index >= len(chunks):  # FSDP: this rank's share ran out, its collectives not
+            if index >= len(chunks):  # this rank's share ran out, its collectives not
                 self.idle_micro_batch(last)
                 continue
             chunk = chunks[index]

@@ -65,11 +65,12 @@ def shard(
     return root
 
 
-def padded_micro_batch_count(local_count: int, enabled: bool) -> int:
-    """The most micro-batches any rank has this step: the count every rank runs."""
+def padded_micro_batch_count(local_count: int, enabled: bool, device: torch.device) -> int:
+    """The most micro-batches any rank has this step: the count every rank runs (the
+    collective on the training device, `device`)."""
     if not enabled:
         return local_count
-    count = torch.tensor([local_count])
+    count = torch.tensor([local_count], device=device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     return int(count.item())
 

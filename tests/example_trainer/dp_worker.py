@@ -7,11 +7,12 @@ Each job below builds its own `Trainer`; the test runs the one-process side of e
 its own process (`tests/example_trainer/test_data_parallel.py`), and the ranks run
 them all in one launch (`main`), so torch and transformers are imported once per rank
 instead of once per question:
-- `gradients`: one batch's gradients, one optimizer step's update and the bytes this
-  rank holds for parameters and optimizer state (rank 0's; under FSDP every rank holds
-  a shard). With `lora` it trains LoRA adapters, and after the update writes a hot
-  push's two exports into FOLDER: the merged weights (`merged/`) and the adapter
-  (`adapter/`), and then a checkpoint (`ckpt/step-1`).
+- `gradients`: one batch's gradients (`fixed_batch`, or `lonely_batch`: one sequence),
+  one optimizer step's update and the bytes this rank holds for parameters and
+  optimizer state (rank 0's; under FSDP every rank holds a shard). With `lora` it
+  trains LoRA adapters, and after the update writes a hot push's two exports into
+  FOLDER: the merged weights (`merged/`) and the adapter (`adapter/`), and then a
+  checkpoint (`ckpt/step-1`).
 - `checkpoint`: one FSDP step, then a checkpoint (SAVE_PATH/step-1); returns the weights
   and optimizer state it saved.
 - `resumed`: an FSDP trainer resumed from SAVE_PATH/step-1; returns the weights and
@@ -62,6 +63,14 @@ def fixed_batch(vocab: int) -> list[dict]:
     return groups
 
 
+def lonely_batch(vocab: int) -> list[dict]:
+    """One sequence for two ranks: what is left of a batch after --max-staleness drops
+    all but one (DP-2 of the trainer review: the second rank's empty share raised)."""
+    (first, *_) = fixed_batch(vocab)
+    one = {key: [value[0]] for key, value in first.items() if key != "scores"}
+    return [{**one, "scores": [1.0]}]
+
+
 def full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor on every rank (an FSDP shard is gathered; collective)."""
     return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().clone()
@@ -89,7 +98,12 @@ def gathered(trainer: Trainer) -> dict:
 
 
 def gradients(
-    model_dir: str, folder: Path, grad_accum: int, parallelism: str = "ddp", lora: bool = False
+    model_dir: str,
+    folder: Path,
+    grad_accum: int,
+    parallelism: str = "ddp",
+    lora: bool = False,
+    batch=fixed_batch,
 ) -> dict | None:
     """See the module docstring; None on ranks other than 0."""
     adapters = {"weight_bridge_mode": "lora_only", "lora_dropout": 0.0} if lora else {}
@@ -107,7 +121,7 @@ def gradients(
     )
     trainer = Trainer(config)
     metrics = trainer.accumulate_gradients(
-        trainer.sequences(fixed_batch(trainer.model.config.vocab_size))
+        trainer.sequences(batch(trainer.model.config.vocab_size))
     )
     named = [(n, p) for n, p in trainer.model.named_parameters() if p.grad is not None]
     grads = {n: full(p.grad) for n, p in named}
@@ -182,6 +196,8 @@ def main(model_dir: str, root: str, one_rank_checkpoint: str) -> None:
         "ddp": gradients(model_dir, folder / "ddp", 2),
         "fsdp": gradients(model_dir, folder / "fsdp", 2, "fsdp"),
         "fsdp_lora": gradients(model_dir, folder / "fsdp-lora", 2, "fsdp", lora=True),
+        "ddp_lonely": gradients(model_dir, folder / "ddp-1", 1, batch=lonely_batch),
+        "fsdp_lonely": gradients(model_dir, folder / "fsdp-1", 1, "fsdp", batch=lonely_batch),
         "saved": checkpoint(model_dir, folder / "ckpt"),
         "resumed": resumed(model_dir, folder / "ckpt", folder / "resumed"),
         "resumed_from_one": resumed(model_dir, Path(one_rank_checkpoint), folder / "resumed-1"),

@@ -50,6 +50,7 @@ def runs(tiny_model_path, tmp_path_factory) -> SimpleNamespace:
         one = {
             "plain": dp_worker.gradients(model, root / "one", 1),
             "lora": dp_worker.gradients(model, root / "one-lora", 1, lora=True),
+            "lonely": dp_worker.gradients(model, root / "one-1", 1, batch=dp_worker.lonely_batch),
         }
     with one_process():
         one["saved"] = dp_worker.checkpoint(model, root / "one-ckpt")
@@ -82,6 +83,17 @@ def test_two_ranks_match_one_process(runs):
             single["metrics"][key], rel=GRADIENT_REL_TO_SCALE, abs=GRADIENT_REL_TO_SCALE
         ), key
     assert single["metrics"]["clip_fraction"] > 0, "the batch should exercise clipping"
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_a_rank_with_nothing_to_train_idles_and_the_gradient_is_one_processs(runs, parallelism):
+    """DP-2 of the trainer review: fewer sequences than ranks (what --max-staleness may
+    leave) raised, and raised again on every resume; the empty rank now runs an idle pass."""
+    single, double = runs.one["lonely"], runs.two[f"{parallelism}_lonely"]
+    assert any(g.abs().sum() > 0 for g in single["grads"].values())
+    for name, grad in single["grads"].items():
+        assert_close_to_scale(double["grads"][name], grad, GRADIENT_REL_TO_SCALE, name)
+    assert double["metrics"]["sequences"] == 1.0
 
 
 def test_fsdp_on_two_ranks_matches_one_process_with_half_the_bytes(runs):
