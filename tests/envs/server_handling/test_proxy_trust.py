@@ -20,10 +20,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from atroposlib.envs.server_handling.managed_server_proxy import create_app, serve_in_process
-from atroposlib.envs.server_handling.proxy_client import IN_PROCESS_PROXIES
 from atroposlib.envs.server_handling.proxy_sessions import SessionLimits
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from atroposlib.utils.exposure import ENGINE_URLS_ENVIRONMENT
 from tests.support.inference_servers import server_config
 from tests.support.token_script_server import TokenScriptServer
 
@@ -46,6 +44,8 @@ def launched_env_keys(monkeypatch):
 
     def give(engine_url: str) -> None:
         monkeypatch.setenv("ATROPOS_ENGINE_API_KEY", RUN_KEY)
+        from atroposlib.utils.exposure import ENGINE_URLS_ENVIRONMENT  # PRX-1's fix
+
         monkeypatch.setenv(ENGINE_URLS_ENVIRONMENT, engine_url)
 
     return give
@@ -57,6 +57,8 @@ def test_prx1_no_local_process_can_rewire_the_envs_proxy_or_catch_the_runs_key(
     """The review's attack on the in-process proxy: a keyless text/plain (and JSON)
     POST /setup pointing at the attacker's server. Nothing changes, and the run's key
     reaches the run's engine only, even after the env's own key rewires the backends."""
+    from atroposlib.envs.server_handling.proxy_client import IN_PROCESS_PROXIES  # PRX-1's fix
+
     ids = tokenizer.encode("7", add_special_tokens=False)
     engine, catcher = TokenScriptServer([(ids, "stop")] * 4), TokenScriptServer([(ids, "stop")])
     launched_env_keys(engine.url)
