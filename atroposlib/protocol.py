@@ -145,6 +145,10 @@ ITEM_FIELDS = ("tokens", "masks", *PER_SEQUENCE_FIELDS, "images")
 
 PER_TOKEN_FIELDS = ("advantages", "inference_logprobs", "ref_logprobs")
 """Per-sequence fields with one number per token, aligned with `tokens`."""
+LOGPROB_FIELDS = ("inference_logprobs", "ref_logprobs")
+LOGPROB_TOLERANCE = 1e-3
+"""Largest value a log-probability may have where a token is trained: a probability is
+at most 1, and 1.0 there is a prompt's placeholder that reached a trained token."""
 
 IGNORED = -100
 """The mask value of a token that is not trained on (the prompt, padding)."""
@@ -261,9 +265,17 @@ def _per_token_problems(
             )
             continue
         positions = trained[i] or []
-        j = next((j for j, t in enumerate(positions) if t and not math.isfinite(row[j])), None)
-        if j is not None:
-            problems.append(((field, i, j), f"{field}[{i}][{j}] is {row[j]} at a trained position"))
+        ceiling = LOGPROB_TOLERANCE if field in LOGPROB_FIELDS else math.inf
+        j = next(
+            (j for j, t in enumerate(positions) if t and not (-math.inf < row[j] <= ceiling)),
+            None,
+        )
+        if j is None:
+            continue
+        message = f"{field}[{i}][{j}] is {row[j]} at a trained position"
+        if math.isfinite(row[j]):
+            message += " (a log-probability above 0)"
+        problems.append(((field, i, j), message))
     return problems
 
 

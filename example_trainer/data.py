@@ -28,6 +28,7 @@ from atroposlib.protocol import (
     group_problems,
     sending_env,
 )
+from atroposlib.weight_sync.versions import version_number
 from example_trainer.advantages import AdvantageEstimator, AdvantageScale, group_advantages
 from example_trainer.shared_prefix import SharedPrompts, shared_prompts
 
@@ -300,7 +301,7 @@ def sampled_versions(group: ScoredData) -> list[int | None]:
     """Per sequence, the trainer step whose weights sampled it, from the group's
     `weight_versions` (see `atroposlib.protocol`); None where the engine gave no number."""
     versions = (group.model_extra or {}).get(WEIGHT_VERSIONS_FIELD) or []
-    return [int(v) if isinstance(v, str) and v.isdigit() else None for v in versions]
+    return [version_number(v) for v in versions]
 
 
 def drop_stale(

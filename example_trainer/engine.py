@@ -83,7 +83,8 @@ class Engine:
         )
         Path(config.save_path).mkdir(parents=True, exist_ok=True)
         self.records = records
-        self.served: list[str] = []  # models that came up healthy, oldest first
+        self.served: list[tuple[str, int]] = []
+        """(model, the step its weights are) for each that came up healthy, oldest first."""
 
     @property
     def url(self) -> str:
@@ -95,17 +96,15 @@ class Engine:
     @property
     def serving(self) -> str | None:
         """The model the engine last came up healthy on."""
-        return self.served[-1] if self.served else None
+        return self.served[-1][0] if self.served else None
 
-    def _served(self, model: str) -> None:
-        if model in self.served:
-            self.served.remove(model)
-        self.served.append(model)
+    def _served(self, model: str, step: int) -> None:
+        self.served = [(m, s) for m, s in self.served if m != model] + [(model, step)]
 
     def forget(self, models: list[Path]) -> None:
         """Checkpoints that were deleted: no longer something to fall back to."""
         gone = {str(m) for m in models}
-        self.served = [m for m in self.served if m not in gone]
+        self.served = [(m, s) for m, s in self.served if m not in gone]
 
     def _label(self, step: int) -> None:
         """The CPU engine labels what it samples with the step its weights come from."""
@@ -122,7 +121,7 @@ class Engine:
 
     def wait_started(self, model: str, step: int) -> None:
         self.process.wait_healthy()
-        self._served(model)
+        self._served(model, step)
         self.event(EventKind.ENGINE_STARTED, step, model=model)
 
     def alive(self) -> bool:
@@ -160,16 +159,20 @@ class Engine:
             except EngineError as exc:
                 self._failed(model, step, reason, attempt, exc)
                 continue
-            self._served(model)
+            self._served(model, step)
             spent = time.perf_counter() - started
             self.event(EventKind.ENGINE_RESTARTED, step, reason=reason, model=model, seconds=spent)
             return spent
-        fallback = next((m for m in reversed(self.served) if m != model), None)
+        fallback, fallback_step = next(
+            ((m, s) for m, s in reversed(self.served) if m != model), (None, step)
+        )
         if fallback is None:
             raise EngineError(f"the engine did not come up on {model} in {RESTART_ATTEMPTS} tries")
         logger.error(
             "engine %d did not come up on %s; falling back to %s", self.index, model, fallback
         )
+        # the old weights keep their own label: staleness counts from them (VER-1)
+        self._label(fallback_step)
         try:
             self.process.restart(fallback)
         except EngineError as exc:
@@ -178,8 +181,14 @@ class Engine:
                 f"the engine did not come up on {model} in {RESTART_ATTEMPTS} tries, "
                 f"nor on the previous checkpoint {fallback}"
             ) from exc
-        self._served(fallback)
-        self.event(EventKind.ENGINE_RESTARTED, step, reason=f"fallback: {reason}", model=fallback)
+        self._served(fallback, fallback_step)
+        self.event(
+            EventKind.ENGINE_RESTARTED,
+            step,
+            reason=f"fallback: {reason}",
+            model=fallback,
+            weights_step=fallback_step,
+        )
         return time.perf_counter() - started
 
     def _failed(self, model: str, step: int, reason: str, attempt: int, exc: Exception) -> None:

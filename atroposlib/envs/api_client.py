@@ -52,6 +52,7 @@ from atroposlib.delivery_ledger import ledger_path, record_delivered
 from atroposlib.protocol import GROUP_ID_FIELD, WEIGHT_VERSIONS_FIELD
 from atroposlib.utils.durable import fsync_dir
 from atroposlib.utils.retry_notes import RetryNotes
+from atroposlib.weight_sync.versions import version_number
 
 logger = logging.getLogger("atroposlib.envs")
 
@@ -327,8 +328,8 @@ class TrajectoryClient:
             if not isinstance(versions, list):
                 continue
             for label in versions:
-                if isinstance(label, str) and label.isascii() and label.isdigit():
-                    version = int(label)
+                version = version_number(label)
+                if version is not None:
                     if self.newest_weight_version is None or version > self.newest_weight_version:
                         self.newest_weight_version = version
 

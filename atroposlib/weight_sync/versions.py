@@ -39,3 +39,23 @@ def choice_weight_version(choice: Any) -> str | None:
 def weight_version_of(finish: Any) -> str | None:
     """The version a finish reason carries (None for a plain string or a dict)."""
     return getattr(finish, "weight_version", None)
+
+
+def version_number(label: object) -> int | None:
+    """A version label as the trainer step it names, or None: only ASCII digits count,
+    since `"²".isdigit()` is True and `int("²")` raises (VER-3 of the trainer review)."""
+    if isinstance(label, str) and label.isascii() and label.isdigit():
+        return int(label)
+    return None
+
+
+def oldest_version(first: str | None, then: str | None) -> str | None:
+    """The label of a sequence whose earlier turns `first` and newest turn `then`
+    sampled: the oldest weights, so that --max-staleness bounds every turn it trains
+    (VER-2). Labels that are not numbers cannot be ordered: the earlier turn's wins."""
+    if first is None or then is None:
+        return first if then is None else then
+    first_number, then_number = version_number(first), version_number(then)
+    if first_number is not None and then_number is not None and then_number < first_number:
+        return then
+    return first

@@ -340,6 +340,13 @@ POISON = {
         ["inference_logprobs", 0, 2],
         "inference_logprobs[0][2] is nan at a trained position",
     ),
+    # VAL-1 of the trainer review: the prompt's 1.0 placeholder on a trained token passed,
+    # and the trainer then took exp(logp - 1) as that token's ratio
+    "a positive logprob at a trained position": (
+        {"inference_logprobs": [[1.0, -0.1, 1.0], [0.0, -0.2, -0.3]]},
+        ["inference_logprobs", 0, 2],
+        "inference_logprobs[0][2] is 1.0 at a trained position (a log-probability above 0)",
+    ),
     "an infinite advantage at a trained position": (
         {"advantages": [[0.0, 1.0, 1.0], [0.0, float("-inf"), 0.0]]},
         ["advantages", 1, 1],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -55,8 +56,10 @@ def test_a_failed_restart_is_retried_then_falls_back_then_gives_up_and_the_last_
     step restarted the engine only for the run's end to stop it. One run of 2 steps
     restarting at every step: step 1's checkpoint is cut short (no weights), so its
     restart is tried twice and falls back to the base model; step 2, the last, saves
-    and restarts nothing. Then, with the base model's weights gone too, a dead engine's
-    restart gives up and names both."""
+    and restarts nothing. The fallback serves the base model's weights under their own
+    label, 0, not step 1's (VER-1 of the trainer review: staleness was counted from the
+    new step). Then, with the base model's weights gone too, a dead engine's restart
+    gives up and names both."""
     base = tmp_path / "base"
     shutil.copytree(tiny_model_path, base)
     save = tmp_path / "ckpt"
@@ -65,10 +68,14 @@ def test_a_failed_restart_is_retried_then_falls_back_then_gives_up_and_the_last_
     )
     checkpoint = trainer.save
 
+    labels = []
+
     def cut_short_at_step_one() -> Path:
         path = checkpoint()
         if trainer.step == 1:
             cut_short(path)
+        else:  # what the engine that fell back says it serves
+            labels.append(httpx.get(f"{trainer.engines[0].url}/weight_info").json())
         return path
 
     trainer.save = cut_short_at_step_one  # type: ignore[method-assign]
@@ -82,6 +89,11 @@ def test_a_failed_restart_is_retried_then_falls_back_then_gives_up_and_the_last_
         ("engine_restarted", 1, "fallback: new weights", "base"),
         ("checkpoint_saved", 2, None, ""),
     ]
+    assert labels == [{"weight_version": "0"}]
+    restarted = [
+        e for e in read_events(save / "events.jsonl") if e.kind.value == "engine_restarted"
+    ]
+    assert restarted[0].detail["weights_step"] == 0
     assert (save / "step-2" / "model.safetensors").exists()
     assert not trainer.engines[0].alive()
 

@@ -51,7 +51,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServer
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.envs.server_handling.vllm_server import MAX_TOKEN_ALIASES, drop_doubled_bos
 from atroposlib.utils.openai_shapes import chat_choice, completion_body, text_choice
-from atroposlib.weight_sync.versions import weight_version_of
+from atroposlib.weight_sync.versions import oldest_version, weight_version_of
 
 __all__ = [
     "DummyManagedServer",
@@ -278,8 +278,16 @@ class ManagedServer:
         slot = next((i for i, n in enumerate(self.current_nodes) if n is parent), None)
         samples = []
         for output, output_logprobs, finish in zip(outputs, logprobs, finishes, strict=True):
-            output_logprobs = (list(output_logprobs) + [1.0] * len(output))[: len(output)]
+            if len(output_logprobs) != len(output):  # padding them would invent logprobs
+                raise ValueError(
+                    f"the engine answered {len(output)} tokens with {len(output_logprobs)} "
+                    "logprobs: ManagedServer trains on each token's logprob, so it needs "
+                    "exactly one per token (VAL-1 of the trainer review)"
+                )
+            output_logprobs = list(output_logprobs)
             version = weight_version_of(finish)
+            if parent is not None and not self.track_tree:  # a turn of a longer sequence
+                version = oldest_version(parent.metadata.get("weight_version"), version)
             finish = finish.get("type", "stop") if isinstance(finish, dict) else finish
             metadata = {"finish_reason": finish, "kind": kind}
             if version is not None:
