@@ -100,6 +100,9 @@ def run_test(test: str, tree: Path, scratch: Path) -> list[Outcome]:
         "ATROPOS_TEST_CACHE_DIR": str(scratch / "cache"),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+    vllm = REPO / ".venv-vllm" / "bin" / "python"  # the tests look beside the old code
+    if "ATROPOS_VLLM_PYTHON" not in environment and vllm.exists():
+        environment["ATROPOS_VLLM_PYTHON"] = str(vllm)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     command += [f"--junitxml={report}", test]
     try:

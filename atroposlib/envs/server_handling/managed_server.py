@@ -287,7 +287,7 @@ class ManagedServer:
             output_logprobs = list(output_logprobs)
             version = weight_version_of(finish)
             if parent is not None and not self.track_tree:  # a turn of a longer sequence
-                version = oldest_version(parent.metadata.get("weight_version"), version)
+                version = oldest_version((parent.metadata or {}).get("weight_version"), version)
             finish = finish.get("type", "stop") if isinstance(finish, dict) else finish
             metadata = {"finish_reason": finish, "kind": kind}
             if version is not None:
