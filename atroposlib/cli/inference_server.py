@@ -61,8 +61,15 @@ class InferenceServerSettings(ExposureRule, BaseModel):
     weight_sync_key: str | None = Field(
         None,
         description="Key that POST /update_weights_from_disk needs (default: "
-        "$ATROPOS_WEIGHT_SYNC_KEY; without either, --api-key guards it, and with neither "
-        "hot reload is off).",
+        "$ATROPOS_WEIGHT_SYNC_KEY; without either, hot reload is off: --api-key opens "
+        "sampling only).",
+    )
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description="Seed of the sampling stream that requests without a seed of their own "
+        "draw from, as vLLM's --seed (default: a fresh one at each start, logged, so that "
+        "restarts and several engines never repeat a stream).",
     )
     weight_version: str | None = Field(
         None,
@@ -140,6 +147,7 @@ def _load_app(settings: InferenceServerSettings) -> Any:
             settings.max_model_len,
             settings.weight_version or os.environ.get(WEIGHT_VERSION_ENVIRONMENT) or None,
             settings.device,
+            settings.seed,
         )
     except (OSError, ValueError) as exc:
         print(

@@ -30,10 +30,14 @@ Design decisions:
 
 from __future__ import annotations
 
+import logging
+import secrets
 import threading
 from dataclasses import dataclass, field
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def device_problem(name: str) -> str | None:
@@ -108,8 +112,15 @@ class GenerationEngine:
     """
 
     def __init__(
-        self, model, tokenizer, max_model_len: int, weight_version: str | None = None
+        self,
+        model,
+        tokenizer,
+        max_model_len: int,
+        weight_version: str | None = None,
+        seed: int | None = None,
     ) -> None:
+        """`seed`: of the stream requests without a seed of their own draw from; None, a
+        fresh one (logged), so no two starts draw alike (RNG-1 of the trainer review)."""
         self.model = model
         self.device = next(model.parameters()).device
         self.weight_version = weight_version
@@ -118,7 +129,9 @@ class GenerationEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos_ids = end_token_ids(model, tokenizer)
         self._lock = threading.Lock()
-        self._shared_generator = torch.Generator().manual_seed(0)
+        self.seed = secrets.randbits(63) if seed is None else seed
+        logger.info("sampling seed %d (requests without a seed of their own)", self.seed)
+        self._shared_generator = torch.Generator().manual_seed(self.seed)
 
     @classmethod
     def load(
@@ -128,6 +141,7 @@ class GenerationEngine:
         max_model_len: int | None = None,
         weight_version: str | None = None,
         device: str = "cpu",
+        seed: int | None = None,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -143,7 +157,7 @@ class GenerationEngine:
         model.eval()
         # a config without the field, or with it None, gets the same 2048 default
         limit = max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
-        return cls(model, tokenizer, limit, weight_version)
+        return cls(model, tokenizer, limit, weight_version, seed)
 
     def load_weights(self, path: str, weight_version: str | None = None) -> None:
         """Serve the weights at `path` from the next round on (`weight_sync.disk_reload`).

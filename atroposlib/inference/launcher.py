@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -110,6 +111,16 @@ def engine_command(config: EngineConfig, engine: str, model_path: str) -> list[s
     return command + list(config.extra_args)
 
 
+def with_fresh_seed(command: list[str]) -> list[str]:
+    """`command` with a seed of its own unless it names one: both engines otherwise seed
+    their sampling stream alike at every start (vLLM with 0), so a restart replays it and
+    two engines of one run draw the same samples (RNG-1 of the trainer review). The
+    seed is in the command, which the engine's log starts with."""
+    if any(arg == "--seed" or arg.startswith("--seed=") for arg in command):
+        return command
+    return [*command, "--seed", str(secrets.randbits(31))]
+
+
 def start_line(engine: str, port: int, model_path: str) -> str:
     """The console's line for an engine start: its kind, port and model, a local one
     (a checkpoint) by its directory's name, cut to fit beside the launcher's prefix. The whole
@@ -153,7 +164,7 @@ class EngineProcess:
             fd, name = tempfile.mkstemp(prefix="atropos-engine-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        command = engine_command(self.config, self.engine, self.model_path)
+        command = with_fresh_seed(engine_command(self.config, self.engine, self.model_path))
         self._wait_port_free()
         logger.info("%s", start_line(self.engine, self.config.port, self.model_path))
         whole = shlex.join(command)

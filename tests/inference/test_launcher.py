@@ -19,6 +19,7 @@ from atroposlib.inference.launcher import (
     EngineProcess,
     engine_command,
     start_line,
+    with_fresh_seed,
 )
 from atroposlib.utils.logging import MESSAGE_WIDTH
 from atroposlib.utils.ports import free_port
@@ -108,6 +109,15 @@ def test_start_restart_from_new_weights_kill_9_and_stop(tiny_model_path, tmp_pat
     assert gone(pid)
 
 
+def test_each_launch_gets_a_seed_of_its_own_unless_the_flags_name_one():
+    """RNG-1: vLLM seeds with 0 and the CPU engine did too, at every start."""
+    command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--port", "9"]
+    seeds = {with_fresh_seed(command)[-1] for _ in range(5)}
+    assert with_fresh_seed(command)[-2] == "--seed" and len(seeds) == 5
+    for given in (["--seed", "7"], ["--seed=7"]):
+        assert with_fresh_seed(command + given) == command + given
+
+
 def test_an_engine_start_is_one_short_line(tmp_path):
     """Kind, port and model: a checkpoint by its directory's name, a long one cut."""
     checkpoint = tmp_path / "runs/quickstart_cpu-20261127-120000/checkpoints/step-120"
@@ -144,8 +154,11 @@ def test_a_failing_engine_quotes_its_log(tmp_path, caplog):
     command = engine_command(engine.config, "transformers", str(tmp_path / "no-such-model"))
     (debug,) = [r for r in caplog.records if r.levelname == "DEBUG"]
     assert debug.name == "atroposlib.inference.command"
-    assert debug.getMessage() == f"engine command: {shlex.join(command)}"
-    assert (tmp_path / "engine.log").read_text().splitlines()[0] == f"$ {shlex.join(command)}"
+    message = debug.getMessage()
+    seed = message.rpartition(" --seed ")[2]  # the launch's own (RNG-1)
+    assert seed.isdigit() and message == f"engine command: {shlex.join(command)} --seed {seed}"
+    head = (tmp_path / "engine.log").read_text().splitlines()[0]
+    assert head == f"$ {shlex.join(command)} --seed {seed}"
 
 
 def test_no_orphan_when_the_parent_is_killed(tiny_model_path, tmp_path):
