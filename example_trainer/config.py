@@ -261,7 +261,16 @@ class TrainingConfig(BaseModel):
     )
     lora_r: int = Field(16, description="LoRA rank.")
     lora_alpha: int = Field(32, description="LoRA alpha.")
-    lora_dropout: float = Field(0.05, description="LoRA dropout.")
+    lora_dropout: float = Field(
+        0.05, description="LoRA dropout (in effect only with --disable-dropout false)."
+    )
+    disable_dropout: bool = Field(
+        True,
+        description="Turn every dropout of the policy off, LoRA's included, as TRL's "
+        "disable_dropout: the PPO ratio, the importance weights and --shared-prompt-forward "
+        "assume each forward is the same function; dropout's noise would be clipped as if "
+        "it were the policy's change.",
+    )
     lora_target_modules: str = Field(
         "q_proj,v_proj",
         description="Module names LoRA adapts: comma-separated, or space-separated as "

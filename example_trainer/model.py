@@ -103,6 +103,25 @@ def load_policy(config: TrainingConfig, device: torch.device, sharded: bool = Fa
     adapter: fresh adapters cannot take another adapter's moments. A model that FSDP
     will shard (`sharded`) loads in float32: its shards are the master weights.
     """
+    model, tokenizer, restore_optimizer = _load(config, device, sharded)
+    if config.disable_dropout:
+        without_dropout(model)
+    return model, tokenizer, restore_optimizer
+
+
+def without_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of `model` at 0: its `nn.Dropout` modules (LoRA's among them) and
+    the rates attention layers keep as floats (`attention_dropout`), which they apply
+    in train mode (DROP-1 of the trainer review)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in vars(module).items():
+            if name.endswith("dropout") and isinstance(value, float):
+                setattr(module, name, 0.0)
+
+
+def _load(config: TrainingConfig, device: torch.device, sharded: bool) -> tuple[Any, Any, bool]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.float32 if sharded else compute_dtype(config)

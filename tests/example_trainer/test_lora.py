@@ -88,3 +88,28 @@ def test_lora_resume_restores_the_adapter_and_its_optimizer_state(tiny_model_pat
     torch.testing.assert_close(got, expected)  # the base under the adapter, not merged twice
     resumed.model.train()
     assert resumed.train_step(batch())["grad_norm"] > 0  # the adapters still train
+
+
+@pytest.mark.parametrize("disable_dropout", [True, False])
+def test_the_training_forward_is_one_function_unless_dropout_is_kept(
+    tiny_model_path, tmp_path, disable_dropout
+):
+    """DROP-1 of the trainer review: LoRA's dropout (0.05 by default) stayed on in the
+    training forward, so the ratio and the importance weights clipped its noise."""
+    from tests.support.trainer_batches import make_trainer
+
+    trainer = make_trainer(
+        tiny_model_path,
+        tmp_path,
+        weight_bridge_mode="lora_restart",
+        disable_dropout=disable_dropout,
+    )
+    assert trainer.model.training
+    with torch.no_grad():  # adapters as after some training: B no longer zero
+        torch.manual_seed(0)
+        for name, parameter in trainer.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.02)
+        ids = torch.arange(3, 40).reshape(1, -1)
+        first, second = (trainer.model(input_ids=ids).logits for _ in range(2))
+    assert torch.equal(first, second) == disable_dropout
