@@ -16,11 +16,16 @@ torchrun; gloo on a CPU, nccl on GPUs), so its peak memory is its own:
   a plain sum for a loss (no loss terms, no optimizer, no gradient clipping).
 
 A last measurement takes the logprob-and-backward step alone (`--logprob-rows`
-positions of bf16 hidden states through the shape's head), whole against
+positions of hidden states through the shape's head), whole against
 `--logprob-chunk-tokens`, each in a fresh process.
 
-    python benchmarks/trainer_step.py --shape tiny --sequences 16 --seq-len 512   # a CPU
+    python benchmarks/trainer_step.py --shape tiny --sequences 8 --seq-len 256 \
+        --micro-batch-tokens 1024 --logprob-chunk-tokens 256 --logprob-rows 1024   # a CPU
     python benchmarks/trainer_step.py --shape 1.5b --device cuda --ranks 1 --peak-tflops 989
+
+`--dtype auto` (the default) is bfloat16 on a GPU and float32 on a CPU: a CPU without
+native bfloat16 (AVX2, most AVX-512) emulates it, and the CPU example above then did not
+finish in 20 minutes.
 
 The last line reads
 `trainer-step: fsdp/ddp bytes per rank = R, chunked/full logprob peak = C`.
@@ -55,6 +60,13 @@ SHAPES = {  # Qwen2.5's configurations; `tiny` keeps the vocabulary, shrinks the
     "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, intermediate_size=18944),
 }  # fmt: skip
+
+
+def resolved_dtype(dtype: str, device: str) -> str:
+    """`auto`: bfloat16 on a GPU, float32 on a CPU (see the module docstring)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device.startswith("cuda") else "float32"
 
 
 def build_model(shape: str, folder: Path, dtype: str) -> int:
@@ -162,7 +174,8 @@ def step_worker(args: argparse.Namespace) -> None:
         flatten(groups, "group", args.seq_len), lambda s: len(s.tokens)
     )
     chunks = micro_batches(sequences, 1, 0, args.micro_batch_tokens, trainer.packs)
-    count = padded_micro_batch_count(len(chunks), trainer.sharded and trainer.parallel.enabled)
+    enabled = trainer.sharded and trainer.parallel.enabled
+    count = padded_micro_batch_count(len(chunks), enabled, trainer.device)
     synchronize(trainer.device)
     started = time.perf_counter()
     for index in range(count):
@@ -205,8 +218,9 @@ def logprob_worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     width = SHAPES[args.shape]["hidden_size"]
     rows = args.logprob_rows // 1024
-    head = torch.nn.Linear(width, VOCAB, bias=False, device=device, dtype=torch.bfloat16)
-    hidden = torch.randn(rows, 1024, width, device=device, dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    head = torch.nn.Linear(width, VOCAB, bias=False, device=device, dtype=dtype)
+    hidden = torch.randn(rows, 1024, width, device=device, dtype=dtype)
     hidden.requires_grad_()
     ids = torch.randint(0, VOCAB, (rows, 1024), device=device)
     base = torch.cuda.memory_allocated(device) if device.type == "cuda" else peak_bytes(device)
@@ -252,7 +266,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--ranks", type=int, default=2, help="processes per row")
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--seq-len", type=int, default=1024)
@@ -270,6 +284,7 @@ def main() -> None:
         "--checkpointing", type=lambda v: v == "True", default=False, help=argparse.SUPPRESS
     )
     args = parser.parse_args()
+    args.dtype = resolved_dtype(args.dtype, args.device)
     if args.logprob_rows < 1024 or args.logprob_rows % 1024:
         parser.error(f"--logprob-rows {args.logprob_rows}: give a multiple of 1024")
     if args.worker == "step":

@@ -66,6 +66,8 @@ class Engine:
         args, env = engine_placement(kind, config.engine_device_of(index))
         if config.num_threads and kind == "transformers":
             args += ["--num-threads", str(config.num_threads)]
+        if config.vllm_importance_sampling_correction:  # the behaviour policy's logprobs
+            args += ["--logprobs-mode", "processed_logprobs"]
         self.index = index
         self.process = EngineProcess(
             EngineConfig(

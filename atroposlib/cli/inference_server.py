@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -70,6 +70,12 @@ class InferenceServerSettings(ExposureRule, BaseModel):
         description="Seed of the sampling stream that requests without a seed of their own "
         "draw from, as vLLM's --seed (default: a fresh one at each start, logged, so that "
         "restarts and several engines never repeat a stream).",
+    )
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = Field(
+        "raw_logprobs",
+        description="What reported logprobs are of, as vLLM's flag: the model's raw "
+        "distribution, or the one each token was drawn from (temperature, top-k, top-p, "
+        "min-p applied), which an importance-sampling correction needs.",
     )
     weight_version: str | None = Field(
         None,
@@ -148,6 +154,7 @@ def _load_app(settings: InferenceServerSettings) -> Any:
             settings.weight_version or os.environ.get(WEIGHT_VERSION_ENVIRONMENT) or None,
             settings.device,
             settings.seed,
+            settings.logprobs_mode,
         )
     except (OSError, ValueError) as exc:
         print(

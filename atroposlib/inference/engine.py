@@ -11,7 +11,11 @@ Design decisions:
   cost for short completions, eightfold.
 - Logprobs are those of the raw model distribution (log_softmax of the logits,
   before temperature or top-p), as vLLM reports them by default, so a trainer
-  re-scoring the completion with a forward pass gets the same numbers.
+  re-scoring the completion with a forward pass gets the same numbers. With
+  `logprobs_mode="processed_logprobs"` (vLLM's `--logprobs-mode`) they are those of the
+  distribution each token was drawn from (temperature, min-p, top-k and top-p applied,
+  renormalised): what an importance-sampling correction needs of its behaviour policy
+  (IS-1 of the trainer review).
 - Each request with a `seed` samples from its own generator, so its output does
   not depend on what else shares the batch.
 - The EOS token is part of the returned token ids and logprobs (the trainer
@@ -38,6 +42,9 @@ from dataclasses import dataclass, field
 import torch
 
 logger = logging.getLogger(__name__)
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+"""What the reported logprobs are of: vLLM's names (`--logprobs-mode`)."""
 
 
 def device_problem(name: str) -> str | None:
@@ -118,9 +125,14 @@ class GenerationEngine:
         max_model_len: int,
         weight_version: str | None = None,
         seed: int | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         """`seed`: of the stream requests without a seed of their own draw from; None, a
-        fresh one (logged), so no two starts draw alike (RNG-1 of the trainer review)."""
+        fresh one (logged), so no two starts draw alike (RNG-1 of the trainer review).
+        `logprobs_mode`: `raw_logprobs` or `processed_logprobs` (the module docstring)."""
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode {logprobs_mode!r}: one of {', '.join(LOGPROBS_MODES)}")
+        self.processed_logprobs = logprobs_mode == "processed_logprobs"
         self.model = model
         self.device = next(model.parameters()).device
         self.weight_version = weight_version
@@ -142,6 +154,7 @@ class GenerationEngine:
         weight_version: str | None = None,
         device: str = "cpu",
         seed: int | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -157,7 +170,7 @@ class GenerationEngine:
         model.eval()
         # a config without the field, or with it None, gets the same 2048 default
         limit = max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
-        return cls(model, tokenizer, limit, weight_version, seed)
+        return cls(model, tokenizer, limit, weight_version, seed, logprobs_mode)
 
     def load_weights(self, path: str, weight_version: str | None = None) -> None:
         """Serve the weights at `path` from the next round on (`weight_sync.disk_reload`).
@@ -226,15 +239,17 @@ class GenerationEngine:
         longest = max(job.params.max_tokens for job, _ in rows)
         for _ in range(longest):
             raw = torch.log_softmax(logits, dim=-1)
-            chosen = self._choose(logits, rows, finish, generators)
+            chosen, drawn_from = self._choose(logits, rows, finish, generators)
             for i, (job, _) in enumerate(rows):
                 if finish[i] is not None:
                     continue
                 token = chosen[i]
                 tokens[i].append(token)
-                logprobs[i].append(raw[i, token].item())
+                reported = drawn_from[i] if self.processed_logprobs else None
+                reported = raw[i] if reported is None else reported
+                logprobs[i].append(reported[token].item())
                 if job.params.top_logprobs:
-                    values, ids = raw[i].topk(job.params.top_logprobs)
+                    values, ids = reported.topk(job.params.top_logprobs)
                     tops[i].append(list(zip(ids.tolist(), values.tolist(), strict=True)))
                 finish[i], texts[i] = self._check_stop(job.params, tokens[i])
             if all(reason is not None for reason in finish):
@@ -278,8 +293,13 @@ class GenerationEngine:
         else:
             job.prompt_top_logprobs = [[] for _ in job.prompt_logprobs]
 
-    def _choose(self, logits, rows, finish, generators) -> list[int]:
+    def _choose(
+        self, logits, rows, finish, generators
+    ) -> tuple[list[int], list[torch.Tensor | None]]:
+        """Each row's token, and the log-probabilities of the distribution it was drawn
+        from (None for greedy rows, which draw nothing)."""
         chosen = [0] * len(rows)
+        drawn_from: list[torch.Tensor | None] = [None] * len(rows)
         for i, (job, _) in enumerate(rows):
             if finish[i] is not None:
                 continue
@@ -298,7 +318,9 @@ class GenerationEngine:
                 keep = ordered.cumsum(0) - ordered < params.top_p
                 probs = torch.zeros_like(probs).scatter(0, order[keep], ordered[keep])
             chosen[i] = int(torch.multinomial(probs, 1, generator=generators[id(job)]))
-        return chosen
+            if self.processed_logprobs:
+                drawn_from[i] = torch.log(probs / probs.sum())
+        return chosen, drawn_from
 
     def _check_stop(self, params: SamplingParams, tokens: list[int]) -> tuple[str | None, str]:
         text = self.decode(tokens)

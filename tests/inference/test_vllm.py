@@ -34,6 +34,7 @@ from atroposlib.weight_sync.vllm import (
     weight_route_headers,
 )
 from atroposlib.weight_sync.vllm_route_guard import MIDDLEWARE
+from tests.support.sampling import drawn_from
 from tests.support.tolerances import (
     OTHER_ENGINE_LOGPROB_REL,
     SAME_LIBRARY_LOGPROB_REL,
@@ -60,11 +61,14 @@ AUTH = weight_route_headers(SYNC_KEY)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def start_vllm(model_path, log_dir: Path, served_name: str, mode: str) -> EngineProcess:
+def start_vllm(
+    model_path, log_dir: Path, served_name: str, mode: str, flags: tuple[str, ...] = ()
+) -> EngineProcess:
     python = vllm_python()
     if python is None:
         pytest.skip(NOT_INSTALLED)
-    extra = vllm_launch_extras(mode, SYNC_KEY, lora_rank=LORA_RANK)
+    args, env = vllm_launch_extras(mode, SYNC_KEY, lora_rank=LORA_RANK)
+    extra = ([*args, *flags], env)
     config = cpu_vllm_config(python, log_dir / "vllm.log", served_name, extra)
     engine = EngineProcess(config)
     engine.start(model_path)
@@ -81,7 +85,10 @@ def hot_engine(tiny_model_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def lora_engine(tiny_model_path, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("vllm-lora")
-    engine = start_vllm(tiny_model_path, log_dir, lora_base_name(NAME), "lora_only")
+    # what the trainer asks of its engines when the importance-sampling correction is on;
+    # greedy requests (every other test of this engine) get the same logprobs either way
+    processed = ("--logprobs-mode", "processed_logprobs")
+    engine = start_vllm(tiny_model_path, log_dir, lora_base_name(NAME), "lora_only", processed)
     yield engine
     engine.stop()
 
@@ -444,3 +451,28 @@ def test_lora_load_refuses_a_missing_adapter_and_keeps_the_last(
     assert_served_by(
         lora_lm(tiny_model_path, adapters[0]), prompt_ids, *greedy(url, NAME, prompt_ids)
     )
+
+
+def test_processed_logprobs_are_those_of_the_nucleus_sampled_from(
+    lora_engine, tiny_model_path, prompt_ids
+):
+    """IS-1 of the trainer review, on vLLM: with top-p the behaviour policy is the
+    renormalised nucleus, and the correction needs its logprobs (the CPU engine:
+    example_trainer/test_importance_sampling_settings.py)."""
+    body = greedy_body(lora_base_name(NAME), prompt_ids, 6, temperature=1.0, top_p=0.7, n=8, seed=3)
+    response = httpx.post(f"{lora_engine.url}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    model, raised = causal_lm(tiny_model_path), 0
+    for choice in response.json()["choices"]:
+        tokens = [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+        served = choice["logprobs"]["token_logprobs"]
+        with torch.no_grad():
+            ids = torch.tensor([prompt_ids + tokens])
+            logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+        nucleus = drawn_from(logits, 1.0, 0.7)
+        raw = torch.log_softmax(logits, -1)
+        tolerance = logprob_tolerance(logits, OTHER_ENGINE_LOGPROB_REL)
+        for k, token in enumerate(tokens):
+            assert abs(nucleus[k, token].item() - served[k]) <= tolerance, (k, tolerance)
+            raised += served[k] > raw[k, token].item() + tolerance
+    assert raised, "the nucleus's logprobs exceed the raw ones somewhere"
