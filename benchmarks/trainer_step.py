@@ -19,7 +19,7 @@ A last measurement takes the logprob-and-backward step alone (`--logprob-rows`
 positions of hidden states through the shape's head), whole against
 `--logprob-chunk-tokens`, each in a fresh process.
 
-    python benchmarks/trainer_step.py --shape tiny --sequences 8 --seq-len 256 \
+    python benchmarks/trainer_step.py --shape tiny --sequences 8 --seq-len 128 \
         --micro-batch-tokens 1024 --logprob-chunk-tokens 256 --logprob-rows 1024   # a CPU
     python benchmarks/trainer_step.py --shape 1.5b --device cuda --ranks 1 --peak-tflops 989
 
@@ -275,6 +275,12 @@ def main() -> None:
     parser.add_argument("--logprob-rows", type=int, default=8192, help="positions, x1024")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="per rank; 0: no MFU")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
+    parser.add_argument(
+        "--rows",
+        default="",
+        help="only these rows, as parallelism:checkpointing:logprobs, comma-separated "
+        "(e.g. fsdp:on:chunked); default: all eight",
+    )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--worker", choices=["step", "logprob"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -305,9 +311,16 @@ def main() -> None:
         header = "parallelism  ckpt  logprobs   tok/s     MFU    peak/rank  state/rank  step/bare"
         print(header, flush=True)
         state = {}
+        wanted = {row.strip() for row in args.rows.split(",") if row.strip()}
         for parallelism in ("ddp", "fsdp"):
             for checkpointing in (False, True):
                 for chunk in (0, args.logprob_chunk_tokens):
+                    name = (
+                        f"{parallelism}:{'on' if checkpointing else 'off'}:"
+                        f"{'chunked' if chunk else 'whole'}"
+                    )
+                    if wanted and name not in wanted:
+                        continue
                     row = run_row(
                         args,
                         "step",

@@ -34,6 +34,7 @@ from atroposlib.utils.durable import fsync_dir, fsync_tree
 STATE_FILE = "trainer_state.pt"
 ADAPTER_DIR = "adapter"
 OPTIMIZER_DIR = "optimizer"  # FSDP checkpoints: the optimizer state, one shard per rank
+MASTERS_DIR = "masters"  # FSDP checkpoints: the fp32 trainable weights, one shard per rank
 
 
 def _paths(save_path: str, step: int) -> tuple[Path, Path]:
@@ -41,13 +42,25 @@ def _paths(save_path: str, step: int) -> tuple[Path, Path]:
 
 
 def _trainer_state(step: int, optimizer_state: Any, scheduler) -> dict[str, Any]:
-    return {
+    state = {
         "step": step,
         "optimizer": optimizer_state,
         "scheduler": scheduler.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "python_rng": random.getstate(),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()  # CK-2: dropout on a GPU
+    return state
+
+
+def fp32_masters(masters: torch.nn.Module, model) -> dict[str, torch.Tensor] | None:
+    """What `save_checkpoint` keeps of a bf16 run's fp32 masters (`masters`, the
+    module `MasterWeights.stepped_module` gives): the served weights are bf16, and a
+    resume from them alone would round every master (CK-2 of the trainer review)."""
+    if masters is model:
+        return None
+    return {name: p.detach().clone() for name, p in masters.named_parameters()}
 
 
 def _commit(staging: Path, target: Path) -> Path:
@@ -58,7 +71,11 @@ def _commit(staging: Path, target: Path) -> Path:
     return target
 
 
-def save_checkpoint(save_path: str, step: int, model, tokenizer, optimizer, scheduler) -> Path:
+def save_checkpoint(
+    save_path: str, step: int, model, tokenizer, optimizer, scheduler, masters=None
+) -> Path:
+    """`masters`: the module of what the optimizer steps (`MasterWeights.stepped_module`);
+    its fp32 weights are kept when they are not the model's own."""
     target, staging = _paths(save_path, step)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -69,7 +86,10 @@ def save_checkpoint(save_path: str, step: int, model, tokenizer, optimizer, sche
     else:
         model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    torch.save(_trainer_state(step, optimizer.state_dict(), scheduler), staging / STATE_FILE)
+    state = _trainer_state(step, optimizer.state_dict(), scheduler)
+    if masters is not None and (kept := fp32_masters(masters, model)) is not None:
+        state["masters"] = kept
+    torch.save(state, staging / STATE_FILE)
     return _commit(staging, target)
 
 
@@ -163,6 +183,8 @@ def save_sharded_checkpoint(
         {"optimizer": get_optimizer_state_dict(model, optimizer)},
         checkpoint_id=str(staging / OPTIMIZER_DIR),
     )
+    # the fp32 shards are the masters; the served weights above are in `dtype` (CK-2)
+    dcp.save({"masters": trainable_state(model)}, checkpoint_id=str(staging / MASTERS_DIR))
     dist.barrier()  # every shard is written before the checkpoint is committed
     if main:
         _commit(staging, target)
@@ -179,15 +201,49 @@ def load_trainer_state(
         _load_sharded_optimizer(Path(checkpoint) / OPTIMIZER_DIR, model, optimizer)
     elif restore_optimizer:
         optimizer.load_state_dict(state["optimizer"])
+    if model is not None and restore_optimizer:  # the weights as the optimizer left them
+        _load_masters(Path(checkpoint), state, model)
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
+    cuda_rng = state.get("cuda_rng")
+    if cuda_rng and torch.cuda.is_available() and len(cuda_rng) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda_rng)
     return int(state["step"])
+
+
+def trainable_state(model) -> dict[str, Any]:
+    """`model`'s state dict (DTensor shards under FSDP) restricted to what trains."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {n: t for n, t in get_model_state_dict(model).items() if n in trainable}
+
+
+def _load_masters(checkpoint: Path, state: dict[str, Any], model) -> None:
+    """The fp32 masters a checkpoint kept (CK-2), into `model`, the module of what the
+    optimizer steps: from an FSDP checkpoint's shards (resharded onto any number of
+    ranks, one included) or from a bf16 run's trainer state. A checkpoint of an fp32
+    run keeps none: its served weights are the masters."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if (checkpoint / MASTERS_DIR).is_dir():
+        import torch.distributed.checkpoint as dcp
+
+        masters = {"masters": trainable_state(model)}
+        dcp.load(masters, checkpoint_id=str(checkpoint / MASTERS_DIR))
+        kept = masters["masters"]
+    elif "masters" in state:
+        kept = state["masters"]
+    else:
+        return
+    set_model_state_dict(model, kept, options=StateDictOptions(strict=False))
 
 
 def _load_sharded_optimizer(folder: Path, model, optimizer) -> None:
     """An FSDP checkpoint's optimizer state, resharded onto this run's ranks (any number,
-    one included: the model is then the plain one whose parameters the optimizer steps)."""
+    one included). `model`: the module whose named parameters the optimizer steps (in a
+    bf16 run without FSDP, the fp32 masters under the model's names: `MasterWeights`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_optimizer_state_dict,

@@ -152,11 +152,16 @@ class Trainer(PolicyServing):
         )
         self.step = (
             load_trainer_state(
-                config.resume, self.optimizer, self.scheduler, restore_optimizer, self.model
+                config.resume,
+                self.optimizer,
+                self.scheduler,
+                restore_optimizer,
+                self.master.stepped_module(self.model),
             )
             if config.resume
             else 0
         )
+        self.master.publish()  # the resumed masters, rounded into the model's own weights
         self.latest_checkpoint = config.resume or config.model_name
         # the newest step a checkpoint holds: the API keeps later batches for a resume
         self.committed_step = self.step
@@ -321,7 +326,8 @@ class Trainer(PolicyServing):
             dtype = compute_dtype(config)
             path = save_sharded_checkpoint(*parts, self.optimizer, self.scheduler, dtype)
         else:
-            path = save_checkpoint(*parts, self.optimizer, self.scheduler)
+            masters = self.master.stepped_module(self.model)
+            path = save_checkpoint(*parts, self.optimizer, self.scheduler, masters)
         self.latest_checkpoint = str(path)
         self.committed_step = self.step
         if not self.parallel.is_main:

@@ -74,6 +74,29 @@ class MasterWeights:
                 master.grad = None if param.grad is None else param.grad.float()
                 param.grad = None
 
+    def stepped_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A module whose named parameters are what the optimizer steps, under `model`'s
+        names: `model` itself when its parameters are their own masters (fp32, FSDP),
+        else a stand-in holding the fp32 masters. torch's optimizer state dicts name
+        each parameter through a module (an FSDP checkpoint's optimizer/), and a bf16
+        model's parameters are not what the optimizer steps (CK-1 of the trainer review:
+        an FSDP checkpoint could not be resumed by a single-process bf16 run)."""
+        if all(master is param for param, master in self.pairs):
+            return model
+        masters = {id(param): master for param, master in self.pairs}
+        stand_in = torch.nn.Module()
+        for name, param in model.named_parameters():
+            if id(param) not in masters:
+                continue
+            *path, leaf = name.split(".")
+            owner = stand_in
+            for part in path:
+                if not hasattr(owner, part):
+                    owner.add_module(part, torch.nn.Module())
+                owner = getattr(owner, part)
+            owner.register_parameter(leaf, masters[id(param)])
+        return stand_in
+
     @torch.no_grad()
     def publish(self) -> None:
         """Round the masters into the model's own parameters after an optimizer step."""

@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 FINDING_ID = re.compile(r"^[A-Z]{2,4}-[0-9A-Z]+$")
-TEST_NAME = re.compile(r"`((?:[\w./-]*test_\w+\.py)?(?:::[\w\[\]*.,-]+)?)`")
+TEST_NAME = re.compile(r"`((?:[\w./-]*test_\w+\.py)?(?:::[\w.,*-]+(?:\[[^\]`]*\])?)?)`")
 OVERLAID = ("tests", "pyproject.toml")
 PER_TEST_TIMEOUT_S = 900
 

@@ -61,6 +61,10 @@ class Child:
 
     def start(self, command: list[str] | None = None) -> None:
         command = command or self.plan.command
+        if self.plan.fresh_seed:
+            from atroposlib.inference.launcher import with_fresh_seed
+
+            command = with_fresh_seed(command)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as log:
             log.write(f"--- start: {' '.join(command)}\n")

@@ -70,6 +70,9 @@ class ProcessPlan:
     """Why a crash of this process must end the run (None: it is restarted)."""
     section: int | None = None
     """An environment's index in the YAML's list (its copies share it)."""
+    fresh_seed: bool = False
+    """Each start adds a `--seed` of its own unless the command names one: an engine's
+    sampling stream, which vLLM otherwise seeds with 0 at every (re)start (RNG-1)."""
 
 
 @dataclass
@@ -334,6 +337,7 @@ def _engine_plan(
         engine_command(engine_config, resolve_engine(engine_config), shared.model),
         health_url=f"{engine_config.url}/health",
         max_restarts=section.max_restarts,
+        fresh_seed=True,
         env=shared.key_env(*ENGINE_KEY_ENVIRONMENT, role="engine"),
     )
 

@@ -137,6 +137,7 @@ def test_limits_agree_by_default_the_token_limit_reaches_every_process(tmp_path)
     trainer, engine = resolved.trainer.command, resolved.engine.command
     assert trainer[trainer.index("--seq-len") + 1] == seq_len
     assert engine[engine.index("--max-model-len") + 1] == seq_len
+    assert resolved.engine.fresh_seed and "--seed" not in engine  # one per start (RNG-1)
     for env in resolved.environments:
         assert env.command[env.command.index("--env.max_token_length") + 1] == seq_len
 
