@@ -7,7 +7,7 @@
 # Made for the lent GPU machine (docs/trainer.md, "What has run on a GPU"): it has torch
 # with CUDA, transformers, peft, safetensors and pytest, no package registry, and not
 # the project's web stack. Wheels for what it lacks travel in .device-wheels/ (git
-# ignores it; ../shared/device.md says which and how to download them) and are
+# ignores it; docs/trainer.md, "What has run on a GPU", says which) and are
 # installed first. The project runs from this checkout (PYTHONPATH), not installed.
 # Each check has its own time limit; a check whose need is missing says so and is
 # skipped. Paste the table, with the date and commit, into docs/trainer.md.
