@@ -172,32 +172,6 @@ def assert_same_state(got: dict, want: dict, where: str) -> None:
             )
 
 
-def test_an_fsdp_checkpoint_resumes_in_a_bf16_run_without_fsdp(runs, tiny_model_path):
-    """CK-1 of the trainer review: the optimizer state is named through the model, whose
-    bf16 parameters are not what the optimizer steps (its fp32 masters), so the resume
-    raised KeyError. The masters now stand in under the model's names."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    from tests.support.trainer_batches import make_trainer
-
-    with one_process():
-        trainer = make_trainer(
-            tiny_model_path,
-            runs.root / "bf16",
-            resume=str(runs.root / "one-ckpt" / "step-1"),
-            dtype="bfloat16",
-        )
-        module = trainer.master.stepped_module(trainer.model)
-        loaded = get_optimizer_state_dict(module, trainer.optimizer)
-    assert trainer.step == 1 and module is not trainer.model
-    saved = runs.one["saved"]["optimizer"]["state"]
-    assert loaded["state"].keys() == saved.keys()
-    for name, state in saved.items():
-        for key, value in state.items():
-            got = torch.as_tensor(loaded["state"][name][key])
-            assert torch.equal(got, torch.as_tensor(value)), f"{name}.{key}"
-
-
 @pytest.mark.parametrize(("saved_by", "resumed_by"), [(2, (1, 2)), (1, (2,))])
 def test_an_fsdp_checkpoint_resumes_on_another_number_of_ranks(saved_by, resumed_by, runs):
     """Saved by N ranks, resumed by M with exactly the saved weights and optimizer

@@ -5,7 +5,7 @@ updates below a bf16 ulp, most of them at small learning rates, were lost at eac
 Each case trains one step of the tiny model at a learning rate whose updates are mostly
 below a bf16 ulp, checkpoints it and resumes it, in this process: without FSDP (fp32
 masters beside bf16 weights) and under FSDP as a group of one (fp32 shards that are
-their own masters).
+their own masters). And an FSDP checkpoint resumes in a bf16 run without FSDP (CK-1).
 """
 
 from __future__ import annotations
@@ -57,3 +57,34 @@ def test_a_resume_goes_on_from_the_fp32_masters(tiny_model_path, tmp_path, paral
     assert resumed.step == 1 and after.keys() == before.keys()
     for name, weight in before.items():
         assert torch.equal(after[name], weight), name
+
+
+def test_an_fsdp_checkpoint_resumes_in_a_bf16_run_without_fsdp(tiny_model_path, tmp_path):
+    """CK-1 of the trainer review: the optimizer state is named through the model, whose
+    bf16 parameters are not what the optimizer steps (its fp32 masters), so the resume
+    raised KeyError. The masters now stand in under the model's names."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    try:
+        sharded = make_trainer(tiny_model_path, tmp_path, parallelism="fsdp", lr=1e-4)
+        sharded.train_step(batch())
+        sharded.step = 1
+        checkpoint = sharded.save()
+        saved = get_optimizer_state_dict(sharded.model, sharded.optimizer, options=whole)
+    finally:
+        ended_group()
+    resumed = make_trainer(
+        tiny_model_path, tmp_path / "bf16", resume=str(checkpoint), dtype="bfloat16"
+    )
+    module = resumed.master.stepped_module(resumed.model)
+    loaded = get_optimizer_state_dict(module, resumed.optimizer)
+    assert resumed.step == 1 and module is not resumed.model
+    assert loaded["state"].keys() == saved["state"].keys()
+    for name, state in saved["state"].items():
+        for key, value in state.items():
+            got = torch.as_tensor(loaded["state"][name][key])
+            assert torch.equal(got, torch.as_tensor(value)), f"{name}.{key}"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from atroposlib.envs.server_handling.managed_server import ManagedServer
-from atroposlib.weight_sync.versions import FinishReason, oldest_version, version_number
+from atroposlib.weight_sync.versions import FinishReason
 
 pytestmark = pytest.mark.unit
 
@@ -72,11 +72,15 @@ def test_a_multi_turn_sequence_carries_its_oldest_turns_version():
     ],
 )
 def test_the_oldest_of_two_labels(first, then, oldest):
+    from atroposlib.weight_sync.versions import oldest_version
+
     assert oldest_version(first, then) == oldest
 
 
 def test_only_ascii_digits_name_a_step():
     """VER-3: the trainer took `str.isdigit()`, true for "²", which `int()` refuses."""
+    from atroposlib.weight_sync.versions import version_number
+
     assert version_number("12") == 12
     for label in ("²", "١٢", "-1", "1.0", "", None, 3):
         assert version_number(label) is None
