@@ -39,6 +39,7 @@ def group_made_for(device: str, monkeypatch) -> tuple[DataParallel, str]:
 @pytest.mark.parametrize(
     ("device", "served"),
     [("cuda", {"cpu": "gloo", "cuda": "nccl"}), ("cpu", {"cpu": "gloo", "cuda": "gloo"})],
+    ids=["cuda", "cpu"],
 )
 def test_the_group_serves_the_training_device_and_the_cpu(device, served, monkeypatch):
     """FSDP's CPU offload reduces CPU gradients' norms, and a metric may be a CPU tensor:
@@ -64,6 +65,7 @@ def test_the_step_collectives_hold_their_tensors_on_the_training_device(monkeypa
     meta = torch.device("meta")
     with pytest.raises(Refused):
         two_ranks.sum({"loss": 1.0})
+    assert seen == [meta], "the step's metrics are reduced off the training device"
     with pytest.raises(Refused):
         padded_micro_batch_count(3, True, meta)
     assert seen == [meta, meta]

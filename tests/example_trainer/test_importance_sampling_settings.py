@@ -27,7 +27,7 @@ AGREEMENT = 1e-3
 
 @pytest.fixture(scope="module")
 def raw_engine(tiny_model_path) -> GenerationEngine:
-    return GenerationEngine.load(str(tiny_model_path), seed=1)
+    return GenerationEngine.load(str(tiny_model_path))
 
 
 def weights_and_truth(engine, temperature: float, top_p: float) -> tuple[list, list]:
@@ -63,7 +63,6 @@ def test_with_processed_logprobs_the_weight_is_the_true_ratio(raw_engine, temper
         raw_engine.model,
         raw_engine.tokenizer,
         raw_engine.max_model_len,
-        seed=1,
         logprobs_mode="processed_logprobs",
     )
     computed, truth = weights_and_truth(engine, temperature, top_p)
