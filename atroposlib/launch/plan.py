@@ -321,6 +321,13 @@ def _engine_plan(
             f"engine.max_model_len {section.max_model_len} is under the trainer's seq_len "
             f"{limit}: the engine could not produce the longest sequences the run trains on"
         )
+    args = list(section.args)
+    corrects = {k.replace("-", "_"): v for k, v in config.trainer.args.items()}.get(
+        "vllm_importance_sampling_correction"
+    )
+    if str(corrects).lower() in ("true", "1", "yes") and "--logprobs-mode" not in args:
+        # the correction needs the logprobs of what each token was drawn from (IS-1)
+        args += ["--logprobs-mode", "processed_logprobs"]
     try:
         engine_config = EngineConfig(
             engine=section.engine,
@@ -328,7 +335,7 @@ def _engine_plan(
             port=shared.engine_port,
             python=shared.python,
             max_model_len=section.max_model_len or limit,
-            extra_args=section.args,
+            extra_args=args,
         )
     except ValidationError as exc:
         raise ConfigError(f"engine: {describe_errors(exc)}") from exc

@@ -143,6 +143,21 @@ def test_limits_agree_by_default_the_token_limit_reaches_every_process(tmp_path)
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("correcting", [True, False])
+def test_a_corrected_runs_engine_reports_processed_logprobs(tmp_path, correcting):
+    """IS-1: an engine the launcher starts for a run whose trainer corrects must report
+    the logprobs of the distribution it drew from, as the trainer's own engines do."""
+    config = launch_config(tmp_path / "run")
+    config["engine"] = {"engine": "transformers"}
+    config["trainer"]["args"]["vllm_importance_sampling_correction"] = correcting
+    resolved = plan(load_config(write_config(tmp_path / "c.yaml", config)), tmp_path / "c.yaml")
+    engine = resolved.engine.command
+    assert ("--logprobs-mode" in engine) == correcting
+    if correcting:
+        assert engine[engine.index("--logprobs-mode") + 1] == "processed_logprobs"
+
+
+@pytest.mark.integration
 def test_an_environment_limit_over_the_trainers_is_named(tmp_path, capsys):
     config = launch_config(tmp_path / "r")
     config["environments"].append({"script": str(ARITH_ENV), "env": {"max_token_length": 4096}})
