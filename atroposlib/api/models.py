@@ -50,7 +50,8 @@ CROSS_FIELD_RULES = (
     "token row; a group's env id names a registered environment; no sequence is over the "
     "registered `max_token_len`; no token id is at or above the `vocab_size` the trainer "
     "registered; per-token values are finite wherever a token is trained (a position after "
-    "the first whose mask is not -100)."
+    "the first whose mask is not -100), and a logprob (`inference_logprobs`, "
+    "`ref_logprobs`) there is at most 0.001 (a probability is at most 1)."
 )
 
 

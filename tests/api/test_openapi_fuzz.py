@@ -32,7 +32,7 @@ from schemathesis.python import asgi
 
 from atroposlib.api.server import create_app
 from atroposlib.api.settings import APISettings
-from atroposlib.protocol import PER_SEQUENCE_FIELDS, PER_TOKEN_FIELDS
+from atroposlib.protocol import LOGPROB_FIELDS, PER_SEQUENCE_FIELDS, PER_TOKEN_FIELDS
 
 API_KEY = "fuzz-key"
 MAX_EXAMPLES = 25
@@ -91,6 +91,12 @@ def _fit(values: Any, length: int, filler: Any) -> list:
     return values[:length] + [filler] * (length - len(values[:length]))
 
 
+def _at_most_zero(value: Any) -> Any:
+    return (
+        min(value, 0.0) if isinstance(value, int | float) and not isinstance(value, bool) else value
+    )
+
+
 def _consistent(group: Any, limit: int) -> Any:
     """`group` with the cross-field rules of `atroposlib.protocol.group_problems` met."""
     if not isinstance(group, dict) or not isinstance(group.get("tokens"), list):
@@ -109,6 +115,14 @@ def _consistent(group: Any, limit: int) -> Any:
         if name in PER_TOKEN_FIELDS:
             rows = _fit(value, n, [])
             group[name] = [_fit(row, k, 0.0) for row, k in zip(rows, lengths, strict=True)]
+            if name in LOGPROB_FIELDS:  # a log-probability is at most 0 where a token trains
+                group[name] = [
+                    [_at_most_zero(v) if m != -100 and j else v for j, (v, m) in enumerate(pair)]
+                    for pair in (
+                        zip(row, mask, strict=True)
+                        for row, mask in zip(group[name], group["masks"], strict=True)
+                    )
+                ]
         else:
             group[name] = _fit(value, n, {} if name == "overrides" else [])
     group["env_id"] = None  # an env the fuzzer registered may be gone after /reset_data
