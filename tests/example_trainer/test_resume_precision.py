@@ -20,10 +20,11 @@ pytestmark = pytest.mark.integration
 
 
 def masters(trainer) -> dict[str, torch.Tensor]:
-    module = trainer.master.stepped_module(trainer.model)
+    """What the optimizer steps, whole, by the model's parameter names."""
+    named = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
     return {
-        name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().clone()
-        for name, p in module.named_parameters()
+        name: (m.full_tensor() if hasattr(m, "full_tensor") else m).detach().float().clone()
+        for name, (_, m) in zip(named, trainer.master.pairs, strict=True)
     }
 
 

@@ -19,7 +19,6 @@ from atroposlib.inference.launcher import (
     EngineProcess,
     engine_command,
     start_line,
-    with_fresh_seed,
 )
 from atroposlib.utils.logging import MESSAGE_WIDTH
 from atroposlib.utils.ports import free_port
@@ -111,6 +110,8 @@ def test_start_restart_from_new_weights_kill_9_and_stop(tiny_model_path, tmp_pat
 
 def test_each_launch_gets_a_seed_of_its_own_unless_the_flags_name_one():
     """RNG-1: vLLM seeds with 0 and the CPU engine did too, at every start."""
+    from atroposlib.inference.launcher import with_fresh_seed
+
     command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--port", "9"]
     seeds = {with_fresh_seed(command)[-1] for _ in range(5)}
     assert with_fresh_seed(command)[-2] == "--seed" and len(seeds) == 5
