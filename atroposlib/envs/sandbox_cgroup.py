@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import logging
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,7 +133,9 @@ def make_run_cgroup(
 ) -> RunCgroup:
     """A new cgroup (v2, else v1) capping a run at `memory_mb` and `max_tasks` tasks;
     `SandboxUnavailable` with the reasons where neither can be made here."""
-    name = f"{NAME_PREFIX}{os.getpid()}-{next(_numbers)}"
+    # the pid says whose it is (`_remove_stale`); the random part keeps a reused pid's
+    # name apart from a SIGKILLed process's leftover, which nothing removed
+    name = f"{NAME_PREFIX}{os.getpid()}-{next(_numbers)}-{secrets.token_hex(4)}"
     limit = str(memory_mb << 20)
     try:
         own = own_cgroups(self_cgroup)
@@ -157,6 +160,19 @@ class _NoController(Exception):
     pass
 
 
+def _remove_stale(parent: Path) -> None:
+    """Remove the empty run cgroups of processes that are gone (killed before they could
+    remove theirs); a busy one, or one whose process lives, is left alone."""
+    with contextlib.suppress(OSError):
+        for entry in parent.iterdir():
+            owner = entry.name.removeprefix(NAME_PREFIX).partition("-")[0]
+            if not entry.name.startswith(NAME_PREFIX) or not owner.isdigit():
+                continue
+            if not Path(f"/proc/{owner}").exists():
+                with contextlib.suppress(OSError):
+                    entry.rmdir()
+
+
 def _make_v2(root: Path, own: dict[str, str], name: str, limit: str, tasks: int) -> RunCgroup:
     if "" not in own:
         raise _NoController("cgroup v2: this process is in none")
@@ -164,6 +180,7 @@ def _make_v2(root: Path, own: dict[str, str], name: str, limit: str, tasks: int)
     delegated = (parent / "cgroup.subtree_control").read_text().split()
     if "memory" not in delegated:
         raise _NoController(f"cgroup v2: {parent} does not delegate the memory controller")
+    _remove_stale(parent)
     directory = parent / name
     directory.mkdir()
     try:
@@ -183,6 +200,7 @@ def _make_v1(root: Path, own: dict[str, str], name: str, limit: str, tasks: int)
         raise _NoController("cgroup v1: no memory controller is mounted")
     made: list[Path] = []
     try:
+        _remove_stale(_v1_parent(root, own, "memory"))
         memory = _v1_parent(root, own, "memory") / name
         memory.mkdir()
         made.append(memory)
@@ -190,6 +208,7 @@ def _make_v1(root: Path, own: dict[str, str], name: str, limit: str, tasks: int)
         if (memory / "memory.memsw.limit_in_bytes").exists():  # swap is accounted: cap it too
             (memory / "memory.memsw.limit_in_bytes").write_text(limit)
         if "pids" in own and (root / "pids").is_dir():
+            _remove_stale(_v1_parent(root, own, "pids"))
             pids = _v1_parent(root, own, "pids") / name
             pids.mkdir()
             made.append(pids)

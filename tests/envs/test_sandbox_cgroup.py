@@ -88,3 +88,22 @@ def test_a_run_that_hit_its_limit_is_told_from_one_that_did_not(tmp_path, versio
     for name, text in files.items():
         (cgroup.dirs[0] / name).write_text(text)
     assert cgroup.memory_exceeded() is exceeded
+
+
+def test_a_killed_processs_leftover_neither_blocks_nor_stays(tmp_path):
+    """A parent SIGKILLed mid-run leaves its cgroup; a later process with the same pid
+    met it and every run was refused (File exists). Names are now unique, and an empty
+    leftover of a process that is gone is removed."""
+    import os
+
+    root, own = machine(tmp_path, "0::/app\n", {"app": "memory pids"})
+    (root / "cgroup.controllers").write_text("memory pids")
+    parent = root / "app"
+    gone = parent / f"atropos-sandbox-{2**22 + 7}-0-0000"  # above pid_max: no such process
+    mine = parent / f"atropos-sandbox-{os.getpid()}-0"  # this pid's old name scheme
+    busy = parent / "atropos-sandbox-unrelated"
+    for directory in (gone, mine, busy):
+        directory.mkdir()
+    [made] = make_run_cgroup(512, 7, root, own).dirs
+    assert made.parent == parent and made not in (gone, mine)
+    assert not gone.exists() and mine.exists() and busy.exists()
