@@ -11,7 +11,6 @@ nothing; the store itself opens only when an app starts serving.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,7 +23,7 @@ from atroposlib.api.middleware import OPEN_PATHS, document_guard
 from atroposlib.api.routes import ENVIRONMENT_PATHS, ROUTERS
 from atroposlib.api.service import ApiService
 from atroposlib.api.settings import APISettings, settings_from_environment
-from atroposlib.utils.request_guard import RequestGuard
+from atroposlib.utils.request_guard import RequestGuard, bears
 
 
 def create_app(settings: APISettings | None = None) -> FastAPI:
@@ -79,11 +78,9 @@ def environment_key(key: str | None) -> Callable[[str, dict[bytes, bytes]], bool
     """The environments' key, which opens ENVIRONMENT_PATHS only (keys by role)."""
     if not key:
         return None
-    expected = f"Bearer {key}".encode()
 
     def opens(path: str, headers: dict[bytes, bytes]) -> bool:
-        given = headers.get(b"authorization", b"")
-        return path in ENVIRONMENT_PATHS and hmac.compare_digest(given, expected)
+        return path in ENVIRONMENT_PATHS and bears(headers, key)
 
     return opens
 

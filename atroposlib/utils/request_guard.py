@@ -88,6 +88,14 @@ def error_payload(status: int, message: str) -> dict[str, Any]:
     return {"detail": message, "error": {"message": message, "type": kind, "code": status}}
 
 
+def bears(headers: dict[bytes, bytes], key: str | None) -> bool:
+    """Whether `headers` carry `Authorization: Bearer <key>` (in constant time); never
+    for no key. The one comparison behind every second key a guard takes."""
+    if not key:
+        return False
+    return hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {key}".encode())
+
+
 def host_name(header: bytes) -> str:
     """The name a Host header gives, without its port: `[::1]:8000` -> `::1`."""
     text = header.decode("latin-1").strip().lower().rstrip(".")

@@ -29,6 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from atroposlib.utils.request_guard import bears
 from atroposlib.weight_sync.disk_reload import WeightLoadError
 
 
@@ -82,11 +83,9 @@ def _refusal(status: int, message: str) -> JSONResponse:
 def sync_key_opens_reload(sync_key: str | None) -> Callable[[str, dict[bytes, bytes]], bool]:
     """For the engine's request guard: the sync key gets a request to RELOAD_PATH past
     the api-key check (the route checks it again, and the api key there is refused)."""
-    expected = f"Bearer {sync_key}".encode() if sync_key else None
 
     def opens(path: str, headers: dict[bytes, bytes]) -> bool:
-        given = headers.get(b"authorization", b"")
-        return path == RELOAD_PATH and expected is not None and hmac.compare_digest(given, expected)
+        return path == RELOAD_PATH and bears(headers, sync_key)
 
     return opens
 

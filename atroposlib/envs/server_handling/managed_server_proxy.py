@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import re
 import secrets
@@ -84,6 +83,7 @@ from atroposlib.utils.request_guard import (
     CHAT_MAX_BODY_BYTES,
     CHAT_MAX_BODY_VALUES,
     RequestGuard,
+    bears,
 )
 
 __all__ = [
@@ -153,10 +153,7 @@ class ProxyService:
         """Whether the request's bearer is that of the session whose routes `path` is."""
         found = SESSION_PATH.match(path)
         session = self.sessions.peek(found.group(1)) if found else None
-        if session is None or session.api_key is None:
-            return False
-        given = headers.get(b"authorization", b"")
-        return hmac.compare_digest(given, f"Bearer {session.api_key}".encode())
+        return session is not None and bears(headers, session.api_key)
 
     # -- helpers
     def session_of(self, session_uuid: str) -> SessionState:
