@@ -11,15 +11,13 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from atroposlib.utils.exposure import engine_args_problem
 from atroposlib.utils.flags import add_model_flags
+from example_trainer.losses import LOSSES, LossType, load_loss, loss_kind
 
 WeightBridgeMode = Literal[
     "none", "restart", "hot_reload", "lora_only", "lora_restart", "shared_vllm"
 ]
-LossType = Literal["grpo", "dapo", "dr_grpo", "cispo"]
 LORA_MODES = ("lora_only", "lora_restart")
 RESTART_MODES = ("none", "restart", "lora_restart")
-CISPO_DEFAULT_CAP = 5.0
-"""--loss-type cispo's IS weight cap without --clip-eps-high (ScaleRL, arXiv:2510.13786)."""
 HOT_MODE_CHECKPOINT_INTERVAL = 10
 """Steps between checkpoints in a hot mode by default: what a trainer crash re-trains."""
 
@@ -88,7 +86,15 @@ class TrainingConfig(BaseModel):
         "trained tokens of the batch), grpo (each sequence's mean, averaged over sequences), "
         "dr_grpo (summed, divided by sequences x --seq-len; no std scaling by default), cispo "
         "(a clipped, stop-gradient IS weight on the log-likelihood, capped at --clip-eps-high, "
-        "default 5). See docs/trainer.md, The loss.",
+        "default 5). See docs/trainer.md, The loss. "
+        f"Registered: {', '.join(sorted(LOSSES))}.",
+    )
+    loss_import_path: str | None = Field(
+        None,
+        description="A loss of your own instead of --loss-type: module:function, a "
+        "function of example_trainer.losses.LossInputs returning LossOutputs (registered "
+        "with @register_loss for a normaliser other than per token). See docs/trainer.md, "
+        "Adding a loss.",
     )
     importance_sampling_level: Literal["token", "sequence"] = Field(
         "token",
@@ -342,7 +348,7 @@ class TrainingConfig(BaseModel):
             self.ratio_reference = "trainer"
             self.no_reference_logprobs = False
         if self.loss_normalization is not None:
-            implied: LossType = "dapo" if self.loss_normalization == "token" else "grpo"
+            implied = "dapo" if self.loss_normalization == "token" else "grpo"
             if "loss_type" in self.model_fields_set and self.loss_type != implied:
                 raise ValueError(
                     f"--loss-normalization {self.loss_normalization} is --loss-type {implied}, "
@@ -350,18 +356,23 @@ class TrainingConfig(BaseModel):
                 )
             self.loss_type = implied
             self.loss_normalization = None
+        if self.loss_import_path is not None:
+            if "loss_type" in self.model_fields_set and self.loss_type != self.loss_import_path:
+                raise ValueError("--loss-import-path and --loss-type both name the loss; give one")
+            self.loss_type = load_loss(self.loss_import_path).name
+        kind = loss_kind(self.loss_type)
         if self.scale_advantages is None:
-            plain = self.loss_type == "dr_grpo" or self.advantage_estimator == "rloo"
+            plain = kind.scale_advantages == "none" or self.advantage_estimator == "rloo"
             self.scale_advantages = "none" if plain else "group"
-        if self.loss_type == "cispo":
-            if self.clip_eps_high is None:
-                self.clip_eps_high = CISPO_DEFAULT_CAP
-            elif self.clip_eps_high < 1:
-                raise ValueError(
-                    f"--loss-type cispo caps the IS weight at --clip-eps-high itself (as TRL's "
-                    f"epsilon_high), so {self.clip_eps_high} would shrink every token's "
-                    f"gradient; give a cap of at least 1 (ScaleRL uses {CISPO_DEFAULT_CAP})"
-                )
+        if self.clip_eps_high is None:
+            self.clip_eps_high = kind.default_clip_eps_high
+        elif kind.clip_eps_high_is_cap and self.clip_eps_high < 1:
+            raise ValueError(
+                f"--loss-type {kind.name} caps the IS weight at --clip-eps-high itself (as "
+                f"TRL's epsilon_high), so {self.clip_eps_high} would shrink every token's "
+                "gradient; give a cap of at least 1"
+                + (f" (default {kind.default_clip_eps_high})" if kind.default_clip_eps_high else "")
+            )
         correcting = self.vllm_importance_sampling_correction
         if self.ratio_reference is None:
             self.ratio_reference = "trainer" if correcting else "inference"

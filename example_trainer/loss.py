@@ -8,6 +8,8 @@ as TRL and verl):
     r_t = exp(l_t)                            importance_sampling_level "token"
     r_t = exp(mean_{t in i} l_t)               "sequence": GSPO (arXiv:2507.18071)
 
+then each registered loss (`losses.py`) turns r_t and A into a token's loss:
+
     grpo, dapo, dr_grpo:  loss_t = -min(r_t A, clip(r_t, 1 - eps_low, 1 + eps_high) A)
     cispo:                loss_t = -sg(min(r_t, eps_high)) A logp_t   (MiniMax-M1,
                           arXiv:2506.13585; sg = stop-gradient; eps_high is the weight's
@@ -17,14 +19,9 @@ then, in this order: times the importance-sampling correction weight w_t
 (`importance.py`), plus kl_coef * k3_t with k3_t = exp(ref_t - logp_t) - (ref_t -
 logp_t) - 1 against the reference logprobs.
 
-`min` is what makes the clip one-sided in the right direction for both signs of A:
-for A > 0 the gradient vanishes once r > 1 + eps_high, for A < 0 once r < 1 - eps_low,
-and in every other case it flows. (Taking the max for A < 0, as the Atropos example
-trainer does, un-clips harmful updates and zeroes useful ones.)
-
-The loss type decides the normaliser, always over the whole accumulated batch, never
-per micro-batch (callers pass the batch's totals, so gradient accumulation gives the
-same gradient however the batch is split):
+The loss's registration decides the normaliser, always over the whole accumulated
+batch, never per micro-batch (callers pass the batch's totals, so gradient
+accumulation gives the same gradient however the batch is split):
 
     dapo, cispo:  sum over all trained tokens / their count       (DAPO, arXiv:2503.14476)
     grpo:         each sequence's mean over its tokens / sequences (DeepSeekMath)
@@ -43,13 +40,13 @@ from typing import Literal
 
 import torch
 
-from example_trainer.config import LossType
 from example_trainer.importance import (
     ImportanceSamplingMode,
     correction_weights,
     mismatch_kl,
     segment_sums,
 )
+from example_trainer.losses import LossInputs, LossKind, loss_kind
 
 # A log-ratio (or KL log-ratio) beyond +-20 (a factor of 5e8) is clamped, and its
 # gradient stops there: exp() of it would overflow float32 at 88, and one such token
@@ -75,7 +72,8 @@ the largest. Metrics a micro-batch does not compute are absent from its dict."""
 
 @dataclass
 class LossSettings:
-    loss_type: LossType = "dapo"
+    loss_type: str = "dapo"
+    """A registered loss (`losses.LOSSES`)."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     clip_eps: float = 0.2
     clip_eps_high: float | None = None  # asymmetric clipping (DAPO's clip-higher); cispo's cap
@@ -91,6 +89,10 @@ class LossSettings:
     @property
     def eps_high(self) -> float:
         return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+    @property
+    def kind(self) -> LossKind:
+        return loss_kind(self.loss_type)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -144,58 +146,37 @@ def policy_loss(
     log_ratio = torch.where(trained, logprobs - old_logprobs.detach(), 0.0)
     if settings.importance_sampling_level == "sequence":
         mean_log_ratio = segment_sums(log_ratio, segments, trained, count) / lengths
-        log_weight = mean_log_ratio[segments.clamp(min=0)]
+        log_ratio_used = mean_log_ratio[segments.clamp(min=0)]
     else:
-        log_weight = log_ratio
-    ratio = torch.exp(log_weight.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-    low, high = 1.0 - settings.clip_eps, 1.0 + settings.eps_high
-    if settings.loss_type == "cispo":
-        capped = torch.clamp(ratio, max=settings.eps_high).detach()
-        safe_logprobs = torch.where(trained, logprobs, 0.0)
-        per_token = -capped * advantages * safe_logprobs
-        gradient_cut = (ratio > settings.eps_high) & (advantages > 0)
-    else:
-        unclipped = ratio * advantages
-        clipped = torch.clamp(ratio, low, high) * advantages
-        per_token = -torch.minimum(unclipped, clipped)
-        gradient_cut = ((advantages > 0) & (ratio > high)) | ((advantages < 0) & (ratio < low))
-
-    metrics: dict[str, float] = {}
+        log_ratio_used = log_ratio
+    ratio = torch.exp(log_ratio_used.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    kind = settings.kind
+    answer = kind.per_token(
+        LossInputs(
+            logprobs=torch.where(trained, logprobs, 0.0),
+            ratio=ratio,
+            advantages=advantages,
+            trained=trained,
+            clip_low=1.0 - settings.clip_eps,
+            clip_high=settings.eps_high,
+        )
+    )
     tokens = mask.sum().clamp(min=1.0)
-    if behaviour_logprobs is not None:
-        behaviour = torch.where(trained, behaviour_logprobs, logprobs.detach())
-        with torch.no_grad():
-            gap = torch.where(trained, logprobs.detach() - behaviour, 0.0)
-            metrics["logprob_mismatch"] = float(gap.abs().sum() / tokens)
-            kl_gap = torch.where(trained, mismatch_kl(logprobs.detach(), behaviour), 0.0)
-            metrics["mismatch_kl"] = float(kl_gap.sum() / tokens)
-        if settings.is_mode is not None:
-            weights, cut = correction_weights(
-                logprobs.detach(),
-                behaviour,
-                trained,
-                segments,
-                count,
-                settings.is_mode,
-                settings.is_clip_min,
-                settings.is_clip_max,
-            )
-            per_token = per_token * weights
-            metrics["is_weight_mean"] = float((weights * mask).sum() / tokens)
-            metrics["is_weight_max"] = float(weights.max()) if weights.numel() else 0.0
-            metrics["is_clip_fraction"] = float(cut.to(mask.dtype).sum() / tokens)
+    if behaviour_logprobs is None:
+        metrics = {"logprob_mismatch": float(log_ratio.detach().abs().sum() / tokens)}
+        pg_per_token = answer.per_token
     else:
-        metrics["logprob_mismatch"] = float(log_ratio.detach().abs().sum() / tokens)
-    pg_per_token = per_token
-    kl_per_token = torch.zeros_like(per_token)
+        weights, metrics = _behaviour_terms(
+            logprobs.detach(), behaviour_logprobs, trained, segments, count, settings
+        )
+        pg_per_token = answer.per_token * weights
+    kl_per_token = torch.zeros_like(pg_per_token)
     if settings.kl_coef > 0 and ref_logprobs is not None:
-        delta = torch.where(trained, ref_logprobs.detach() - logprobs, 0.0)
-        delta = delta.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        kl_per_token = torch.exp(delta) - delta - 1.0
-        per_token = per_token + settings.kl_coef * kl_per_token
-
-    weights = _normaliser(settings, mask, segments, lengths, total_tokens, total_sequences)
-    loss = (per_token * weights).sum()
+        kl_per_token = _k3(logprobs, ref_logprobs, trained)
+    normaliser = _normaliser(
+        kind, settings.max_length, mask, segments, lengths, total_tokens, total_sequences
+    )
+    loss = ((pg_per_token + settings.kl_coef * kl_per_token) * normaliser).sum()
     if entropy is not None:
         entropy_sum = torch.where(trained, entropy, 0.0).sum()
         if settings.entropy_coef:
@@ -204,26 +185,72 @@ def policy_loss(
 
     with torch.no_grad():
         metrics.update(
-            pg_loss=float((pg_per_token * weights).sum()),
+            pg_loss=float((pg_per_token * normaliser).sum()),
             kl=float((kl_per_token * mask).sum() / tokens),
-            clip_fraction=float((gradient_cut.to(mask.dtype) * mask).sum() / tokens),
+            clip_fraction=float((answer.gradient_cut.to(mask.dtype) * mask).sum() / tokens),
             ratio_mean=float((ratio * mask).sum() / tokens),
             tokens=float(mask.sum()),
         )
     return loss, metrics
 
 
-def _normaliser(
+@torch.no_grad()
+def _behaviour_terms(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    trained: torch.Tensor,
+    segments: torch.Tensor,
+    count: int,
     settings: LossSettings,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Against the rollout's logprobs: the correction weight of each token's policy
+    gradient (1 without `is_mode`) and the mismatch metrics."""
+    mask = trained.to(logprobs.dtype)
+    tokens = mask.sum().clamp(min=1.0)
+    behaviour = torch.where(trained, behaviour_logprobs, logprobs)
+    gap = torch.where(trained, logprobs - behaviour, 0.0)
+    kl_gap = torch.where(trained, mismatch_kl(logprobs, behaviour), 0.0)
+    metrics = {
+        "logprob_mismatch": float(gap.abs().sum() / tokens),
+        "mismatch_kl": float(kl_gap.sum() / tokens),
+    }
+    if settings.is_mode is None:
+        return torch.ones_like(mask), metrics
+    weights, cut = correction_weights(
+        logprobs,
+        behaviour,
+        trained,
+        segments,
+        count,
+        settings.is_mode,
+        settings.is_clip_min,
+        settings.is_clip_max,
+    )
+    metrics["is_weight_mean"] = float((weights * mask).sum() / tokens)
+    metrics["is_weight_max"] = float(weights.max()) if weights.numel() else 0.0
+    metrics["is_clip_fraction"] = float(cut.to(mask.dtype).sum() / tokens)
+    return weights, metrics
+
+
+def _k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
+    """Each token's k3 estimate of KL(policy || reference), with the policy's gradient."""
+    delta = torch.where(trained, ref_logprobs.detach() - logprobs, 0.0)
+    delta = delta.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    return torch.exp(delta) - delta - 1.0
+
+
+def _normaliser(
+    kind: LossKind,
+    max_length: int,
     mask: torch.Tensor,
     segments: torch.Tensor,
     lengths: torch.Tensor,
     total_tokens: int,
     total_sequences: int,
 ) -> torch.Tensor:
-    """Each token's weight in the batch loss (see the module docstring)."""
-    if settings.loss_type == "grpo":
+    """Each token's weight in the batch loss (`losses.Normaliser`)."""
+    if kind.normaliser == "sequence":
         return mask / lengths[segments.clamp(min=0)] / max(total_sequences, 1)
-    if settings.loss_type == "dr_grpo":
-        return mask / (max(total_sequences, 1) * max(settings.max_length, 1))
+    if kind.normaliser == "constant":
+        return mask / (max(total_sequences, 1) * max(max_length, 1))
     return mask / max(total_tokens, 1)

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from example_trainer.importance import correction_weights  # noqa: E402
 from example_trainer.loss import LossSettings, policy_loss  # noqa: E402
+from example_trainer.losses import LOSSES  # noqa: E402
 
 B, T, MAX_LENGTH = 3, 5, 8
 
@@ -47,7 +48,7 @@ def trl_loss(settings: LossSettings, tensors: dict, is_ratio=None, entropy_coef=
         importance_sampling_level=settings.importance_sampling_level,
         beta=settings.kl_coef,
         args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
-        loss_type=settings.loss_type,
+        loss_type=LOSSES[settings.loss_type].trl_loss_type,
         epsilon_low=settings.clip_eps,
         epsilon_high=settings.eps_high,
         use_vllm=is_ratio is not None,
@@ -147,8 +148,8 @@ def case_id(settings: LossSettings) -> str:
     )
 
 
-@pytest.mark.parametrize("settings", CASES, ids=case_id)
-def test_loss_and_gradients_equal_trls(settings):
+def agree_with_trl(settings: LossSettings) -> list[float]:
+    """Loss and gradients equal TRL's on three batches; the clip fractions seen."""
     clipped = []
     for seed in range(3):
         tensors = batch(seed)
@@ -161,8 +162,34 @@ def test_loss_and_gradients_equal_trls(settings):
         if settings.entropy_coef:
             assert torch.allclose(our_entropy_grad * tensors["mask"], their_entropy_grad, atol=1e-7)
         clipped.append(metrics["clip_fraction"])
+    return clipped
+
+
+@pytest.mark.parametrize("settings", CASES, ids=case_id)
+def test_loss_and_gradients_equal_trls(settings):
+    clipped = agree_with_trl(settings)
     # the cases reach the branches they claim to: some tokens are clipped (cispo: capped)
     assert max(clipped) > 0
+
+
+LIBRARY_LOSSES = sorted(
+    name for name, kind in LOSSES.items() if kind.per_token.__module__.startswith("example_")
+)
+"""Every loss the library registers (not those tests register), whatever else is imported."""
+
+
+@pytest.mark.parametrize("name", LIBRARY_LOSSES)
+def test_every_registered_loss_equals_trls_or_has_none(name):
+    """A loss registered with a TRL counterpart is checked against it under its own
+    defaults; one registered with `trl=None` says so here."""
+    kind = LOSSES[name]
+    if kind.trl_loss_type is None:
+        pytest.skip(f"{name} is registered as having no TRL counterpart")
+    agree_with_trl(
+        LossSettings(
+            loss_type=name, clip_eps_high=kind.default_clip_eps_high, max_length=MAX_LENGTH
+        )
+    )
 
 
 @pytest.mark.parametrize(

@@ -363,11 +363,19 @@ def test_every_loss_and_off_policy_flag_reaches_the_trainer_from_the_yaml(tmp_pa
 
 
 @pytest.mark.integration
-def test_a_loss_setting_that_contradicts_itself_is_refused_before_the_run(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"loss_type": "cispo", "clip_eps_high": 0.28}, "cap of at least 1"),
+        ({"loss_type": "sapo"}, "no loss named 'sapo'; registered:"),
+        ({"loss_import_path": "my_losses:sapo"}, "no module 'my_losses'"),
+    ],
+)
+def test_a_loss_setting_that_is_wrong_is_refused_before_the_run(tmp_path, capsys, args, message):
     config = launch_config(tmp_path / "r")
-    config["trainer"]["args"].update(loss_type="cispo", clip_eps_high=0.28)
+    config["trainer"]["args"].update(args)
     code, err = run_main(tmp_path, config, capsys)
-    assert code == 2 and "cap of at least 1" in err
+    assert code == 2 and message in err
 
 
 def test_the_default_trainers_flags_model_is_read_where_it_declares_it():
