@@ -59,7 +59,9 @@ class LaunchSettings(BaseModel):
     atropos_url: str
     """The trajectory API the trainer registers with and pulls batches from."""
     vllm_port: int
-    """The inference engine's port: the one the trainer starts, or the launcher's own engine."""
+    """The inference engine's port: the one the trainer starts, or the launcher's own engine.
+    Upstream's trainer flag (`--vllm-port`), whatever the engine: a trainer written for
+    upstream takes it as it is (the example trainer also as `--engine-port`)."""
     save_path: str
     """Where checkpoints, `metrics.jsonl` and `events.jsonl` go."""
     seed: int

@@ -173,7 +173,7 @@ def step_worker(args: argparse.Namespace) -> None:
     sequences = trainer.parallel.shard(
         flatten(groups, "group", args.seq_len), lambda s: len(s.tokens)
     )
-    chunks = micro_batches(sequences, 1, 0, args.micro_batch_tokens, trainer.packs)
+    chunks = micro_batches(sequences, 1, 0, args.micro_batch_tokens, trainer.forward.packs)
     enabled = trainer.sharded and trainer.parallel.enabled
     count = padded_micro_batch_count(len(chunks), enabled, trainer.device)
     synchronize(trainer.device)
@@ -181,13 +181,13 @@ def step_worker(args: argparse.Namespace) -> None:
     for index in range(count):
         last = index == count - 1
         if index >= len(chunks):
-            trainer.idle_micro_batch(last)
+            trainer.forward.idle_pass(last, 0, None)
             continue
-        with trainer.gradient_sync(last):
+        with trainer.forward.gradient_sync(last):
             chunk = chunks[index]
             rest = (chunk.attention_mask, chunk.position_ids)
             on_device = [None if t is None else t.to(trainer.device) for t in rest]
-            trainer.forward_model(chunk.input_ids.to(trainer.device), *on_device).sum().backward()
+            trainer.forward(chunk.input_ids.to(trainer.device), *on_device).sum().backward()
     synchronize(trainer.device)
     bare_s = time.perf_counter() - started
     if trainer.parallel.is_main:

@@ -45,7 +45,7 @@ from quickstart_runs import REPO, launch, quickstart_config, read_jsonl
 
 DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 MODES = {
-    "restart": {"weight_bridge_mode": "none", "vllm_restart_interval": 10},
+    "restart": {"weight_bridge_mode": "none", "engine_restart_interval": 10},
     "hot": {"weight_bridge_mode": "hot_reload", "weight_sync_interval": 1},
     # hot reload with the trainer polling /batch with back-off instead of a held request
     "hot-polling": {"weight_bridge_mode": "hot_reload", "batch_wait_s": 0},
@@ -53,7 +53,7 @@ MODES = {
 
 
 def run_mode(mode: str, steps: int, seed: int, workdir: Path) -> dict:
-    replaced = ("weight_bridge_mode", "vllm_restart_interval", "weight_sync_interval")
+    replaced = ("weight_bridge_mode", "engine_restart_interval", "weight_sync_interval")
     config = quickstart_config(MODES[mode], steps, seed, (*replaced, "batch_wait_s"))
     run_dir, wall = launch(mode, config, workdir)
     events = read_jsonl(run_dir / "events.jsonl")

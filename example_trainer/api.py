@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +84,19 @@ class TrajectoryAPI:
         `max_staleness`, when set, goes along: the API tells environments, which then
         admit no more work than can arrive within it (upstream's ignores it too)."""
         payload = Registration(
-            wandb_group=config.wandb_group,
-            wandb_project=config.wandb_project,
-            batch_size=config.batch_size,
-            max_token_len=config.seq_len,
-            checkpoint_dir=str(Path(config.save_path).resolve()),
-            save_checkpoint_interval=config.save_checkpoint_interval
-            or (config.vllm_restart_interval if config.restarts_engine else config.training_steps),
+            wandb_group=config.logging.wandb_group,
+            wandb_project=config.logging.wandb_project,
+            batch_size=config.batching.batch_size,
+            max_token_len=config.batching.seq_len,
+            checkpoint_dir=str(Path(config.checkpoint.save_path).resolve()),
+            save_checkpoint_interval=config.checkpoint.save_checkpoint_interval
+            or (
+                config.weight_sync.engine_restart_interval
+                if config.weight_sync.restarts_engine
+                else config.optim.training_steps
+            ),
             starting_step=starting_step,
-            num_steps=config.training_steps,
+            num_steps=config.optim.training_steps,
             vocab_size=vocab_size,
             # environments narrow their off-policy window to it (`/status-env`)
             max_staleness=getattr(config, "max_staleness", None),
@@ -176,6 +181,29 @@ class TrajectoryAPI:
             logger.warning("/batch answered HTTP %d: %s", response.status_code, response.text[:200])
             return None
         return response
+
+    def wait_for_batch(
+        self, step: int, committed: int, poll_s: float, meanwhile: Callable[[], object]
+    ) -> tuple[list[ScoredData], float]:
+        """The batch of `step` and the seconds it took, asking until there is one; each
+        try first calls `meanwhile` (the trainer revives dead engines, which the batch
+        may wait on). A long wait is noted every 30 s with the API's status."""
+        started, delay = time.perf_counter(), 0.05
+        next_note = started + 30
+        while True:
+            meanwhile()
+            batch = self.batch(step=step, committed=committed)
+            if batch:
+                return batch, time.perf_counter() - started
+            if time.perf_counter() >= next_note:
+                next_note += 30
+                waited = time.perf_counter() - started
+                logger.warning(
+                    "no batch for %.0fs at step %d; API status: %s", waited, step - 1, self.status()
+                )
+            if not self.waits:  # an API that cannot wait for a batch is polled with back-off
+                time.sleep(delay)
+                delay = min(delay * 2, poll_s)
 
     def status(self) -> dict[str, Any] | str:
         """The API's /status, or why it could not be read (for "still waiting" notes)."""

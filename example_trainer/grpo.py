@@ -5,23 +5,26 @@ pull a batch, train one step (micro-batches packed by length, loss in
 `loss.py`), and hand the new weights to the engine so environments sample from
 the current policy: a hot mode pushes them into the running engine every
 `--weight-sync-interval` steps, a restart mode checkpoints and restarts it every
-`--vllm-restart-interval` steps (`atroposlib.weight_sync`). Checkpoints follow
+`--engine-restart-interval` steps (`atroposlib.weight_sync`). Checkpoints follow
 `--save-checkpoint-interval`; the last step always saves. An engine that dies
-is restarted from the newest weights it can load (`serving.py`); a restart that fails
-is retried, then falls back to the previous checkpoint (`engine.py`). Ctrl-C writes a final
-checkpoint and stops the engine. Under torchrun, rank 0 alone does the
+is restarted from the newest weights it can load, and a restart that fails is
+retried, then falls back to the previous checkpoint (the library's engine fleet,
+`atroposlib.inference.fleet`; `serving.py` is the trainer's side). Ctrl-C writes a
+final checkpoint and stops the engine. Under torchrun, rank 0 alone does the
 talking (API, engine, checkpoints, metrics); see `distributed.py`.
+
+The `Trainer` holds its parts: the policy's forward (`policy_forward.py`), the
+objective (`objective.py`), the engines (`serving.py`) and the step log
+(`step_report.py`); it decides only the order of a step.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -53,7 +56,6 @@ from example_trainer.data import (
 )
 from example_trainer.distributed import init_data_parallel
 from example_trainer.interrupts import StepInterrupts
-from example_trainer.logprobs import PolicyLogprobs, packs_micro_batches
 from example_trainer.model import (
     MasterWeights,
     build_optimizer,
@@ -62,10 +64,11 @@ from example_trainer.model import (
     load_policy,
 )
 from example_trainer.objective import Objective, StepMetrics, forward_inputs
+from example_trainer.policy_forward import PolicyForward
 from example_trainer.reference import ReferencePolicy
 from example_trainer.serving import PolicyServing
-from example_trainer.sharding import padded_micro_batch_count, shard
-from example_trainer.step_report import CompletionEnds, rollout_numbers, step_line
+from example_trainer.sharding import padded_micro_batch_count
+from example_trainer.step_report import CompletionEnds, StepLog, rollout_numbers
 
 NOTHING_TRAINED = dict.fromkeys(
     (
@@ -87,111 +90,78 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-class Trainer(PolicyServing):
+class Trainer:
     """The GRPO trainer: pulls batches from the API, trains one step each, syncs weights.
 
-    It owns the policy, the optimizer and the engine for one rank; `run` decides when to
-    checkpoint and hand weights over, and under torchrun rank 0 alone talks to the API.
+    It owns the policy, the optimizer and the engines for one rank; `run` decides when
+    to checkpoint and hand weights over, and under torchrun rank 0 alone talks to the API.
     """
 
     def __init__(self, config: TrainingConfig) -> None:
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
-        torch.manual_seed(config.seed)
-        random.seed(config.seed)
-        self.sharded = config.parallelism == "fsdp"  # one process is a group of one rank
+        if config.parallel.num_threads:
+            torch.set_num_threads(config.parallel.num_threads)
+        torch.manual_seed(config.model.seed)
+        random.seed(config.model.seed)
+        self.sharded = config.parallel.parallelism == "fsdp"  # one process is a group of one rank
         self.parallel, self.device = init_data_parallel(
-            pick_device(config.device), group_of_one=self.sharded
+            pick_device(config.parallel.device), group_of_one=self.sharded
         )
         self.model, self.tokenizer, restore_optimizer = load_policy(
             config, self.device, sharded=self.sharded
         )
-        if config.gradient_checkpointing:
+        if config.model.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
         self.model.train()
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.ends = CompletionEnds(self.tokenizer, self.model)  # completions/clipped_ratio
         self.skipped_groups: set[int] = set()
         """Indices, in the last step's batch, of the groups it could not train on."""
-        # before sharding: every rank probes its whole model
-        self.packs = packs_micro_batches(self.model, config.micro_batch_tokens, config.padding_free)
-        self.shares_prompts = config.shared_prompt_forward and not (
-            self.packs
-            or config.logprob_chunk_tokens
-            or config.entropy_coef > 0
-            or config.gradient_checkpointing
-        )
-        # what the loss calls: the policy answering token logprobs (chunked or whole)
-        policy_logprobs = PolicyLogprobs(
-            self.model, config.logprob_chunk_tokens, with_entropy=config.entropy_coef > 0
-        )
-        self.ddp = None
-        self.fsdp: Any = None  # the sharded root (an FSDPModule) under --parallelism fsdp
-        if self.sharded:
-            self.fsdp = shard(
-                policy_logprobs, self.model, compute_dtype(config), config.fsdp_cpu_offload
-            )
-        elif self.parallel.enabled:
-            from torch.nn.parallel import DistributedDataParallel
-
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(policy_logprobs, device_ids=device_ids)
-        self.forward_model = self.ddp or policy_logprobs
+        self.forward = PolicyForward(self.model, config, self.parallel, self.device, self.sharded)
         reference = (
-            ReferencePolicy(config, self.model, self.forward_model, self.device)
-            if config.kl_reference == "model"
+            ReferencePolicy(config, self.model, self.forward.module, self.device)
+            if config.loss.kl_reference == "model"
             else None
         )
         self.objective = Objective(config, reference)
         self.master = MasterWeights(self.model)
         self.optimizer = build_optimizer(self.master.params, config)
-        warmup = max(1, config.warmup_steps)
+        warmup = max(1, config.optim.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup)
         )
+        resume = config.checkpoint.resume
         self.step = (
             load_trainer_state(
-                config.resume,
+                resume,
                 self.optimizer,
                 self.scheduler,
                 restore_optimizer,
                 self.master.stepped_module(self.model),
             )
-            if config.resume
+            if resume
             else 0
         )
         self.master.publish()  # the resumed masters, rounded into the model's own weights
-        self.latest_checkpoint = config.resume or config.model_name
+        self.latest_checkpoint = resume or config.model.model_name
         # the newest step a checkpoint holds: the API keeps later batches for a resume
         self.committed_step = self.step
-        self.records = RunRecords(config.save_path)
-        self.engines = []  # started by start_engines (serving.py), on rank 0
-        self.bridge = None  # hot modes only (atroposlib.weight_sync.bridge)
-        self._wandb_run = None
+        self.records = RunRecords(config.checkpoint.save_path)
+        self.serving = PolicyServing(
+            config, self.records, self.model, self.tokenizer, self.sharded
+        )  # its engines start on rank 0 (`run`)
+        self.step_log = StepLog(self.records, config)
         self._warned_missing_logprobs = False
 
-    # -------------------------------------------------------------- train
-    def wait_for_batch(self, api: TrajectoryAPI) -> tuple[list[ScoredData], float]:
-        started, delay = time.perf_counter(), 0.05
-        next_note = started + 30
-        while True:
-            self.ensure_engines()
-            batch = api.batch(step=self.step + 1, committed=self.committed_step)
-            if batch:
-                return batch, time.perf_counter() - started
-            if time.perf_counter() >= next_note:
-                next_note += 30
-                logger.warning(
-                    "no batch for %.0fs at step %d; API status: %s",
-                    time.perf_counter() - started,
-                    self.step,
-                    api.status(),
-                )
-            if not api.waits:  # an API that cannot wait for a batch is polled with back-off
-                time.sleep(delay)
-                delay = min(delay * 2, self.config.batch_poll_s)
+    @property
+    def engines(self) -> list:
+        return self.serving.engines
 
+    def ensure_engines(self) -> float:
+        """Restart dead engines on the newest weights they can load; seconds spent."""
+        return self.serving.ensure(self.step)
+
+    # -------------------------------------------------------------- train
     def train_step(self, batch: BatchGroups) -> dict[str, float]:
         """One optimizer step on `batch`, less the groups it cannot train on and, with
         --max-staleness, the sequences sampled too many versions ago (both counted)."""
@@ -202,7 +172,7 @@ class Trainer(PolicyServing):
                 "step %d: skipping a group it cannot train on: %s", self.step + 1, reason
             )
         sequences = self.sequences(groups)
-        fresh, dropped = drop_stale(sequences, self.step, config.max_staleness)
+        fresh, dropped = drop_stale(sequences, self.step, config.batching.max_staleness)
         # a group none of whose sequences is fresh enough was consumed, not trained
         trainable = [n for n in range(len(groups) + len(skipped)) if n not in skipped]
         trained_groups = {s.group for s in fresh}
@@ -220,7 +190,7 @@ class Trainer(PolicyServing):
             return {**NOTHING_TRAINED, **counts, "lr": lr}
         metrics = self.accumulate_gradients(fresh)
         self.master.take_grads()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.master.params, config.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.master.params, config.optim.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a norm over every rank's shards
             grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
@@ -234,10 +204,10 @@ class Trainer(PolicyServing):
         config = self.config
         return flatten(
             groups,
-            config.scale_advantages or "group",
-            config.seq_len,
-            config.require_inference_logprobs,
-            config.advantage_estimator,
+            config.loss.scale_advantages or "group",
+            config.batching.seq_len,
+            config.batching.require_inference_logprobs,
+            config.loss.advantage_estimator,
         )
 
     def accumulate_gradients(self, sequences: list[Sequence]) -> dict[str, float]:
@@ -258,11 +228,11 @@ class Trainer(PolicyServing):
         local = self.parallel.shard(sequences, lambda s: len(s.tokens))
         chunks = micro_batches(
             local,
-            config.gradient_accumulation_steps,
+            config.batching.gradient_accumulation_steps,
             self.tokenizer.pad_token_id or 0,
-            config.micro_batch_tokens,
-            self.packs,
-            self.shares_prompts,
+            config.batching.micro_batch_tokens,
+            self.forward.packs,
+            self.forward.shares_prompts,
         )
         step_metrics = StepMetrics(self.objective.settings, total_tokens)
         count = padded_micro_batch_count(
@@ -273,15 +243,16 @@ class Trainer(PolicyServing):
         for index in range(count):
             last = index == count - 1
             if index >= len(chunks):  # this rank's share ran out, its collectives not
-                self.idle_micro_batch(last)
+                pad = self.tokenizer.pad_token_id or 0
+                self.forward.idle_pass(last, pad, self.objective.reference)
                 continue
             chunk = chunks[index]
-            with self.gradient_sync(last):
+            with self.forward.gradient_sync(last):
                 inputs = forward_inputs(chunk, self.device)
                 if chunk.shared is not None:  # --shared-prompt-forward
-                    output = self.forward_model(*inputs, chunk.shared.to(self.device))
+                    output = self.forward(*inputs, chunk.shared.to(self.device))
                 else:
-                    output = self.forward_model(*inputs)
+                    output = self.forward(*inputs)
                 loss, metrics = self.objective.loss(chunk, output, total_tokens, len(sequences))
                 (loss * self.parallel.world_size).backward()
             step_metrics.add(loss.detach().item(), metrics)
@@ -297,31 +268,12 @@ class Trainer(PolicyServing):
             "sequences_without_inference_logprobs": float(without_old),
         }
 
-    def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
-        """Gradients are reduced across ranks once a step, after the last micro-batch."""
-        if self.fsdp is not None:
-            self.fsdp.set_requires_gradient_sync(last)
-        if last or self.ddp is None:
-            return contextlib.nullcontext()
-        return self.ddp.no_sync()
-
-    def idle_micro_batch(self, last: bool) -> None:
-        """A forward and backward that add nothing: FSDP gathers each layer collectively,
-        so a rank with fewer micro-batches than another still runs as many passes."""
-        with self.gradient_sync(last):
-            ids = torch.full((1, 2), self.tokenizer.pad_token_id or 0, device=self.device)
-            output = self.forward_model(ids, torch.ones_like(ids))
-            if self.objective.reference is not None:
-                self.objective.reference.logprobs(ids, torch.ones_like(ids))
-            logp = output[0] if isinstance(output, tuple) else output
-            (logp.sum() * 0.0).backward()
-
     def save(self) -> Path:
         """Checkpoint the current step; it becomes what a restarted engine serves. Under
         FSDP every rank calls this (each writes its optimizer shard); otherwise rank 0."""
         config = self.config
-        self.settle_push()  # a checkpoint step's pruning and restarts see every engine's state
-        parts = (config.save_path, self.step, self.model, self.tokenizer)
+        self.serving.settle()  # a checkpoint step's pruning and restarts see every engine
+        parts = (config.checkpoint.save_path, self.step, self.model, self.tokenizer)
         if self.sharded:
             dtype = compute_dtype(config)
             path = save_sharded_checkpoint(*parts, self.optimizer, self.scheduler, dtype)
@@ -330,86 +282,86 @@ class Trainer(PolicyServing):
             path = save_checkpoint(*parts, self.optimizer, self.scheduler, masters)
         self.latest_checkpoint = str(path)
         self.committed_step = self.step
+        self.serving.committed(str(path), self.step)
         if not self.parallel.is_main:
             return path
         self.records.event(EventKind.CHECKPOINT_SAVED, self.step, path=str(path))
         # the served checkpoints are where a failed restart falls back to
         serving = [engine.serving for engine in self.engines]
+        checkpoints = config.checkpoint
         removed = prune_checkpoints(
-            self.config.save_path, self.config.keep_checkpoints, protect=serving
+            checkpoints.save_path, checkpoints.keep_checkpoints, protect=serving
         )
         if removed:
             logger.info("removed %s (--keep-checkpoints)", ", ".join(map(str, removed)))
             for engine in self.engines:
-                engine.forget(removed)
+                engine.forget([str(path) for path in removed])
         return path
 
     def checkpoint_and_restart(self) -> float:
         """Every engine restarts on the new checkpoint, one after another, so the others
-        serve meanwhile (`serving.py`); seconds spent."""
+        serve meanwhile; seconds spent."""
         path = self.save()
-        return sum(engine.restart(str(path), self.step, "new weights") for engine in self.engines)
+        return self.serving.restart_all(str(path), self.step)
 
     def hand_over_weights(self) -> None:
         """After a step: restart modes checkpoint and restart at their interval (the
         step's records are written before, since the checkpoint commits the step)."""
         config = self.config
-        if config.restarts_engine and self.step % config.vllm_restart_interval == 0:
+        if (
+            config.weight_sync.restarts_engine
+            and self.step % config.weight_sync.engine_restart_interval == 0
+        ):
             # with --inference-engine none the checkpoint is what an external engine loads
             restart = self.checkpoint_and_restart()
             if self.engines:
                 logger.info("engine restarted on step %d in %.1fs", self.step, restart)
             return
-        interval = config.save_checkpoint_interval
+        interval = config.checkpoint.save_checkpoint_interval
         if interval and self.step % interval == 0 and self.committed_step != self.step:
             self.save()
 
     def log(self, metrics: dict[str, float]) -> None:
-        self.records.metrics(self.step, metrics)
-        if self.config.use_wandb:
-            self._wandb().log({f"train/{k}": v for k, v in metrics.items()}, step=self.step)
-        logger.info("%s", step_line(self.step, self.config.training_steps, metrics))
-
-    def _wandb(self):
-        """wandb run, offline when no WANDB_API_KEY is set (never a login prompt)."""
-        if self._wandb_run is None:
-            import os
-
-            import wandb
-
-            self._wandb_run = wandb.init(
-                project=self.config.wandb_project,
-                group=self.config.wandb_group,
-                mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
-                config=self.config.model_dump(),
-                dir=self.config.save_path,
-            )
-        return self._wandb_run
+        self.step_log.log(self.step, metrics)
 
     def next_batch(self, api: TrajectoryAPI | None) -> tuple[list[ScoredData], float]:
         """rank 0 polls the API; every rank gets its batch."""
-        batch, waited = self.wait_for_batch(api) if api is not None else (None, 0.0)
+        batch, waited = (
+            api.wait_for_batch(
+                self.step + 1,
+                self.committed_step,
+                self.config.batching.batch_poll_s,
+                self.ensure_engines,
+            )
+            if api is not None
+            else (None, 0.0)
+        )
         return self.parallel.broadcast((batch, waited))
 
     def run(self) -> None:
         config, main_rank = self.config, self.parallel.is_main
         api = (
-            TrajectoryAPI(config.atropos_url, config.api_timeout_s, config.batch_wait_s)
+            TrajectoryAPI(
+                config.batching.atropos_url,
+                config.batching.api_timeout_s,
+                config.batching.batch_wait_s,
+            )
             if main_rank
             else None
         )
         hands_over = main_rank or self.sharded  # FSDP: every rank gathers and writes
         if api is not None:  # the main rank
-            self.start_engines()
+            self.serving.start(self.latest_checkpoint, self.step)
             api.register(config, self.step, self.vocab_size)
         # an adapter or shared memory goes in before environments ask for the policy
-        if self.parallel.broadcast(self.bridge is not None and self.bridge.push_at_start):
+        bridge = self.serving.bridge
+        if self.parallel.broadcast(bridge is not None and bridge.push_at_start):
             if hands_over:
-                self.push_weights()
+                self.serving.push(self.step)
         interrupts = StepInterrupts()
         interrupts.install()
         try:
-            while self.step < config.training_steps:
+            while self.step < config.optim.training_steps:
                 batch, waited = self.next_batch(api)
                 with interrupts.step():  # a signal waits for the step to end
                     started = time.perf_counter()
@@ -417,9 +369,9 @@ class Trainer(PolicyServing):
                     self.step += 1
                     trained = time.perf_counter() - started
                     synced = 0.0
-                    last = self.step == config.training_steps
-                    if hands_over and self.pushes_weights():
-                        synced = self.push_weights()
+                    last = self.step == config.optim.training_steps
+                    if hands_over and self.serving.pushes_at(self.step):
+                        synced = self.serving.push(self.step)
                     if main_rank:
                         # both records before the checkpoint: a step it holds is on record
                         ids = [group_id_of(g) for g in batch]
@@ -448,18 +400,15 @@ class Trainer(PolicyServing):
                 logger.info("interrupted at step %d, which is already checkpointed", self.step)
         finally:
             interrupts.uninstall()
-            if self.bridge is not None:
-                self.bridge.close()
-            self.stop_engines()
-            if self._wandb_run is not None:
-                self._wandb_run.finish()
+            self.serving.stop()
+            self.step_log.close()
             self.parallel.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(__doc__.splitlines()[0])
     config, _ = parse_settings(parser, TrainingConfig, argv)
-    configure_logging("info", config.log_format)
+    configure_logging("info", config.logging.log_format)
     keep_debug_in_files(COMMAND_LOGGER)  # the engine's whole command, in logs/trainer.log
     from transformers.utils import logging as transformers_logging
 

@@ -37,15 +37,15 @@ def require(module: str, flag: str):
 
 def build_optimizer(params: list[torch.nn.Parameter], config: TrainingConfig):
     """The optimizer `--optimizer` names, over `params` (the fp32 masters where there are any)."""
-    if config.optimizer == "adamw_8bit":
+    if config.optim.optimizer == "adamw_8bit":
         bnb = require("bitsandbytes", "--optimizer adamw_8bit")
 
-        return bnb.optim.AdamW8bit(params, lr=config.lr)
-    if config.optimizer == "adafactor":
+        return bnb.optim.AdamW8bit(params, lr=config.optim.lr)
+    if config.optim.optimizer == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(params, lr=config.lr, relative_step=False, scale_parameter=False)
-    return torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+        return Adafactor(params, lr=config.optim.lr, relative_step=False, scale_parameter=False)
+    return torch.optim.AdamW(params, lr=config.optim.lr, weight_decay=0.0)
 
 
 class MasterWeights:
@@ -116,7 +116,7 @@ def enable_gradient_checkpointing(model: Any) -> None:
 
 
 def compute_dtype(config: TrainingConfig) -> torch.dtype:
-    return torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+    return torch.bfloat16 if config.model.dtype == "bfloat16" else torch.float32
 
 
 def load_policy(config: TrainingConfig, device: torch.device, sharded: bool = False):
@@ -127,7 +127,7 @@ def load_policy(config: TrainingConfig, device: torch.device, sharded: bool = Fa
     will shard (`sharded`) loads in float32: its shards are the master weights.
     """
     model, tokenizer, restore_optimizer = _load(config, device, sharded)
-    if config.disable_dropout:
+    if config.model.disable_dropout:
         without_dropout(model)
     return model, tokenizer, restore_optimizer
 
@@ -148,18 +148,18 @@ def _load(config: TrainingConfig, device: torch.device, sharded: bool) -> tuple[
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.float32 if sharded else compute_dtype(config)
-    source = config.resume or config.model_name
+    source = config.checkpoint.resume or config.model.model_name
     tokenizer = AutoTokenizer.from_pretrained(source)
-    if config.weight_bridge_mode not in LORA_MODES:
+    if config.weight_sync.weight_bridge_mode not in LORA_MODES:
         full = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         full = full.to(device)
         return full, tokenizer, True
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    adapter = Path(config.resume) / ADAPTER_DIR if config.resume else None
+    adapter = Path(config.checkpoint.resume) / ADAPTER_DIR if config.checkpoint.resume else None
     if adapter is not None and adapter.is_dir():
         # the checkpoint's weights already include the adapter: it goes on the base
-        base = AutoModelForCausalLM.from_pretrained(config.model_name, dtype=dtype)
+        base = AutoModelForCausalLM.from_pretrained(config.model.model_name, dtype=dtype)
         base = base.to(device)
         model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
         return model.to(device), tokenizer, True
@@ -168,18 +168,18 @@ def _load(config: TrainingConfig, device: torch.device, sharded: bool) -> tuple[
     model = get_peft_model(
         base,
         LoraConfig(
-            r=config.lora_r,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=config.lora_target_modules.split(","),
+            r=config.lora.lora_r,
+            lora_alpha=config.lora.lora_alpha,
+            lora_dropout=config.lora.lora_dropout,
+            target_modules=config.lora.lora_target_modules.split(","),
             task_type="CAUSAL_LM",
         ),
     )
-    if config.resume:
+    if config.checkpoint.resume:
         logger.warning(
             "%s holds no LoRA adapter (%s/): training fresh adapters on its merged "
             "weights, with a fresh optimizer state",
-            config.resume,
+            config.checkpoint.resume,
             ADAPTER_DIR,
         )
         return model, tokenizer, False

@@ -27,20 +27,20 @@ from example_trainer.reference import ReferencePolicy
 
 def loss_settings(config: TrainingConfig) -> LossSettings:
     return LossSettings(
-        loss_type=config.loss_type,
-        importance_sampling_level=config.importance_sampling_level,
-        clip_eps=config.clip_eps,
-        clip_eps_high=config.clip_eps_high,
-        kl_coef=config.kl_coef,
-        entropy_coef=config.entropy_coef,
-        max_length=config.seq_len,
+        loss_type=config.loss.loss_type,
+        importance_sampling_level=config.loss.importance_sampling_level,
+        clip_eps=config.loss.clip_eps,
+        clip_eps_high=config.loss.clip_eps_high,
+        kl_coef=config.loss.kl_coef,
+        entropy_coef=config.loss.entropy_coef,
+        max_length=config.batching.seq_len,
         is_mode=(
-            config.vllm_importance_sampling_mode
-            if config.vllm_importance_sampling_correction
+            config.loss.vllm_importance_sampling_mode
+            if config.loss.vllm_importance_sampling_correction
             else None
         ),
-        is_clip_min=config.vllm_importance_sampling_clip_min,
-        is_clip_max=config.vllm_importance_sampling_clip_max,
+        is_clip_min=config.loss.vllm_importance_sampling_clip_min,
+        is_clip_max=config.loss.vllm_importance_sampling_clip_max,
     )
 
 
@@ -57,7 +57,7 @@ class Objective:
 
     def __init__(self, config: TrainingConfig, reference: ReferencePolicy | None = None) -> None:
         self.settings = loss_settings(config)
-        self.against_trainer = config.ratio_reference == "trainer"
+        self.against_trainer = config.loss.ratio_reference == "trainer"
         self.reference = reference
 
     def loss(

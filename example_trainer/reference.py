@@ -34,7 +34,7 @@ class ReferencePolicy:
     def __init__(self, config: TrainingConfig, policy: Any, forward_policy: Any, device) -> None:
         """`policy`: the trained model (peft under LoRA); `forward_policy`: the module the
         loss calls for it (DDP or FSDP around `PolicyLogprobs`)."""
-        self.lora = config.weight_bridge_mode in LORA_MODES
+        self.lora = config.weight_sync.weight_bridge_mode in LORA_MODES
         self.policy = policy
         if self.lora:
             self.forward: Any = forward_policy
@@ -42,13 +42,13 @@ class ReferencePolicy:
         from transformers import AutoModelForCausalLM
 
         dtype = compute_dtype(config)
-        frozen = AutoModelForCausalLM.from_pretrained(config.model_name, dtype=dtype)
+        frozen = AutoModelForCausalLM.from_pretrained(config.model.model_name, dtype=dtype)
         frozen = frozen.to(device)
         frozen.requires_grad_(False)
         frozen.eval()
-        self.forward = PolicyLogprobs(frozen, config.logprob_chunk_tokens)
-        if config.parallelism == "fsdp":
-            self.forward = shard(self.forward, frozen, dtype, config.fsdp_cpu_offload)
+        self.forward = PolicyLogprobs(frozen, config.batching.logprob_chunk_tokens)
+        if config.parallel.parallelism == "fsdp":
+            self.forward = shard(self.forward, frozen, dtype, config.parallel.fsdp_cpu_offload)
 
     @torch.no_grad()
     def logprobs(

@@ -1,4 +1,5 @@
-"""What a step reports beside its loss: the rollouts it was given, and its console line.
+"""What a step reports beside its loss: the rollouts it was given, its console line,
+and where the report goes (`StepLog`).
 
 The rollout figures are those TRL's GRPOTrainer logs, under TRL's names where the
 trainer had none, so runs of both compare:
@@ -26,14 +27,18 @@ environments produced), as `score_mean` does.
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import torch
 
 from atroposlib.inference.engine import end_token_ids
-from atroposlib.trainer_contract import ENV_SCORE_PREFIX
+from atroposlib.trainer_contract import ENV_SCORE_PREFIX, RunRecords
 from atroposlib.utils.logging import MESSAGE_WIDTH
 from example_trainer.data import Sequence
+
+logger = logging.getLogger("example_trainer")
 
 ALWAYS = 9
 """A field of the step line that stays whatever the width."""
@@ -156,3 +161,37 @@ def step_line(step: int, total: int, metrics: dict[str, float], width: int = MES
     while len(" ".join(text for text, _ in fields)) > width and min(f[1] for f in fields) < ALWAYS:
         fields.remove(min(fields, key=lambda f: f[1]))
     return " ".join(text for text, _ in fields)
+
+
+class StepLog:
+    """Where a step's report goes: `metrics.jsonl` (the launcher's contract), the
+    console's one line, and wandb under `train/` when `--use-wandb` (offline without a
+    WANDB_API_KEY: never a login prompt)."""
+
+    def __init__(self, records: RunRecords, config: Any) -> None:
+        """`config`: the trainer's (`TrainingConfig`), given whole to wandb."""
+        self.records, self.config = records, config
+        self.wandb_run: Any = None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.records.metrics(step, metrics)
+        if self.config.logging.use_wandb:
+            self._wandb().log({f"train/{k}": v for k, v in metrics.items()}, step=step)
+        logger.info("%s", step_line(step, self.config.optim.training_steps, metrics))
+
+    def _wandb(self) -> Any:
+        if self.wandb_run is None:
+            import wandb
+
+            self.wandb_run = wandb.init(
+                project=self.config.logging.wandb_project,
+                group=self.config.logging.wandb_group,
+                mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
+                config=self.config.model_dump(),
+                dir=self.config.checkpoint.save_path,
+            )
+        return self.wandb_run
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()

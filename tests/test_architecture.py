@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.support.source import LIBRARY_AND_USERS, REPO, imported_modules
 
 DOC = REPO / "docs" / "architecture.md"
-ROW = re.compile(r"^\| `([\w.]+)` \|[^|]*\|([^|]*)\|$")
+ROW = re.compile(r"^\| `([a-z_][\w.]*)` \|[^|]*\|([^|]*)\|$")
 
 
 def import_table(text: str) -> dict[str, set[str]]:

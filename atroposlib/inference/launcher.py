@@ -1,8 +1,8 @@
 """Start, health-check, restart and stop an inference engine subprocess.
 
-Used by the trainer (restart from each checkpoint) and the launcher. The engine
-is vLLM's OpenAI server or our `atropos-inference-server`; both take the same
-core flags, so one command builder serves both.
+Used by the trainer's engine fleet (restart from each checkpoint) and the launcher.
+The engine is any registered kind (`atroposlib.inference.engines`: vLLM's OpenAI
+server, our `atropos-inference-server`), which builds its own command.
 
 Orphans are prevented by `atroposlib.utils.processes` (own session, SIGTERM
 when the parent dies, group stop with SIGKILL escalation), and `EngineProcess`
@@ -18,10 +18,10 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from atroposlib.inference.engines import EngineKind, EngineName, engine_kind, resolve_kind
 from atroposlib.utils.exposure import engine_args_problem
 from atroposlib.utils.logging import MESSAGE_WIDTH, shorten
 from atroposlib.utils.ports import port_in_use
@@ -41,10 +41,10 @@ class EngineError(RuntimeError):
 
 
 class EngineConfig(BaseModel):
-    engine: Literal["auto", "vllm", "transformers"] = Field(
+    engine: EngineName = Field(
         "auto",
-        description="vllm, transformers (our CPU server), or auto: vllm when CUDA and "
-        "vllm are available to the engine's python, else transformers.",
+        description="A registered engine kind (cpu, vllm; transformers is cpu), or auto: "
+        "vllm when CUDA and vllm are available to the engine's python, else cpu.",
     )
     served_model_name: str = Field("default", description="Name clients send as 'model'.")
     host: str = Field("127.0.0.1", description="Address the engine binds.")
@@ -72,43 +72,13 @@ class EngineConfig(BaseModel):
         return args
 
 
-def resolve_engine(config: EngineConfig) -> Literal["vllm", "transformers"]:
-    if config.engine != "auto":
-        return config.engine
-    probe = "import torch, vllm; raise SystemExit(0 if torch.cuda.is_available() else 1)"
-    try:
-        found = subprocess.run([config.python, "-c", probe], capture_output=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return "transformers"
-    return "vllm" if found.returncode == 0 else "transformers"
+def resolve_engine(config: EngineConfig) -> EngineKind:
+    return resolve_kind(config.engine, config.python)
 
 
-def engine_command(config: EngineConfig, engine: str, model_path: str) -> list[str]:
-    module = (
-        "vllm.entrypoints.openai.api_server"
-        if engine == "vllm"
-        else "atroposlib.cli.inference_server"
-    )
-    command = [
-        config.python,
-        "-m",
-        module,
-        "--model",
-        str(model_path),
-        "--host",
-        config.host,
-        "--port",
-        str(config.port),
-        "--served-model-name",
-        config.served_model_name,
-    ]
-    if config.max_model_len:
-        command += ["--max-model-len", str(config.max_model_len)]
-    if config.dtype:
-        command += ["--dtype", config.dtype]
-    if config.gpu_memory_utilization is not None and engine == "vllm":
-        command += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
-    return command + list(config.extra_args)
+def engine_command(config: EngineConfig, kind: EngineKind | str, model_path: str) -> list[str]:
+    """The command that serves `model_path` with the engine `kind` (or its name)."""
+    return (engine_kind(kind) if isinstance(kind, str) else kind).command(config, model_path)
 
 
 def with_fresh_seed(command: list[str]) -> list[str]:
@@ -136,7 +106,8 @@ class EngineProcess:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.engine = resolve_engine(config)
+        self.kind = resolve_engine(config)
+        self.engine = self.kind.name
         self.proc: subprocess.Popen | None = None
         self.model_path: str | None = None
         self.restarts = 0
@@ -164,14 +135,12 @@ class EngineProcess:
             fd, name = tempfile.mkstemp(prefix="atropos-engine-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        command = with_fresh_seed(engine_command(self.config, self.engine, self.model_path))
+        command = with_fresh_seed(self.kind.command(self.config, self.model_path))
         self._wait_port_free()
         logger.info("%s", start_line(self.engine, self.config.port, self.model_path))
         whole = shlex.join(command)
         command_logger.debug("engine command: %s", whole)
-        env = {**os.environ, **self.config.env}
-        if self.engine == "vllm":
-            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        env = {**self.kind.launch_env(), **os.environ, **self.config.env}
         with open(self.log_path, "ab") as log:
             log.write(f"$ {whole}\n".encode())  # the engine's log starts with its command
             log.flush()
@@ -194,7 +163,7 @@ class EngineProcess:
             raise EngineError(f"{exc}; last log lines:\n{self.log_tail()}") from None
 
     def healthy(self) -> bool:
-        return answers_200(f"{self.url}/health")
+        return answers_200(f"{self.url}{self.kind.health_path}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from atroposlib.inference.engines import EngineName
+
 Port = Annotated[int, Field(ge=1, le=65535)]
 MAX_COPIES = 256
 """More processes of one environment than any machine runs usefully: a typo, not a plan."""
@@ -50,7 +52,9 @@ class ApiSection(Section):
 class EngineSection(Section):
     """A standalone inference engine; the trainer then uses it and restarts nothing."""
 
-    engine: Literal["auto", "vllm", "transformers"] = Field("auto", description="Which engine.")
+    engine: EngineName = Field(
+        "auto", description="Which engine: auto or a registered kind (cpu, vllm)."
+    )
     port: Port | Literal["auto"] = Field("auto", description="Port, or auto for a free one.")
     max_model_len: int | None = Field(
         None, gt=0, description="Longest prompt + completion (default: the trainer's seq_len)."

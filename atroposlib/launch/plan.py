@@ -48,6 +48,7 @@ from atroposlib.utils.exposure import (
     ENGINE_URLS_ENVIRONMENT,
     ENV_KEY_ENVIRONMENT,
 )
+from atroposlib.utils.sections import leaf_fields
 
 ENGINES_FILE = "engines.yaml"
 """The trainer's engines as an environment's `openai:` list (written with several)."""
@@ -55,8 +56,12 @@ EVALS_DIR = "evals"
 """Each environment's evaluations: <run_dir>/evals/<name>/ (metrics.json, history.jsonl)."""
 KEY_FILE = "api-key"
 """The run's key in its run directory (mode 0600), for clients such as view-run."""
-# the settings the launcher owns outright; a trainer.args entry for them is ignored
-LAUNCHER_OWNED = ("save_path", "atropos_url")
+LAUNCHER_OWNED = {
+    "save_path": "the launcher keeps the trainer's checkpoints in <run_dir>/checkpoints; "
+    "set run_dir",
+    "atropos_url": "the launcher points the trainer at the API it runs; set api.port",
+}
+"""The trainer settings the launcher owns outright: a trainer.args entry is refused, why."""
 
 
 @dataclass
@@ -175,7 +180,9 @@ def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) ->
     trainer_args = dict(config.trainer.args)
     requested_engine_port = config.engine.port if config.engine else "auto"
     if config.engine is None:
-        requested_engine_port = trainer_args.pop("vllm_port", "auto")
+        # the example trainer's --engine-port is upstream's --vllm-port, the contract's
+        named = trainer_args.pop("engine_port", None)
+        requested_engine_port = trainer_args.pop("vllm_port", named or "auto")
     engine_count = int(trainer_args.get("num_engines", 1))
     if engine_count > 1 and config.engine is not None:
         raise ConfigError(
@@ -260,7 +267,8 @@ def _trainer_plan(
     """The trainer's command, and the settings it got (the others are checked against them)."""
     module = config.trainer.module
     declared = _declared_config(module)
-    args = {k: v for k, v in args.items() if k not in LAUNCHER_OWNED}
+    for key in LAUNCHER_OWNED.keys() & args.keys():
+        raise ConfigError(f"trainer.args.{key}: {LAUNCHER_OWNED[key]}")
 
     def chosen(name: str, default: Any) -> Any:
         return args.pop(name, default)
@@ -464,7 +472,8 @@ def _declared_config(module: str) -> type[BaseModel] | None:
 
 
 def _declared_default(declared: type[BaseModel] | None, name: str, module: str) -> Any:
-    field_info = declared.model_fields.get(name) if declared is not None else None
+    leaf = leaf_fields(declared).get(name) if declared is not None else None
+    field_info = leaf.field if leaf is not None else None
     if field_info is None or field_info.is_required():
         raise ConfigError(
             f"trainer.args.{name} is required: trainer {module} declares no default for it"
@@ -473,7 +482,7 @@ def _declared_default(declared: type[BaseModel] | None, name: str, module: str) 
 
 
 def _validate(where: str, values: dict[str, Any], model: type[BaseModel]) -> BaseModel:
-    unknown = sorted(set(values) - set(model.model_fields))
+    unknown = sorted(set(values) - set(leaf_fields(model)))
     if unknown:
         raise ConfigError(f"unknown key '{where}.{unknown[0]}' (not a {model.__name__} field)")
     try:

@@ -1,7 +1,9 @@
 """Command-line flags generated from a pydantic model: one configuration mechanism.
 
 Each field becomes `--field-name` (or `--prefix.field_name`) with its description
-and default in `--help`; booleans take an optional true/false value.
+and default in `--help`; booleans take an optional true/false value. A sectioned
+config's leaves are flags of their own, flat (`--lr`, not `--optim.lr`), and a leaf's
+other spellings (`AliasChoices`) are further names of its flag (`utils.sections`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
+
+from atroposlib.utils.sections import aliases, iter_leaves, leaf_fields
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -58,9 +62,14 @@ def add_model_flags(
     `prefix` ("env.") namespaces the flags and their dest; `defaults` (an
     instance) supplies the defaults shown in --help instead of the class's.
     """
-    for name, field in model.model_fields.items():
-        flag = "--" + prefix + (name.replace("_", "-") if dash_names else name)
-        default = getattr(defaults, name) if defaults is not None else _shown_default(field)
+
+    def spelled(name: str) -> str:
+        return "--" + prefix + (name.replace("_", "-") if dash_names else name)
+
+    for leaf in iter_leaves(model):
+        name, field = leaf.name, leaf.field
+        holder = defaults if leaf.section is None else getattr(defaults, leaf.section, None)
+        default = getattr(holder, name) if holder is not None else _shown_default(field)
         if hasattr(default, "value"):  # enums
             default = default.value
         if field.is_required() and defaults is None:
@@ -69,21 +78,27 @@ def add_model_flags(
             shown = ""  # None says nothing; a description that names its default says it better
         else:
             shown = f" (default: {default!r})"
-        help_text = f"{field.description or ''}{shown}"
-        dest = prefix + name
-        if _is_bool(field.annotation):
-            parser.add_argument(
-                flag,
-                dest=dest,
-                nargs="?",
-                const=True,
-                type=parse_bool,
-                default=argparse.SUPPRESS,
-                metavar="BOOL",
-                help=help_text,
-            )
-        else:
-            parser.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=help_text)
+        _add_flag(parser, spelled(name), prefix + name, field, f"{field.description or ''}{shown}")
+        for alias in aliases(name, field):  # its own dest: a disagreement is then seen
+            _add_flag(parser, spelled(alias), prefix + alias, field, f"Same as {spelled(name)}.")
+
+
+def _add_flag(
+    parser: argparse.ArgumentParser, flag: str, dest: str, field: FieldInfo, help_text: str
+) -> None:
+    if _is_bool(field.annotation):
+        parser.add_argument(
+            flag,
+            dest=dest,
+            nargs="?",
+            const=True,
+            type=parse_bool,
+            default=argparse.SUPPRESS,
+            metavar="BOOL",
+            help=help_text,
+        )
+    else:
+        parser.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=help_text)
 
 
 def given_flags(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
@@ -98,15 +113,19 @@ class FlagError(ValueError):
 def model_from_args(
     model: type[ModelT], args: argparse.Namespace, dash_names: bool = True
 ) -> ModelT:
-    given = {name: value for name, value in vars(args).items() if name in model.model_fields}
+    spellings = leaf_fields(model)
+    given = {name: value for name, value in vars(args).items() if name in spellings}
     try:
         return model.model_validate(given)
     except ValidationError as exc:
         problems = []
         for error in exc.errors(include_url=False):
-            name = str(error["loc"][0]) if error["loc"] else ""
-            flag = "--" + (name.replace("_", "-") if dash_names else name)
-            problems.append(f"{flag} {given.get(name)!r}: {error['msg']}")
+            named = [part for part in error["loc"] if isinstance(part, str)]
+            if not named or named[-1] not in spellings:  # a rule between flags names them
+                problems.append(error["msg"].removeprefix("Value error, "))
+                continue
+            flag = "--" + (named[-1].replace("_", "-") if dash_names else named[-1])
+            problems.append(f"{flag} {given.get(named[-1])!r}: {error['msg']}")
         raise FlagError("; ".join(problems)) from None
 
 

@@ -14,7 +14,7 @@ def free_port() -> int:
 
 def free_ports(count: int) -> int:
     """The first of `count` consecutive ports nothing listens on now (e.g. one engine
-    each on --vllm-port, --vllm-port + 1, ...)."""
+    each on --engine-port, --engine-port + 1, ...)."""
     while True:
         first = free_port()
         if first + count <= 65536 and not any(port_in_use(first + i) for i in range(1, count)):

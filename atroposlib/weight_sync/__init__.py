@@ -4,7 +4,9 @@ Any trainer can use it; the trainer decides only *when* to sync.
 
 - `bridge`: the seam (`WeightBridge`), the hot bridges (`HotBridge`: export and push,
   `SharedBridge`: vLLM reads the trainer's GPU memory) and `build_bridge`, which picks
-  one from a trainer's settings (`BridgeSettings`).
+  one from a trainer's settings (`BridgeSettings`);
+- `modes`: the `--weight-bridge-mode` choices, which modes restart the engine;
+- `route`: `EngineRoute`, how one kind of engine takes weights while it runs.
 - Disk reload, for this project's CPU engine, the sender and the receiver side by side:
   - `disk_reload`: the engine's all-or-nothing reload, and the trainer's
     `push_to_cpu_engine`;

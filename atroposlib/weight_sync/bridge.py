@@ -3,7 +3,7 @@
 Design decisions:
 - Two families. Restart modes (`none`, upstream's default, also spelled
   `restart`; `lora_restart`) checkpoint and restart the engine every
-  `--vllm-restart-interval` steps: slow (seconds on a CPU, ~45 s for vLLM on a
+  `--engine-restart-interval` steps: slow (seconds on a CPU, ~45 s for vLLM on a
   GPU) but works with any engine. Hot modes push weights into the running
   engine every `--weight-sync-interval` steps, with no restart and no outage:
   `hot_reload` (full weights, loaded from disk by the engine), `lora_only` (an
@@ -12,10 +12,11 @@ Design decisions:
   `save_pretrained` layout (with the tokenizer), so the same directory is what a
   crashed engine restarts from; only the newest two are kept. Pushes are not
   checkpoints: `--save-checkpoint-interval` decides those.
-- Each engine takes weights its own way (`EnginePush`): our CPU engine through
-  its authenticated `/update_weights_from_disk`, vLLM through the routes in
-  `atroposlib.weight_sync.vllm`. A LoRA run on the CPU engine pushes the
-  merged weights (it has no adapter slots); on vLLM it loads the adapter.
+- Each engine kind takes weights its own way, along its route (`route.EngineRoute`,
+  named by its kind in `atroposlib.inference.engines`): our CPU engine through its
+  authenticated `/update_weights_from_disk` (`disk_reload.DiskReloadRoute`), vLLM
+  through its own routes (`vllm.VllmRoute`). A LoRA run on an engine without
+  adapter slots pushes the merged weights; on vLLM it loads the adapter.
 - A push that fails raises `WeightSyncError`; the trainer then restarts the
   engine on the newest exported weights, so a failed push costs one restart,
   never the run.
@@ -31,38 +32,36 @@ import logging
 import secrets
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import torch
 
-from atroposlib.weight_sync.disk_reload import push_to_cpu_engine
-from atroposlib.weight_sync.disk_routes import WEIGHT_SYNC_KEY_ENVIRONMENT
 from atroposlib.weight_sync.errors import WeightSyncError
+from atroposlib.weight_sync.modes import RESTART_MODES
+from atroposlib.weight_sync.route import EngineRoute, HotMode
 
 
-class BridgeSettings(Protocol):
-    """What a bridge reads of its trainer's settings. The example trainer's
-    `BridgeSettings` has every one under these names, and so may any trainer's."""
+@dataclass(frozen=True)
+class BridgeSettings:
+    """What a bridge reads of its trainer's settings; a trainer builds one from its own
+    (the example trainer: `serving.bridge_settings`)."""
+
+    weight_bridge_mode: str
+    model_name: str
+    served_model_name: str | None
+    save_path: str
+    """Hot exports go to <save_path>/live/step-N."""
+    engine_port: int
+    """The engine's port on 127.0.0.1."""
+    weight_sync_timeout_s: float
+    lora_r: int
 
     @property
-    def model_name(self) -> str: ...
-    @property
-    def served_model_name(self) -> str | None: ...
-    @property
-    def save_path(self) -> str: ...  # hot exports go to <save_path>/live/step-N
-    @property
-    def vllm_port(self) -> int: ...  # the engine's port on 127.0.0.1
-    @property
-    def weight_bridge_mode(self) -> str: ...
-    @property
-    def restarts_engine(self) -> bool: ...  # a restart mode: no hot bridge
-    @property
-    def weight_sync_interval(self) -> int: ...
-    @property
-    def weight_sync_timeout_s(self) -> float: ...
-    @property
-    def lora_r(self) -> int: ...
+    def restarts_engine(self) -> bool:
+        """A restart mode: no hot bridge."""
+        return self.weight_bridge_mode in RESTART_MODES
 
 
 class ExportFailed(WeightSyncError):
@@ -114,50 +113,38 @@ def export_weights(
 
 
 class EnginePush:
-    """Pushes an exported directory into one running engine."""
+    """Pushes an exported directory into one running engine, along its kind's route."""
 
-    def __init__(self, config: BridgeSettings, engine_kind: str, sync_key: str) -> None:
+    def __init__(self, config: BridgeSettings, route: EngineRoute, sync_key: str) -> None:
         self.config = config
-        self.engine_kind = engine_kind
+        self.route = route
         self.sync_key = sync_key
 
     @property
     def adapter_only(self) -> bool:
-        """vLLM takes LoRA adapters at run time; the CPU engine takes merged weights."""
-        return self.config.weight_bridge_mode == "lora_only" and self.engine_kind == "vllm"
+        """An engine that serves adapters takes LoRA's alone; another, merged weights."""
+        return self.config.weight_bridge_mode == "lora_only" and self.route.takes_adapters
 
     def served_name(self, name: str) -> str:
-        """What the engine serves its base model as: vLLM's adapter takes `name` itself."""
-        if not self.adapter_only:
-            return name
-        from atroposlib.weight_sync.vllm import lora_base_name
-
-        return lora_base_name(name)
+        """What the engine serves its base model as (an adapter may take `name` itself)."""
+        return self.route.served_name(name, self.adapter_only)
 
     def launch_extras(self) -> tuple[list[str], dict[str, str]]:
         """Flags and environment the engine must start with for this push to work."""
-        if self.engine_kind != "vllm":
-            return [], {WEIGHT_SYNC_KEY_ENVIRONMENT: self.sync_key}
-        from atroposlib.weight_sync.vllm import vllm_launch_extras
-
-        mode: Literal["hot_reload", "lora_only"] = (
-            "lora_only" if self.adapter_only else "hot_reload"
-        )
-        return vllm_launch_extras(mode, self.sync_key, self.config.lora_r)
+        mode: HotMode = "lora_only" if self.adapter_only else "hot_reload"
+        return self.route.launch_extras(mode, self.sync_key, self.config.lora_r)
 
     def push(self, url: str, path: Path, version: str) -> float:
-        timeout = self.config.weight_sync_timeout_s
         served = self.config.served_model_name or self.config.model_name
-        if self.engine_kind == "vllm":
-            from atroposlib.weight_sync import vllm as vllm_weights
-
-            headers = vllm_weights.weight_route_headers(self.sync_key)
-            if self.adapter_only:
-                return vllm_weights.load_vllm_lora(
-                    url, served, str(path), version, headers, timeout
-                )
-            return vllm_weights.reload_vllm_weights(url, str(path), version, headers, timeout)
-        return push_to_cpu_engine(url, path, version, self.sync_key, timeout)
+        return self.route.push(
+            url,
+            path,
+            version,
+            self.sync_key,
+            self.config.weight_sync_timeout_s,
+            served,
+            self.adapter_only,
+        )
 
 
 class WeightBridge:
@@ -226,10 +213,10 @@ class HotBridge(WeightBridge):
 
     pushes_from_export = True  # the engines load the export from disk
 
-    def __init__(self, config: BridgeSettings, engine_kind: str) -> None:
+    def __init__(self, config: BridgeSettings, route: EngineRoute) -> None:
         super().__init__(config)
         self.live = Path(config.save_path) / LIVE_DIR
-        self.pusher = EnginePush(config, engine_kind, secrets.token_urlsafe(24))
+        self.pusher = EnginePush(config, route, secrets.token_urlsafe(24))
         self.exports: list[Path] = []
         self.latest: tuple[str, int] | None = None
         self.pruned = []
@@ -302,7 +289,7 @@ class SharedBridge(WeightBridge):
         sync_key = secrets.token_urlsafe(24)
         self._extras = shared_vllm_launch_extras(sync_key)
         self.bridge = SharedVLLMBridge(
-            f"http://127.0.0.1:{config.vllm_port}",
+            f"http://127.0.0.1:{config.engine_port}",
             model,
             headers=weight_route_headers(sync_key),
             timeout_s=config.weight_sync_timeout_s,
@@ -352,20 +339,27 @@ class SharedBridge(WeightBridge):
 
 def build_bridge(
     config: BridgeSettings,
-    engine_kind: str | None,
+    engine: str,
+    route: EngineRoute | None,
     model: torch.nn.Module,
     gather: WeightGather | None = None,
 ) -> WeightBridge | None:
-    """The hot bridge for this run, or None for the restart modes (and no engine).
-    `gather`: how a sharded trainer assembles its weights (see `WeightGather`)."""
+    """The hot bridge for this run, or None for the restart modes. `engine` names the
+    engine's kind and `route` is how it takes weights while it runs (None: it only
+    restarts); `gather`: how a sharded trainer assembles its weights (`WeightGather`)."""
     mode = config.weight_bridge_mode
-    if config.restarts_engine or engine_kind is None:
+    if config.restarts_engine:
         return None
+    if route is None:
+        raise SystemExit(
+            f"--weight-bridge-mode {mode}: the {engine} engine takes no new weights while it "
+            "runs; use --weight-bridge-mode restart"
+        )
     if mode == "shared_vllm":
-        if engine_kind != "vllm":
+        if not route.shares_memory:
             raise SystemExit(
                 "--weight-bridge-mode shared_vllm needs vLLM on a CUDA GPU (trainer and engine "
                 "on the same GPU); on a CPU use --weight-bridge-mode hot_reload"
             )
         return SharedBridge(config, model, gather)
-    return HotBridge(config, engine_kind)
+    return HotBridge(config, route)

@@ -1,5 +1,6 @@
 """Loading new weights into a model that is serving: the CPU engine's hot reload, and
-the trainer's side of it (`push_to_cpu_engine`); the route between them is `disk_routes`.
+the trainer's side of it (`push_to_cpu_engine`, `DiskReloadRoute`); the HTTP route
+between them is `disk_routes`.
 
 Design decisions:
 - The new weights come from a directory on disk in `save_pretrained`'s layout
@@ -27,6 +28,7 @@ import torch
 
 from atroposlib.utils.http_client import shared_http_client
 from atroposlib.weight_sync.errors import WeightSyncError
+from atroposlib.weight_sync.route import HotMode
 
 
 class WeightLoadError(ValueError):
@@ -128,3 +130,33 @@ def push_to_cpu_engine(url: str, path: Path, version: str, key: str, timeout_s: 
             f"the engine refused the weights (HTTP {response.status_code}): {response.text[:300]}"
         )
     return time.perf_counter() - started
+
+
+class DiskReloadRoute:
+    """`atropos-inference-server`'s route: full weights from disk, never an adapter
+    alone (a LoRA run pushes its merged weights), keyed by the sync key."""
+
+    takes_adapters = False
+    shares_memory = False
+
+    def launch_extras(
+        self, mode: HotMode, sync_key: str, lora_rank: int
+    ) -> tuple[list[str], dict[str, str]]:
+        from atroposlib.weight_sync.disk_routes import WEIGHT_SYNC_KEY_ENVIRONMENT  # imports us
+
+        return [], {WEIGHT_SYNC_KEY_ENVIRONMENT: sync_key}
+
+    def served_name(self, name: str, adapter: bool) -> str:
+        return name
+
+    def push(
+        self,
+        url: str,
+        path: Path,
+        version: str,
+        sync_key: str,
+        timeout_s: float,
+        served: str,
+        adapter: bool,
+    ) -> float:
+        return push_to_cpu_engine(url, path, version, sync_key, timeout_s)

@@ -139,6 +139,36 @@ def load_vllm_lora(
     return time.perf_counter() - started
 
 
+class VllmRoute:
+    """vLLM's routes: in-place reload from disk, or a runtime LoRA adapter."""
+
+    takes_adapters = True
+    shares_memory = True
+
+    def launch_extras(
+        self, mode: Literal["hot_reload", "lora_only"], sync_key: str, lora_rank: int
+    ) -> tuple[list[str], dict[str, str]]:
+        return vllm_launch_extras(mode, sync_key, lora_rank)
+
+    def served_name(self, name: str, adapter: bool) -> str:
+        return lora_base_name(name) if adapter else name
+
+    def push(
+        self,
+        url: str,
+        path: Path,
+        version: str,
+        sync_key: str,
+        timeout_s: float,
+        served: str,
+        adapter: bool,
+    ) -> float:
+        headers = weight_route_headers(sync_key)
+        if adapter:
+            return load_vllm_lora(url, served, str(path), version, headers, timeout_s)
+        return reload_vllm_weights(url, str(path), version, headers, timeout_s)
+
+
 def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of a `save_pretrained` directory, read from safetensors headers."""
     if not path.is_dir():

@@ -135,7 +135,7 @@ def gradients(
         "optimizer": local_bytes(optimizer_state_tensors(trainer.optimizer)),
     }
     if lora:  # as the trainer's push_weights: every rank gathers, rank 0 exports
-        writer = trainer.weight_writer()
+        writer = trainer.serving.weight_writer()
         for name, adapter_only in (("merged", False), ("adapter", True)):
             target = folder / name
             if trainer.parallel.is_main:

@@ -79,9 +79,9 @@ def test_with_raw_logprobs_top_p_goes_uncorrected(raw_engine):
 
 @pytest.mark.parametrize("kind", ["transformers", "vllm"])
 def test_the_trainer_asks_its_engines_for_processed_logprobs_when_it_corrects(kind, tmp_path):
-    from atroposlib.trainer_contract import RunRecords
+    from atroposlib.inference.engines import engine_kind
     from example_trainer.config import TrainingConfig
-    from example_trainer.engine import Engine
+    from example_trainer.serving import engine_config
 
     for correcting in (True, False):
         config = TrainingConfig(
@@ -91,7 +91,7 @@ def test_the_trainer_asks_its_engines_for_processed_logprobs_when_it_corrects(ki
             vllm_importance_sampling_correction=correcting,
             ratio_reference="trainer",
         )
-        args = Engine(config, RunRecords(str(tmp_path))).process.config.extra_args
+        args = engine_config(config, engine_kind(kind), 0).extra_args
         assert ("--logprobs-mode" in args) == correcting
         if correcting:
             assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"

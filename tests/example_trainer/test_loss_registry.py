@@ -59,9 +59,9 @@ def test_an_import_path_and_a_loss_type_together_are_refused():
 
 def test_a_plain_function_is_registered_under_its_path_and_a_decorated_one_by_its_name():
     plain = config(loss_import_path="tests.support.custom_loss:plain_reinforce")
-    assert plain.loss_type == "tests.support.custom_loss:plain_reinforce"
-    assert LOSSES[plain.loss_type].normaliser == "token"
-    assert LOSSES[plain.loss_type].trl_loss_type is None
+    assert plain.loss.loss_type == "tests.support.custom_loss:plain_reinforce"
+    assert LOSSES[plain.loss.loss_type].normaliser == "token"
+    assert LOSSES[plain.loss.loss_type].trl_loss_type is None
     decorated = load_loss("tests.support.custom_loss:sequence_reinforce")
     assert decorated.name == "test_sequence_reinforce" and decorated.normaliser == "sequence"
 

@@ -268,14 +268,15 @@ def config(**fields) -> TrainingConfig:
 
 
 def test_the_flags_resolve_their_defaults_from_the_loss():
-    assert config().loss_type == "dapo" and config().scale_advantages == "group"
-    assert config(loss_type="dr_grpo").scale_advantages == "none"
-    assert config(advantage_estimator="rloo").scale_advantages == "none"
-    assert config(advantage_estimator="rloo", scale_advantages="group").scale_advantages == "group"
-    assert config(loss_normalization="sequence").loss_type == "grpo"
-    assert config(loss_type="cispo").clip_eps_high == 5.0
-    assert config().ratio_reference == "inference"
-    assert config(vllm_importance_sampling_correction=True).ratio_reference == "trainer"
+    assert config().loss.loss_type == "dapo" and config().loss.scale_advantages == "group"
+    assert config(loss_type="dr_grpo").loss.scale_advantages == "none"
+    assert config(advantage_estimator="rloo").loss.scale_advantages == "none"
+    chosen = config(advantage_estimator="rloo", scale_advantages="group")
+    assert chosen.loss.scale_advantages == "group"
+    assert config(loss_normalization="sequence").loss.loss_type == "grpo"
+    assert config(loss_type="cispo").loss.clip_eps_high == 5.0
+    assert config().loss.ratio_reference == "inference"
+    assert config(vllm_importance_sampling_correction=True).loss.ratio_reference == "trainer"
 
 
 @pytest.mark.parametrize(

@@ -127,7 +127,7 @@ def test_a_trainer_step_with_chunked_logprobs_matches_the_whole_one(tiny_model_p
     steps = {}
     for chunk in (0, 3):
         trainer = make_trainer(tiny_model_path, tmp_path / str(chunk), logprob_chunk_tokens=chunk)
-        assert trainer.forward_model.chunk_tokens == chunk
+        assert trainer.forward.module.chunk_tokens == chunk
         groups, skipped = split_trainable(batch, trainer.vocab_size)
         assert not skipped
         metrics = trainer.accumulate_gradients(trainer.sequences(groups))
@@ -273,7 +273,7 @@ def test_micro_batches_cut_by_tokens_give_the_gradients_of_one(
             padding_free=padding_free,
         )
         # auto packs under a varlen kernel only; the tiny model runs sdpa here
-        assert trainer.packs == (padding_free == "on" and budget is not None)
+        assert trainer.forward.packs == (padding_free == "on" and budget is not None)
         groups, skipped = split_trainable(batch, trainer.vocab_size)
         assert not skipped
         trainer.accumulate_gradients(trainer.sequences(groups))

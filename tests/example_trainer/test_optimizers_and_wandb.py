@@ -50,6 +50,6 @@ def test_wandb_logs_offline_without_a_key(tiny_model_path, tmp_path, fresh_wandb
     metrics = trainer.train_step(batch())
     trainer.step = 1
     trainer.log({**metrics, "wait_s": 0.0, "train_s": 0.1, "restart_s": 0.0, "tokens_per_s": 1.0})
-    trainer._wandb_run.finish()
+    trainer.step_log.close()
     (run,) = offline_runs(tmp_path / "wandb")
     assert "train/loss" in run.keys, sorted(run.keys)

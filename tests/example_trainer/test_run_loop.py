@@ -179,5 +179,5 @@ def test_a_steps_row_has_trls_rollout_figures_and_its_line_fits_80_columns(
     assert figures["completions/mean_terminated_length"] == 2.0
     assert figures["tokens_per_s"] == 10.0  # no longer on the line, still in the row
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1/")]
-    assert line.startswith(f"step 1/{trainer.config.training_steps} score 0.500 loss ")
+    assert line.startswith(f"step 1/{trainer.config.optim.training_steps} score 0.500 loss ")
     assert line.endswith(" 0.8s") and len("trainer        | " + line) <= 80

@@ -21,10 +21,10 @@ def refusal(capsys, *argv: str) -> str:
 
 
 def test_gpu_memory_utilization_is_the_engines_memory_share():
-    assert parsed("--gpu-memory-utilization", "0.3").vllm_gpu_memory_utilization == 0.3
-    assert parsed().vllm_gpu_memory_utilization == 0.45
+    assert parsed("--gpu-memory-utilization", "0.3").engine.gpu_memory_utilization == 0.3
+    assert parsed().engine.gpu_memory_utilization == 0.45
     both = parsed("--gpu-memory-utilization", "0.3", "--vllm-gpu-memory-utilization", "0.3")
-    assert both.vllm_gpu_memory_utilization == 0.3
+    assert both.engine.gpu_memory_utilization == 0.3
 
 
 def test_gpu_memory_utilization_that_disagrees_with_ours_is_refused(capsys):
@@ -34,13 +34,14 @@ def test_gpu_memory_utilization_that_disagrees_with_ours_is_refused(capsys):
 
 def test_lora_target_modules_takes_upstreams_space_separated_list_and_ours():
     upstream = parsed("--lora-target-modules", "q_proj", "v_proj", "k_proj", "--lr", "2e-5")
-    assert upstream.lora_target_modules.split(",") == ["q_proj", "v_proj", "k_proj"]
-    assert upstream.lr == 2e-5  # the list ends at the next flag
-    assert parsed("--lora-target-modules", "q_proj,o_proj").lora_target_modules == "q_proj,o_proj"
-    assert parsed().lora_target_modules == "q_proj,v_proj"
+    assert upstream.lora.lora_target_modules.split(",") == ["q_proj", "v_proj", "k_proj"]
+    assert upstream.optim.lr == 2e-5  # the list ends at the next flag
+    ours = parsed("--lora-target-modules", "q_proj,o_proj")
+    assert ours.lora.lora_target_modules == "q_proj,o_proj"
+    assert parsed().lora.lora_target_modules == "q_proj,v_proj"
     for spelling in ("q_proj v_proj", "q_proj,  v_proj", ["q_proj", "v_proj"]):
         config = TrainingConfig(model_name="m", lora_target_modules=spelling)
-        assert config.lora_target_modules == "q_proj,v_proj", spelling
+        assert config.lora.lora_target_modules == "q_proj,v_proj", spelling
 
 
 def test_an_empty_module_list_is_refused(capsys):
@@ -49,12 +50,11 @@ def test_an_empty_module_list_is_refused(capsys):
 
 
 def test_no_reference_logprobs_is_a_ratio_against_the_trainers_own_logprobs():
-    assert parsed().ratio_reference == "inference"  # upstream's default: the rollout's
+    assert parsed().loss.ratio_reference == "inference"  # upstream's default: the rollout's
     config = parsed("--no-reference-logprobs")
-    assert config.ratio_reference == "trainer"
-    assert parsed("--no-reference-logprobs", "--ratio-reference", "trainer").ratio_reference == (
-        "trainer"
-    )
+    assert config.loss.ratio_reference == "trainer"
+    both = parsed("--no-reference-logprobs", "--ratio-reference", "trainer")
+    assert both.loss.ratio_reference == "trainer"
 
 
 def test_no_reference_logprobs_with_the_rollouts_ratio_is_refused(capsys):

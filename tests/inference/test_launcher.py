@@ -125,14 +125,14 @@ def test_an_engine_start_is_one_short_line(tmp_path):
     checkpoint.mkdir(parents=True)
     tiny = tmp_path / "tiny-v3-0-512-96-2-256-512-4000-1500-0.003-0.3-0.4-0.5"
     tiny.mkdir()
-    assert start_line("transformers", 9001, str(checkpoint)) == (
-        "starting transformers engine on port 9001: step-120"
+    assert start_line("cpu", 9001, str(checkpoint)) == (
+        "starting cpu engine on port 9001: step-120"
     )
     assert start_line("vllm", 9001, "Qwen/Qwen2.5-1.5B-Instruct") == (
         "starting vllm engine on port 9001: Qwen/Qwen2.5-1.5B-Instruct"
     )
-    cut = start_line("transformers", 65535, str(tiny))
-    assert cut == "starting transformers engine on port 65535: tiny-v3-0-512-96..."
+    cut = start_line("cpu", 65535, str(tiny))
+    assert cut == "starting cpu engine on port 65535: tiny-v3-0-512-96-2-256-51..."
     assert len(cut) == MESSAGE_WIDTH
     assert len("trainer        | " + cut) <= 80  # beside the quickstart's launcher prefix
 
@@ -150,7 +150,7 @@ def test_a_failing_engine_quotes_its_log(tmp_path, caplog):
     # one short line at INFO; the whole command at DEBUG and atop the engine's log
     shown = [r for r in caplog.records if r.levelname == "INFO"]
     assert [r.getMessage() for r in shown] == [
-        f"starting transformers engine on port {engine.config.port}: no-such-model"
+        f"starting cpu engine on port {engine.config.port}: no-such-model"
     ]
     command = engine_command(engine.config, "transformers", str(tmp_path / "no-such-model"))
     (debug,) = [r for r in caplog.records if r.levelname == "DEBUG"]

@@ -35,6 +35,18 @@ def test_unknown_trainer_flag(tmp_path, capsys):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(
+    ("key", "instead"), [("save_path", "set run_dir"), ("atropos_url", "api.port")]
+)
+def test_a_key_the_launcher_owns_is_refused_saying_what_to_set(tmp_path, capsys, key, instead):
+    """It was dropped without a word: a run wrote its checkpoints elsewhere than asked."""
+    config = launch_config(tmp_path / "r")
+    config["trainer"]["args"][key] = "somewhere"
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and f"trainer.args.{key}: the launcher" in err and instead in err
+
+
+@pytest.mark.integration
 def test_bad_trainer_value(tmp_path, capsys):
     config = launch_config(tmp_path / "r")
     config["trainer"]["args"]["batch_size"] = 0
@@ -358,8 +370,8 @@ def test_every_loss_and_off_policy_flag_reaches_the_trainer_from_the_yaml(tmp_pa
     start = command.index("--model-name")
     parsed, _ = parse_settings(parser, TrainingConfig, command[start:])
     for key, value in LOSS_AND_OFF_POLICY_ARGS.items():
-        assert getattr(parsed, key) == value, key
-    assert parsed.ratio_reference == "trainer", "IS correction takes the trainer's ratio"
+        assert parsed.flat(key) == value, key
+    assert parsed.loss.ratio_reference == "trainer", "IS correction takes the trainer's ratio"
 
 
 @pytest.mark.integration

@@ -90,7 +90,7 @@ def test_each_engine_start_is_one_console_line_and_its_command_is_in_the_log(sho
     the console, the whole command in the trainer's log file; the last step restarts
     nothing."""
     out = short_run.output()
-    starts = [line for line in out.splitlines() if "| starting transformers engine on" in line]
+    starts = [line for line in out.splitlines() if "| starting cpu engine on" in line]
     assert len(starts) == 2 and starts[1].endswith(": step-2"), starts
     assert all(console_rows(line) == 1 for line in starts), starts
     trainer_log = short_run.log("trainer")
@@ -203,7 +203,7 @@ def test_a_standalone_engine_serves_the_environments(flat_run):
     env = commands["arith_env"]
     assert env[env.index("--openai.base_url") + 1] == f"http://127.0.0.1:{engine_port}/v1"
     assert trained_steps(flat_run.run_dir) == 20
-    assert "starting transformers engine on" not in flat_run.log("trainer")
+    assert "starting cpu engine on" not in flat_run.log("trainer")
     assert flat_run.leftovers == []
 
 
@@ -211,7 +211,7 @@ def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(flat_r
     """The minimal trainer keeps the contract, so the run works: its steps, checkpoints
     and events are counted from its records, not from its log lines."""
     out, run_dir = flat_run.output(), flat_run.run_dir
-    assert "starting transformers engine: (not really" in out  # printed, and not counted
+    assert "starting cpu engine: (not really" in out  # printed, and not counted
     numbers = flat_run.numbers()
     assert numbers["steps"] == 20
     assert numbers["engine_restarts"] == 0 and numbers["checkpoints_saved"] == 20

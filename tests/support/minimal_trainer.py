@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, Stop.ask)
     settings, batch_size, first_step = parse(argv)
     records = RunRecords(settings.save_path)
-    print("starting transformers engine: (not really; this line must not count)", flush=True)
+    print("starting cpu engine: (not really; this line must not count)", flush=True)
     key = os.environ.get(API_KEY_ENVIRONMENT)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     http = httpx.Client(base_url=settings.atropos_url, timeout=30, headers=headers)

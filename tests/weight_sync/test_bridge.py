@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 from atroposlib.envs.scored_data import group_from_chat  # noqa: E402
 from atroposlib.envs.server_handling.sequence_node import SequenceNode  # noqa: E402
+from atroposlib.inference.supervised import SupervisedEngine as Engine  # noqa: E402
 from atroposlib.protocol import ScoredData  # noqa: E402
 from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
 from atroposlib.weight_sync import bridge as weight_bridge  # noqa: E402
@@ -30,7 +31,6 @@ from atroposlib.weight_sync.versions import (  # noqa: E402
 )
 from example_trainer.config import HOT_MODE_CHECKPOINT_INTERVAL, TrainingConfig  # noqa: E402
 from example_trainer.data import flatten, staleness  # noqa: E402
-from example_trainer.engine import Engine  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
 from tests.support.trainer_batches import hot_trainer, post_groups, rollout_group  # noqa: E402
 
@@ -92,7 +92,7 @@ def test_hot_reload_syncs_without_restarts_checkpoints_on_its_interval_and_survi
         checkpoint_interval=2,
         vllm_restart_interval=1,
     )
-    assert trainer.config.save_checkpoint_interval == 2
+    assert trainer.config.checkpoint.save_checkpoint_interval == 2
     post_groups(wire_client, 5, weight_versions=["0", "0"])
     trainer.run()
 
@@ -127,23 +127,21 @@ def test_hot_modes_checkpoint_by_default_and_restart_modes_need_not():
     """RUN-1: hot modes saved nothing before the last step, so any crash lost the run."""
     for mode in ("hot_reload", "lora_only", "shared_vllm"):
         config = TrainingConfig(model_name="m", weight_bridge_mode=mode)
-        assert config.save_checkpoint_interval == HOT_MODE_CHECKPOINT_INTERVAL == 10
+        assert config.checkpoint.save_checkpoint_interval == HOT_MODE_CHECKPOINT_INTERVAL == 10
     for mode in ("none", "restart", "lora_restart"):
-        assert TrainingConfig(model_name="m", weight_bridge_mode=mode).save_checkpoint_interval == 0
+        restart = TrainingConfig(model_name="m", weight_bridge_mode=mode)
+        assert restart.checkpoint.save_checkpoint_interval == 0
     explicit = TrainingConfig(
         model_name="m", weight_bridge_mode="hot_reload", checkpoint_interval=0
     )
-    assert explicit.save_checkpoint_interval == 0  # asked for: only the last
+    assert explicit.checkpoint.save_checkpoint_interval == 0  # asked for: only the last
 
 
 def test_checkpoint_interval_is_an_alias_and_a_disagreement_is_refused(tmp_path, capsys):
-    assert TrainingConfig(model_name="m", checkpoint_interval=4).save_checkpoint_interval == 4
-    assert (
-        TrainingConfig(
-            model_name="m", save_checkpoint_interval=4, checkpoint_interval=4
-        ).checkpoint_interval
-        is None
-    )
+    aliased = TrainingConfig(model_name="m", checkpoint_interval=4)
+    assert aliased.checkpoint.save_checkpoint_interval == 4
+    both = TrainingConfig(model_name="m", save_checkpoint_interval=4, checkpoint_interval=4)
+    assert both.checkpoint.save_checkpoint_interval == 4
     with pytest.raises(ValueError, match="disagree"):
         TrainingConfig(model_name="m", save_checkpoint_interval=3, checkpoint_interval=4)
     # atropos-grpo's own entry point, in this process: a usage error (exit 2) that names

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 from atroposlib.inference.engine import device_problem  # noqa: E402
 from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
 from atroposlib.utils.ports import free_ports  # noqa: E402
-from atroposlib.weight_sync import bridge as weight_bridge  # noqa: E402
+from atroposlib.weight_sync import disk_reload as weight_bridge  # noqa: E402
 from atroposlib.weight_sync.bridge import HotBridge  # noqa: E402
 from tests.support.trainer_batches import hot_trainer, post_groups  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
@@ -69,7 +69,7 @@ def test_two_engines_take_each_push_at_once_and_a_refusal_or_a_kill_restarts_one
     monkeypatch.setattr(weight_bridge, "push_to_cpu_engine", wrong_key_once)
     served: list[tuple[int, str]] = []
     pids: dict[int, set[int]] = {0: set(), 1: set()}
-    stop = trainer.stop_engines
+    stop = trainer.serving.stop
 
     def reading_stop() -> None:
         for engine in trainer.engines:
@@ -77,15 +77,15 @@ def test_two_engines_take_each_push_at_once_and_a_refusal_or_a_kill_restarts_one
             pids[engine.index].add(engine.process.proc.pid)  # a push's restart is settled late
         stop()
 
-    trainer.stop_engines = reading_stop  # type: ignore[method-assign]
-    original_push_weights = trainer.push_weights
+    trainer.serving.stop = reading_stop  # type: ignore[method-assign]
+    original_push_weights = trainer.serving.push
 
-    def noting_pids() -> float:
+    def noting_pids(step: int) -> float:
         for engine in trainer.engines:
             pids[engine.index].add(engine.process.proc.pid)
-        return original_push_weights()
+        return original_push_weights(step)
 
-    trainer.push_weights = noting_pids  # type: ignore[method-assign]
+    trainer.serving.push = noting_pids  # type: ignore[method-assign]
     failures: list[BaseException] = []
 
     def run() -> None:
@@ -101,7 +101,8 @@ def test_two_engines_take_each_push_at_once_and_a_refusal_or_a_kill_restarts_one
         metrics = save / "metrics.jsonl"
 
         def step_two_pushed() -> bool:
-            in_flight = trainer.in_flight
+            fleet = trainer.serving.fleet
+            in_flight = fleet.in_flight if fleet is not None else None
             two = metrics.exists() and len(read_metrics(metrics)) == 2
             return two and (in_flight is None or in_flight.refusals.done())
 
@@ -129,7 +130,7 @@ def test_two_engines_take_each_push_at_once_and_a_refusal_or_a_kill_restarts_one
         assert not runner.is_alive(), "the trainer did not finish"
     finally:
         if runner.is_alive():
-            trainer.config.training_steps = trainer.step  # let the loop end
+            trainer.config.optim.training_steps = trainer.step  # let the loop end
             runner.join(60)
     assert not failures, failures
 
@@ -212,12 +213,12 @@ def test_a_push_that_met_a_dying_engine_counts_as_its_death(
     """An engine SIGKILLed during a push reset the push's connection while its process
     still looked alive, so the trainer called it a refused push: the launcher then
     counted no engine crash (test_faults, seen in CI)."""
+    from atroposlib.inference import supervised as engine_module
+    from atroposlib.inference.launcher import EngineConfig
     from atroposlib.trainer_contract import RunRecords
-    from example_trainer import engine as engine_module
-    from example_trainer.config import TrainingConfig
 
     monkeypatch.setattr(engine_module, "EXIT_GRACE_S", 0.2)
-    config = TrainingConfig(model_name="m", save_path=str(tmp_path), inference_engine="none")
-    engine = engine_module.Engine(config, RunRecords(tmp_path), kind="transformers")
+    config = EngineConfig(engine="transformers", log_path=str(tmp_path / "engine.log"))
+    engine = engine_module.SupervisedEngine(config, RunRecords(tmp_path))
     engine.process = ExitingProcess(polls, answers)  # type: ignore[assignment]
     assert engine.died() is died

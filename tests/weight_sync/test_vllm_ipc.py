@@ -481,7 +481,7 @@ def test_a_sharded_trainer_shares_its_gathered_weights_in_the_engines_dtype(
         assert all(hasattr(p, "full_tensor") for p in model.parameters())
         engine = engines(tiny_model_path, dtype="bfloat16")
         port = int(engine.url.rsplit(":", 1)[1])
-        config = SimpleNamespace(vllm_port=port, weight_sync_timeout_s=30.0)
+        config = SimpleNamespace(engine_port=port, weight_sync_timeout_s=30.0)
         bridge = SharedBridge(config, model, lambda: gathered_weights(model))
         bridge.bridge.ipc = FakeCudaIpc()
         assert bridge.export(model, None, 3) is None and bridge.staged is not None

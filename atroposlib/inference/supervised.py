@@ -1,89 +1,37 @@
-"""The trainer's inference engine: started on the base model, restarted from checkpoints.
+"""`SupervisedEngine`: one engine process under a restart and fallback policy.
 
 A restart that fails is tried again (`RESTART_ATTEMPTS` in all); when every try
-fails, the engine goes back to the last checkpoint it served healthily, so the
+fails, the engine goes back to the last weights it served healthily, so the
 environments keep sampling (from a slightly older policy, which the importance
-ratio accounts for) and the next restart interval tries the new weights again.
-Only when that fallback fails too does the run stop with `EngineError`; the
-checkpoint is saved by then, so `--resume` continues from it. Every start,
-restart and failed attempt is a `RunRecords` event.
+ratio accounts for) and the next restart tries the new weights again. Only when
+that fallback fails too does it raise `EngineError`; a trainer has saved its
+checkpoint by then, so a resume continues from it. Every start, restart and failed
+attempt is a `RunRecords` event, with the engine's index.
 """
 
 from __future__ import annotations
 
 import logging
-import shlex
-import sys
 import time
-from pathlib import Path
 
+from atroposlib.inference.launcher import EngineConfig, EngineError, EngineProcess
 from atroposlib.trainer_contract import EventKind, RunRecords
 from atroposlib.utils.waiting import WaitTimeout, poll_until
 from atroposlib.weight_sync.disk_routes import WEIGHT_VERSION_ENVIRONMENT
-from example_trainer.config import TrainingConfig
 
-logger = logging.getLogger("example_trainer")
+logger = logging.getLogger("atroposlib.inference")
 
 RESTART_ATTEMPTS = 2
 EXIT_GRACE_S = 5.0
 
 
-def engine_log_name(index: int) -> str:
-    return "engine.log" if index == 0 else f"engine-{index}.log"
+class SupervisedEngine:
+    """One engine subprocess and the weights it served; see the module docstring."""
 
-
-def engine_placement(kind: str, device: str) -> tuple[list[str], dict[str, str]]:
-    """Flags and environment that put an engine on `device` (--engine-device): the CPU
-    engine takes --device; vLLM sees only that GPU (CUDA_VISIBLE_DEVICES)."""
-    if device == "auto":
-        return [], {}
-    if kind == "transformers":
-        return ["--device", device], {}
-    if device.startswith("cuda:"):
-        return [], {"CUDA_VISIBLE_DEVICES": device.removeprefix("cuda:")}
-    return [], {}
-
-
-class Engine:
-    """One engine subprocess and the checkpoints it served; see the module docstring."""
-
-    def __init__(
-        self,
-        config: TrainingConfig,
-        records: RunRecords,
-        extras: tuple[list[str], dict[str, str]] = ([], {}),
-        kind: str | None = None,
-        served_name: str | None = None,
-        index: int = 0,
-    ) -> None:
-        """`extras`: flags and environment a hot weight bridge needs the engine to have;
-        `kind`: vllm or transformers, when already resolved from `--inference-engine`;
-        `served_name`: the name the engine serves, when not the policy's own;
-        `index`: which of `--num-engines` this is (its port is `--vllm-port` + index)."""
-        from atroposlib.inference.launcher import EngineConfig, EngineProcess
-
-        kind = kind or config.inference_engine
-        args, env = engine_placement(kind, config.engine_device_of(index))
-        if config.num_threads and kind == "transformers":
-            args += ["--num-threads", str(config.num_threads)]
-        if config.vllm_importance_sampling_correction:  # the behaviour policy's logprobs
-            args += ["--logprobs-mode", "processed_logprobs"]
+    def __init__(self, config: EngineConfig, records: RunRecords, index: int = 0) -> None:
+        """`index`: which engine of a fleet this is (its events carry it)."""
         self.index = index
-        self.process = EngineProcess(
-            EngineConfig(
-                engine=kind,
-                served_model_name=served_name or config.served_model_name or config.model_name,
-                port=config.vllm_port + index,
-                python=config.inference_python or sys.executable,
-                max_model_len=config.max_model_len or config.seq_len,
-                dtype=config.dtype,
-                gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                extra_args=shlex.split(config.engine_args) + args + extras[0],
-                env={**env, **extras[1]},
-                log_path=str(Path(config.save_path) / engine_log_name(index)),
-            )
-        )
-        Path(config.save_path).mkdir(parents=True, exist_ok=True)
+        self.process = EngineProcess(config)
         self.records = records
         self.served: list[tuple[str, int]] = []
         """(model, the step its weights are) for each that came up healthy, oldest first."""
@@ -103,8 +51,8 @@ class Engine:
     def _served(self, model: str, step: int) -> None:
         self.served = [(m, s) for m, s in self.served if m != model] + [(model, step)]
 
-    def forget(self, models: list[Path]) -> None:
-        """Checkpoints that were deleted: no longer something to fall back to."""
+    def forget(self, models: list[str]) -> None:
+        """Weights that were deleted: no longer something to fall back to."""
         gone = {str(m) for m in models}
         self.served = [(m, s) for m, s in self.served if m not in gone]
 
@@ -132,7 +80,7 @@ class Engine:
     def died(self) -> bool:
         """Whether a push that just failed met a dead engine. A process killed mid-push
         closes its sockets a moment before it can be reaped, so one that still looks
-        alive but does not answer /health gets `EXIT_GRACE_S` to finish exiting."""
+        alive but does not answer its health check gets `EXIT_GRACE_S` to finish exiting."""
         if not self.alive():
             return True
         if self.process.healthy():
@@ -151,8 +99,6 @@ class Engine:
 
         Raises `EngineError` when neither comes up.
         """
-        from atroposlib.inference.launcher import EngineError
-
         started = time.perf_counter()
         self._label(step)
         for attempt in range(1, RESTART_ATTEMPTS + 1):
