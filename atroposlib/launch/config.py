@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from atroposlib.inference.engines import EngineName
 
@@ -49,7 +49,42 @@ class ApiSection(Section):
     )
 
 
-class EngineSection(Section):
+class RawFlagsSection(Section):
+    """A section whose process takes flags no model here describes (vLLM's, a script's):
+    `args` is a mapping like every section's, and `extra_flags` holds raw ones. A list
+    under `args` (this file's earlier form) is read as `extra_flags`."""
+
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More flags, as name: value (--name value; true: the bare --name, "
+        "false: --no-name).",
+    )
+    extra_flags: list[str] = Field(default_factory=list, description="More raw flags.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_args_are_raw_flags(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("args"), list):
+            data = {**data, "extra_flags": [*data["args"], *data.get("extra_flags", [])]}
+            del data["args"]
+        return data
+
+    @property
+    def flags(self) -> list[str]:
+        """`args` then `extra_flags`, as the command line takes them."""
+        out = []
+        for key, value in self.args.items():
+            name = key.replace("_", "-")
+            if value is True:
+                out.append(f"--{name}")
+            elif value is False:
+                out.append(f"--no-{name}")
+            else:
+                out += [f"--{name}", str(value)]
+        return out + self.extra_flags
+
+
+class StandaloneEngineSection(RawFlagsSection):
     """A standalone inference engine; the trainer then uses it and restarts nothing."""
 
     engine: EngineName = Field(
@@ -59,11 +94,10 @@ class EngineSection(Section):
     max_model_len: int | None = Field(
         None, gt=0, description="Longest prompt + completion (default: the trainer's seq_len)."
     )
-    args: list[str] = Field(default_factory=list, description="More engine flags.")
     max_restarts: int = Field(3, ge=0, description="Restarts after a crash before giving up.")
 
 
-class EnvironmentSection(Section):
+class EnvironmentSection(RawFlagsSection):
     """One environment script or module, run as `copies` processes."""
 
     name: str | None = Field(None, description="Log prefix (default: the script's stem).")
@@ -77,7 +111,6 @@ class EnvironmentSection(Section):
     )
     env: dict[str, Any] = Field(default_factory=dict, description="--env.* overrides.")
     openai: dict[str, Any] = Field(default_factory=dict, description="--openai.* overrides.")
-    args: list[str] = Field(default_factory=list, description="More raw flags.")
     max_restarts: int = Field(3, ge=0, description="Restarts after a crash before giving up.")
 
     @property
@@ -122,7 +155,7 @@ class LaunchConfig(Section):
         "trainer that sends none (upstream's).",
     )
     api: ApiSection = Field(default_factory=ApiSection)
-    engine: EngineSection | None = Field(None, description="Optional standalone engine.")
+    engine: StandaloneEngineSection | None = Field(None, description="Optional standalone engine.")
     environments: list[EnvironmentSection] = Field(..., min_length=1)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
 

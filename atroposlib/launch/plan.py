@@ -321,15 +321,15 @@ def _engine_plan(
         return None
     from atroposlib.inference.launcher import EngineConfig, engine_command, resolve_engine
 
-    if "--max-model-len" in section.args:
-        raise ConfigError("engine.args: give the context length as engine.max_model_len")
+    if "--max-model-len" in section.flags:
+        raise ConfigError("engine: give the context length as engine.max_model_len")
     limit = settings.seq_len
     if section.max_model_len is not None and section.max_model_len < limit:
         raise ConfigError(
             f"engine.max_model_len {section.max_model_len} is under the trainer's seq_len "
             f"{limit}: the engine could not produce the longest sequences the run trains on"
         )
-    args = list(section.args)
+    args = list(section.flags)
     corrects = {k.replace("-", "_"): v for k, v in config.trainer.args.items()}.get(
         "vllm_importance_sampling_correction"
     )
@@ -394,7 +394,7 @@ def _environment_plans(
             engines_config = []
             if shared.engine_count > 1 and "base_url" not in section.openai:
                 # every engine, as a YAML openai: list; the flags apply to each
-                if "--config" in section.args:
+                if "--config" in section.flags:
                     raise ConfigError(
                         f"environments[{index}] ({section.label}): with several engines the "
                         "launcher gives each environment their list as --config; move that "
@@ -419,7 +419,7 @@ def _environment_plans(
                         *flags(env_values, "--env.", dashes=False),
                         *flags(openai_values, "--openai.", dashes=False),
                         *engines_config,
-                        *section.args,
+                        *section.flags,
                     ],
                     max_restarts=section.max_restarts,
                     env=key_env,

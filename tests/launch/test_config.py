@@ -399,3 +399,18 @@ def test_the_default_trainers_flags_model_is_read_where_it_declares_it():
 
     declared = importlib.import_module(DEFAULT_TRAINER).LAUNCH_CONFIG
     assert declared is importlib.import_module(DEFAULT_TRAINER_FLAGS).LAUNCH_CONFIG
+
+
+def test_every_section_takes_args_as_a_mapping_and_raw_flags_beside_them():
+    from atroposlib.launch.config import EnvironmentSection, StandaloneEngineSection
+
+    engine = StandaloneEngineSection(
+        args={"num_threads": 1, "enforce_eager": True, "prefix_caching": False},
+        extra_flags=["--seed", "3"],
+    )
+    assert engine.flags == [
+        *("--num-threads", "1", "--enforce-eager", "--no-prefix-caching", "--seed", "3")
+    ]
+    # the earlier form, a list under args, is read as raw flags
+    earlier = EnvironmentSection(script="x.py", args=["--config", "c.yaml"])
+    assert earlier.args == {} and earlier.flags == ["--config", "c.yaml"]
