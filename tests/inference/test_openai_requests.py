@@ -29,7 +29,7 @@ from atroposlib.inference.openai_requests import (
     tokenize_ids,
     validation_error_body,
 )
-from atroposlib.inference.server import chat_choices, text_choices
+from atroposlib.inference.routes import chat_choices, text_choices
 from atroposlib.utils.openai_shapes import (
     chat_logprobs,
     completion_logprobs,
