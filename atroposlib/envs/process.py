@@ -31,7 +31,7 @@ async def run_process(env: Any) -> Path:
     """The body of `BaseEnv.process_manager`; returns the jsonl path written."""
     from tqdm import tqdm
 
-    from atroposlib.frontend.jsonl2html import generate_html
+    from atroposlib.viewer.jsonl2html import generate_html
 
     await env.setup()
     if env.config.use_wandb:

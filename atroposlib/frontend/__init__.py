@@ -1,0 +1,1 @@
+"""Upstream's package name for the rollout viewer; it lives in `atroposlib.viewer` now."""

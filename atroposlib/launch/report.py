@@ -17,8 +17,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from atroposlib.frontend.jsonl2html import CSS as ROLLOUT_CSS
-from atroposlib.frontend.jsonl2html import create_html_for_group
+from atroposlib.viewer.jsonl2html import CSS as ROLLOUT_CSS
+from atroposlib.viewer.jsonl2html import create_html_for_group
 from atroposlib.launch.ledger import account
 from atroposlib.launch.plan import Plan
 from atroposlib.launch.report_data import (
@@ -59,7 +59,7 @@ def sample_groups(rollouts_dir: Path) -> tuple[list[dict], list[dict]]:
 
 
 def _groups_html(groups: list[dict]) -> str:
-    """Each group as the rollout viewer draws it (atroposlib/frontend/jsonl2html.py),
+    """Each group as the rollout viewer draws it (atroposlib/viewer/jsonl2html.py),
     under its environment's name; a group sent without messages shows its scores."""
     if not groups:
         return "<p>(no rollouts recorded)</p>"

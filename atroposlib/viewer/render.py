@@ -1,7 +1,7 @@
 """Groups from `/batch` as HTML: the prompt once, then each completion with its score.
 
 The completions, their scores and the red-to-green colouring come from the static jsonl
-viewer (`atroposlib.frontend.jsonl2html.create_html_for_group`), so the two viewers cannot
+viewer (`atroposlib.viewer.jsonl2html.create_html_for_group`), so the two viewers cannot
 drift apart; this module only turns token ids into what that renderer takes. The prompt
 is the start that every sequence shares and none trains on (mask -100), which is exact
 where upstream's common *text* prefix would also swallow a shared first word of the
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from atroposlib.frontend.jsonl2html import CSS, create_html_for_group
+from atroposlib.viewer.jsonl2html import CSS, create_html_for_group
 
 MASKED = -100
 """The mask value of a token the trainer does not learn from."""
