@@ -17,8 +17,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from atroposlib.viewer.jsonl2html import CSS as ROLLOUT_CSS
-from atroposlib.viewer.jsonl2html import create_html_for_group
 from atroposlib.launch.ledger import account
 from atroposlib.launch.plan import Plan
 from atroposlib.launch.report_data import (
@@ -38,6 +36,8 @@ from atroposlib.trainer_contract import (
 )
 from atroposlib.utils.machine import machine_facts
 from atroposlib.utils.tiny_model import read_build_record
+from atroposlib.viewer.jsonl2html import CSS as ROLLOUT_CSS
+from atroposlib.viewer.jsonl2html import create_html_for_group
 
 SAMPLES_PER_END = 3
 WINDOW = 10  # steps at each end whose mean scores are compared
