@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from atroposlib.inference.engine import end_token_ids
 from atroposlib.trainer_contract import ENV_SCORE_PREFIX, RunRecords
 from atroposlib.utils.logging import MESSAGE_WIDTH
+from atroposlib.utils.tokenizers import end_token_ids
 from example_trainer.data import Sequence
 
 logger = logging.getLogger("example_trainer")

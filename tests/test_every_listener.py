@@ -56,9 +56,9 @@ MAX_BODY_MB = CHAT_MAX_BODY_BYTES / 2**20  # the engine's and the proxy's; run-a
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_path):
-    from atroposlib.inference.engine import GenerationEngine
+    from atroposlib.inference.sampler import TransformersSampler
 
-    return GenerationEngine.load(str(tiny_model_path))
+    return TransformersSampler.load(str(tiny_model_path))
 
 
 def vllm_stand_in(key: str | None, monkeypatch) -> Starlette:

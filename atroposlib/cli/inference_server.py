@@ -134,7 +134,7 @@ def _load_app(settings: InferenceServerSettings) -> Any:
     configure_logging(settings.log_level)
     import torch
 
-    from atroposlib.inference.engine import GenerationEngine, device_problem
+    from atroposlib.inference.sampler import TransformersSampler, device_problem
     from atroposlib.inference.server import create_inference_app
     from atroposlib.weight_sync.disk_routes import (  # imports torch: not before the checks
         WEIGHT_SYNC_KEY_ENVIRONMENT,
@@ -147,7 +147,7 @@ def _load_app(settings: InferenceServerSettings) -> Any:
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     try:
-        engine = GenerationEngine.load(
+        engine = TransformersSampler.load(
             settings.model,
             settings.dtype,
             settings.max_model_len,

@@ -25,13 +25,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from atroposlib.inference.engine import GenerationJob, SamplingParams
 from atroposlib.inference.openai_requests import (
     OpenAIError,
     Tokenizer,
     check_token_ids,
     context_room,
 )
+from atroposlib.inference.sampler import GenerationJob, SamplingParams
 
 # What JSON cannot carry (-inf for an impossible token) goes out as vLLM's OpenAI routes send it.
 FLOOR_LOGPROB = -9999.0

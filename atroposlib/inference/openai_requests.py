@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from atroposlib.inference.engine import SamplingParams
+from atroposlib.inference.sampler import SamplingParams
 
 
 class OpenAIError(Exception):

@@ -15,7 +15,6 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from atroposlib.inference.engine import GenerationEngine, GenerationJob, Sample, SamplingParams
 from atroposlib.inference.generate_requests import (
     GenerateRequest,
     generate_body,
@@ -36,6 +35,7 @@ from atroposlib.inference.openai_requests import (
     completion_sampling,
     tokenize_ids,
 )
+from atroposlib.inference.sampler import GenerationJob, Sample, SamplingParams, TransformersSampler
 from atroposlib.inference.scheduler import BatchScheduler
 from atroposlib.utils.openai_shapes import (
     chat_choice,
@@ -52,7 +52,7 @@ class EngineService:
     """The engine, the name it serves, and the scheduler the app's lifespan starts."""
 
     def __init__(
-        self, engine: GenerationEngine, served_model_name: str, max_batch_rows: int
+        self, engine: TransformersSampler, served_model_name: str, max_batch_rows: int
     ) -> None:
         self.engine, self.served_model_name = engine, served_model_name
         self.max_batch_rows = max_batch_rows

@@ -13,13 +13,13 @@ import logging
 import threading
 from collections import deque
 
-from atroposlib.inference.engine import GenerationEngine, GenerationJob
+from atroposlib.inference.sampler import GenerationJob, TransformersSampler
 
 logger = logging.getLogger("atroposlib.inference")
 
 
 class BatchScheduler:
-    def __init__(self, engine: GenerationEngine, max_rows: int = 64) -> None:
+    def __init__(self, engine: TransformersSampler, max_rows: int = 64) -> None:
         self.engine = engine
         self.max_rows = max_rows
         self._pending: deque[tuple[GenerationJob, asyncio.Future, asyncio.AbstractEventLoop]] = (

@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP server over `GenerationEngine` (`atropos-inference-server`).
+"""OpenAI-compatible HTTP server over `TransformersSampler` (`atropos-inference-server`).
 
 It answers the subset of the OpenAI and vLLM APIs that environments and
 trainers use, in the shapes the `openai` SDK parses: chat and text completions
@@ -33,9 +33,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from atroposlib.inference.engine import GenerationEngine
 from atroposlib.inference.openai_requests import OpenAIError, error_body, validation_error_body
 from atroposlib.inference.routes import ROUTERS, EngineService
+from atroposlib.inference.sampler import TransformersSampler
 from atroposlib.utils.request_guard import (
     CHAT_MAX_BODY_BYTES,
     CHAT_MAX_BODY_VALUES,
@@ -60,7 +60,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def create_inference_app(
-    engine: GenerationEngine,
+    engine: TransformersSampler,
     served_model_name: str,
     max_batch_rows: int = 64,
     api_key: str | None = None,

@@ -162,3 +162,13 @@ def arms(value: ast.expr) -> list[ast.expr]:
     if isinstance(value, ast.IfExp):
         return arms(value.body) + arms(value.orelse)
     return [value]
+
+
+def end_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The tokens that end a completion: the model's generation config's EOS (one or a
+    list) and the tokenizer's. The trainer reads a completion that ends otherwise as cut
+    off (its `completions/clipped_ratio`)."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    ids = [*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id]
+    return {i for i in ids if i is not None}

@@ -12,7 +12,7 @@ Design decisions:
   role, ENG-A of the security review): without a sync key the route refuses (403)
   rather than let anyone who can sample swap the model.
 - The load runs on a worker thread and waits for the round in flight
-  (`GenerationEngine.load_weights`), so no request fails or mixes weights; the
+  (`TransformersSampler.load_weights`), so no request fails or mixes weights; the
   event loop keeps answering meanwhile.
 """
 
@@ -35,7 +35,7 @@ from atroposlib.weight_sync.disk_reload import WeightLoadError
 
 class ReloadableEngine(Protocol):
     """What the routes need of an engine: its weights' label, and a reload that waits
-    for the round in flight (the CPU engine's `GenerationEngine`)."""
+    for the round in flight (the CPU engine's `TransformersSampler`)."""
 
     weight_version: str | None
 

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from atroposlib.inference.engine import GenerationEngine, GenerationJob, SamplingParams  # noqa: E402
+from atroposlib.inference.sampler import GenerationJob, SamplingParams, TransformersSampler  # noqa: E402
 from example_trainer.importance import correction_weights  # noqa: E402
 from example_trainer.loss import token_logprobs  # noqa: E402
 from tests.support.sampling import drawn_from  # noqa: E402
@@ -26,8 +26,8 @@ AGREEMENT = 1e-3
 
 
 @pytest.fixture(scope="module")
-def raw_engine(tiny_model_path) -> GenerationEngine:
-    return GenerationEngine.load(str(tiny_model_path))
+def raw_engine(tiny_model_path) -> TransformersSampler:
+    return TransformersSampler.load(str(tiny_model_path))
 
 
 def weights_and_truth(engine, temperature: float, top_p: float) -> tuple[list, list]:
@@ -59,7 +59,7 @@ def weights_and_truth(engine, temperature: float, top_p: float) -> tuple[list, l
 def test_with_processed_logprobs_the_weight_is_the_true_ratio(raw_engine, temperature, top_p):
     """(1.0, 0.95) is the MATH environment's default. The trainer runs its engines with
     --logprobs-mode processed_logprobs when the correction is on (example_trainer/engine.py)."""
-    engine = GenerationEngine(
+    engine = TransformersSampler(
         raw_engine.model,
         raw_engine.tokenizer,
         raw_engine.max_model_len,

@@ -12,7 +12,6 @@ import math
 import httpx
 import pytest
 
-from atroposlib.inference.engine import GenerationJob, Sample, SamplingParams
 from atroposlib.inference.generate_requests import (
     FLOOR_LOGPROB,
     GenerateRequest,
@@ -22,6 +21,7 @@ from atroposlib.inference.generate_requests import (
     logprob_entry,
 )
 from atroposlib.inference.openai_requests import OpenAIError
+from atroposlib.inference.sampler import GenerationJob, Sample, SamplingParams
 
 torch = pytest.importorskip("torch")
 

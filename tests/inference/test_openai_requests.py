@@ -12,7 +12,6 @@ import pytest
 
 pytest.importorskip("torch")  # engine.py (SamplingParams, Sample) imports it
 
-from atroposlib.inference.engine import Sample, SamplingParams
 from atroposlib.inference.openai_requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -30,6 +29,7 @@ from atroposlib.inference.openai_requests import (
     validation_error_body,
 )
 from atroposlib.inference.routes import chat_choices, text_choices
+from atroposlib.inference.sampler import Sample, SamplingParams
 from atroposlib.utils.openai_shapes import (
     chat_logprobs,
     completion_logprobs,

@@ -10,26 +10,26 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from atroposlib.inference.engine import GenerationEngine, GenerationJob, SamplingParams  # noqa: E402
+from atroposlib.inference.sampler import GenerationJob, SamplingParams, TransformersSampler  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_model_path) -> GenerationEngine:
-    return GenerationEngine.load(str(tiny_model_path))
+def loaded(tiny_model_path) -> TransformersSampler:
+    return TransformersSampler.load(str(tiny_model_path))
 
 
-def samples(loaded: GenerationEngine, seed: int | None) -> list[list[int]]:
+def samples(loaded: TransformersSampler, seed: int | None) -> list[list[int]]:
     """n=8 unseeded samples from an engine started on `loaded`'s model with `seed`."""
-    engine = GenerationEngine(loaded.model, loaded.tokenizer, loaded.max_model_len, seed=seed)
+    engine = TransformersSampler(loaded.model, loaded.tokenizer, loaded.max_model_len, seed=seed)
     job = GenerationJob(loaded.tokenizer.encode("What is 3 + 4 mod 10?"), SamplingParams(6, n=8))
     engine.run([job])
     return [sample.token_ids for sample in job.samples]
 
 
 def test_two_starts_draw_apart_unless_given_one_seed(loaded, caplog):
-    with caplog.at_level(logging.INFO, logger="atroposlib.inference.engine"):
+    with caplog.at_level(logging.INFO, logger="atroposlib.inference.sampler"):
         first, second = samples(loaded, None), samples(loaded, None)
     assert first != second
     seeds = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sampling seed")]

@@ -1,6 +1,6 @@
 """A prompt's samples share one prefill: what each sample gets must not depend on it.
 
-`GenerationEngine` prefills each prompt once and copies its KV cache to its `n` rows.
+`TransformersSampler` prefills each prompt once and copies its KV cache to its `n` rows.
 A cache copied to the wrong row, or a row's mask or positions left behind, would give
 a sample another prompt's continuation; these tests would then see other tokens than
 the job run alone, and logprobs other than the model's own forward pass.
@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from atroposlib.inference.engine import GenerationEngine, GenerationJob, SamplingParams  # noqa: E402
+from atroposlib.inference.sampler import GenerationJob, SamplingParams, TransformersSampler  # noqa: E402
 from tests.support.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_path):
-    return GenerationEngine.load(str(tiny_model_path))
+    return TransformersSampler.load(str(tiny_model_path))
 
 
 def jobs(engine) -> list[GenerationJob]:

@@ -180,10 +180,10 @@ def engine(tiny_model_path, tmp_path_factory) -> Iterator[Server]:
 @contextlib.contextmanager
 def in_process(model: Path, api_key: str | None) -> Iterator[TestClient]:
     """atropos-inference-server's app on `model` in this process, with no sync key."""
-    from atroposlib.inference.engine import GenerationEngine
+    from atroposlib.inference.sampler import TransformersSampler
     from atroposlib.inference.server import create_inference_app
 
-    app = create_inference_app(GenerationEngine.load(str(model)), "tiny", api_key=api_key)
+    app = create_inference_app(TransformersSampler.load(str(model)), "tiny", api_key=api_key)
     # runs the lifespan (the batch scheduler); a local Host, as the guard asks of a keyless one
     with TestClient(app, base_url="http://127.0.0.1") as client:
         yield client

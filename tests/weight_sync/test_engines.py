@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from atroposlib.inference.engine import device_problem  # noqa: E402
+from atroposlib.inference.sampler import device_problem  # noqa: E402
 from atroposlib.trainer_contract import read_events, read_metrics  # noqa: E402
 from atroposlib.utils.ports import free_ports  # noqa: E402
 from atroposlib.weight_sync import disk_reload as weight_bridge  # noqa: E402

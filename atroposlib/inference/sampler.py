@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from atroposlib.utils.tokenizers import end_token_ids
+
 logger = logging.getLogger(__name__)
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
@@ -57,16 +59,6 @@ def device_problem(name: str) -> str | None:
     if device.index is not None and device.index >= torch.cuda.device_count():
         return f"--device {name}: there are {torch.cuda.device_count()} CUDA devices"
     return None
-
-
-def end_token_ids(model, tokenizer) -> set[int]:
-    """The tokens that end a completion: the model's generation config's EOS (one or a
-    list) and the tokenizer's. The trainer reads a completion that ends otherwise as cut
-    off (its `completions/clipped_ratio`)."""
-    config = getattr(model, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None)
-    ids = [*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id]
-    return {i for i in ids if i is not None}
 
 
 @dataclass
@@ -111,7 +103,7 @@ class GenerationJob:
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
-class GenerationEngine:
+class TransformersSampler:
     """Samples completions for concurrent requests in batched rounds on one HF model.
 
     Thread-safe: requests queue, and a round takes every request waiting when it starts.
