@@ -14,9 +14,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from atroposlib.api.models import group_errors
 from atroposlib.api.packing import find_subset_summing_to
 from atroposlib.api.store import GroupRow, WriteSet
-from atroposlib.protocol import GROUP_FIELDS, GROUPS, ScoredData, is_whole_float
+from atroposlib.protocol import GROUP_FIELDS, GROUPS, Registration, ScoredData, is_whole_float
 
 _NULL_FIELDS = {name: f'"{name}":null,'.encode() for name in GROUP_FIELDS}
 
@@ -108,3 +109,29 @@ def plan_intake(
     change.kv["next_id"] = next_id
     newly_queued.sort(key=lambda r: (r.order, r.id))
     return change, newly_queued, answers
+
+
+def post_errors(
+    groups: list[ScoredData],
+    as_list: bool,
+    registration: Registration | None,
+    knows_env: Callable[[int], bool],
+) -> list[dict[str, Any]]:
+    """Every problem of a post's groups, in FastAPI's 422 shape: the wire rules
+    (`models.group_errors`, against the trainer's token limit and vocabulary) and an
+    `env_id` no environment registered."""
+    max_len = registration.max_token_len if registration else -1
+    vocab_size = registration.vocab_size if registration else None
+    errors: list[dict[str, Any]] = []
+    for index, group in enumerate(groups):
+        loc = ("body", index) if as_list else ("body",)
+        errors.extend(group_errors(group, loc, max_len, vocab_size))
+        if group.env_id is not None and not knows_env(group.env_id):
+            errors.append(
+                {
+                    "type": "value_error",
+                    "loc": [*loc, "env_id"],
+                    "msg": f"unknown env_id {group.env_id}; register with /register-env",
+                }
+            )
+    return errors

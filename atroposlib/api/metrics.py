@@ -38,20 +38,21 @@ class _StateCollector:
         def counter(name: str, doc: str, key: str) -> CounterMetricFamily:
             return CounterMetricFamily(f"atropos_{name}", doc, value=s.counters[key])
 
-        s._plan_if_stale()
-        yield gauge("queued_groups", "Groups waiting in the queue.", len(s.queue))
-        yield gauge("queued_sequences", "Sequences waiting in the queue.", s.queued_sequences)
+        batches = s.batches
+        batches.plan_if_stale(s.registration, s.envs.min_allocations())
+        yield gauge("queued_groups", "Groups waiting in the queue.", len(batches.queue))
+        yield gauge("queued_sequences", "Sequences waiting in the queue.", batches.queued_sequences)
         yield gauge(
             "buffered_groups",
             "Off-size groups held in per-env buffers.",
             sum(len(rows) for rows in s.buffers.values()),
         )
         yield gauge("buffered_sequences", "Sequences in per-env buffers.", s.buffered_sequences)
-        yield gauge("current_step", "Trainer step (batches served).", s.step)
+        yield gauge("current_step", "Trainer step (batches served).", batches.step)
         yield gauge(
             "batch_blocked",
             "1 when at least batch_size sequences are queued but no exact batch can be formed.",
-            1 if s.blocked_reason else 0,
+            1 if batches.blocked_reason else 0,
         )
         yield gauge("registered_envs", "Environments registered.", len(s.envs))
         yield counter("groups_received", "Groups accepted (queued or buffered).", "groups_received")
@@ -89,7 +90,7 @@ class _StateCollector:
         env_queue = GaugeMetricFamily(
             "atropos_env_queue_sequences", "Sequences waiting per env.", labels=["env_id"]
         )
-        for env_id, sizes in s.env_sizes.items():
+        for env_id, sizes in s.batches.env_sizes.items():
             env_queue.add_metric([str(env_id)], sum(size * n for size, n in sizes.items()))
         yield env_queue
 

@@ -9,8 +9,9 @@ Design decisions:
   Writes go through `_writing`, which turns a store failure (disk full, read-only,
   I/O error) into `StoreWriteError` (a 503), counts it and keeps the reason for
   `/status` until a write succeeds again: the API recovers without a restart.
-- Serving batches (planning, leases, serving again) is `BatchServing`
-  (`batches.py`), which this class inherits; what it refuses with is `refusals.py`.
+- The queue and the batches served from it (planning, leases, serving again) are
+  `batches.BatchServer`, a part this class holds; what it refuses with is
+  `refusals.py`.
 - All methods are synchronous and run on the event loop thread, which makes
   each request's check-then-write atomic without locks.
 """
@@ -20,17 +21,16 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from atroposlib.api.batches import BatchServing
+from atroposlib.api.batches import BatchServer
 from atroposlib.api.env_table import EnvTable
-from atroposlib.api.intake import plan_intake
-from atroposlib.api.models import group_errors
+from atroposlib.api.idempotency import IdempotentAnswers
+from atroposlib.api.intake import plan_intake, post_errors
 from atroposlib.api.refusals import (
     InvalidGroups,
     QueueFull,
@@ -44,10 +44,14 @@ from atroposlib.protocol import EMPTY_EXAMPLE, RegisterEnv, Registration, Scored
 
 logger = logging.getLogger("atroposlib.api")
 
-IDEMPOTENCY_PRUNE_EVERY = 1000
+RESUMED_FIELDS = {
+    *("batch_size", "max_token_len", "num_steps", "vocab_size", "max_staleness"),
+    "starting_step",
+}
+"""What a trainer that registers again may change of its run's registration."""
 
 
-class RunState(BatchServing):
+class RunState:
     """The trajectory API's whole run: registration, envs, queue, batches, counters.
 
     Every route is one method here. A mutation is planned, written to the `GroupStore`,
@@ -75,47 +79,34 @@ class RunState(BatchServing):
     # ------------------------------------------------------------------ setup
     def _clear_memory(self) -> None:
         self.registration: Registration | None = None
-        self.started = False
-        self.step = 0
         self.envs = EnvTable(self.env_timeout_s)
-        self.queue: list[GroupRow] = []
-        self.leases: dict[int, list[GroupRow]] = {}  # step -> its served groups, until released
-        self.by_step = False
-        """The registered trainer asks /batch by step (leases): a plain /batch from anyone
-        else would take a batch from under it, and its next request would fail."""
+        self.batches = BatchServer(self.store, self._writing, self.counters)
         self.buffers: dict[int | None, list[GroupRow]] = {}  # keyed like GroupRow.env_id
-        self.queued_sequences = 0
         self.buffered_sequences = 0
-        self.size_counts: Counter[int] = Counter()
-        self.env_sizes: dict[int | None, Counter[int]] = {}
         self.latest: bytes | None = None
-        self.idempotency: dict[str, tuple[bytes, float]] = {}
+        self.idempotency = IdempotentAnswers({}, self.idempotency_ttl_s, self.store, self._writing)
         self.next_id = 1
-        self.version = 0
-        self.blocked_reason: str | None = None
-        self._no_batch_key: tuple | None = None  # the plan inputs that last gave no batch
-        self._writes_since_prune = 0
 
     def _load(self) -> None:
         loaded = self.store.load(self.idempotency_ttl_s)
         kv = loaded.kv
         if kv.get("registration"):
             self.registration = Registration.model_validate(kv["registration"])
-        self.started = bool(kv.get("started", False))
-        self.step = int(kv.get("step", 0))
+        batches = self.batches
+        batches.started = bool(kv.get("started", False))
+        batches.step = int(kv.get("step", 0))
         self.envs = EnvTable(self.env_timeout_s, kv.get("envs", []))
         for row in loaded.rows:
             if row.served_step is not None:
-                self.leases.setdefault(row.served_step, []).append(row)
-                self.by_step = True  # its trainer leases: keep plain reads off its batches
+                batches.keep(row, row.served_step)
             elif row.buffered:
                 self.buffers.setdefault(row.env_id, []).append(row)
                 self.buffered_sequences += row.size
             else:
-                self._enqueue(row)
+                batches.enqueue(row)
             self.next_id = max(self.next_id, row.id + 1)
         self.next_id = max(self.next_id, int(kv.get("next_id", 1)))
-        self.idempotency = loaded.idempotency
+        self.idempotency.answers = loaded.idempotency
         self.latest = loaded.latest
         if loaded.rows or self.registration:
             run = self.registration.wandb_group if self.registration else "(unregistered)"
@@ -123,22 +114,12 @@ class RunState(BatchServing):
                 "resuming the stored state of run %s: step %d, %d queued groups, %d buffered "
                 "groups, %d envs, batches kept for re-serving: steps %s",
                 run,
-                self.step,
-                len(self.queue),
+                batches.step,
+                len(batches.queue),
                 sum(len(b) for b in self.buffers.values()),
                 len(self.envs),
-                sorted(self.leases) or "none",
+                sorted(batches.leases) or "none",
             )
-
-    def _enqueue(self, row: GroupRow) -> None:
-        self.queue.append(row)
-        self.queued_sequences += row.size
-        self.size_counts[row.size] += 1
-        self.env_sizes.setdefault(row.env_id, Counter())[row.size] += 1
-
-    def _persist(self, **kv: Any) -> None:
-        with self._writing():
-            self.store.write(WriteSet(kv=kv))
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
@@ -158,34 +139,25 @@ class RunState(BatchServing):
             logger.warning("store writes work again (they failed with: %s)", self.store_error)
             self.store_error = None
 
-    def _envs_json(self) -> list[dict[str, Any]]:
-        return self.envs.as_json()
-
     # ----------------------------------------------------------- registration
     def register(self, registration: Registration) -> dict[str, int]:
         step = registration.starting_step
+        batches = self.batches
         if self.registration is None:
-            self._persist(registration=registration.model_dump(), step=step)
+            batches.persist(registration=registration.model_dump(), step=step)
             self.registration = registration
-            self.step = step
+            batches.step = step
         else:
             self._check_same_run(registration)
             updated = self.registration.model_copy(
-                update={
-                    "batch_size": registration.batch_size,
-                    "max_token_len": registration.max_token_len,
-                    "num_steps": registration.num_steps,
-                    "vocab_size": registration.vocab_size,
-                    "max_staleness": registration.max_staleness,
-                    "starting_step": step,
-                }
+                update=registration.model_dump(include=RESUMED_FIELDS)
             )
             self._rewind(step)
-            self._persist(registration=updated.model_dump(), step=step)
+            batches.persist(registration=updated.model_dump(), step=step)
             self.registration = updated
-            self.step = step
-            self.version += 1
-        self.by_step = False  # until this trainer asks by step
+            batches.step = step
+            batches.version += 1
+        batches.by_step = False  # until this trainer asks by step
         logger.info(
             "trainer registered: batch_size %d, max_token_len %d, num_steps %d",
             registration.batch_size,
@@ -204,7 +176,8 @@ class RunState(BatchServing):
         """
         stored = self.registration
         assert stored is not None  # register() calls this only when a run is stored
-        refusal = run_refusal(stored, registration, self.step, self.leases.keys())
+        batches = self.batches
+        refusal = run_refusal(stored, registration, batches.step, batches.leases.keys())
         if refusal is not None:
             raise RunConflict(refusal)
         logger.warning(
@@ -212,9 +185,9 @@ class RunState(BatchServing):
             "%d envs known",
             run_name(stored),
             registration.starting_step,
-            len(self.queue),
+            len(batches.queue),
             sum(len(rows) for rows in self.buffers.values()),
-            sorted(self.leases) or "none",
+            sorted(batches.leases) or "none",
             len(self.envs),
         )
 
@@ -223,30 +196,31 @@ class RunState(BatchServing):
 
         Kept batches up to `step` are in the checkpoint it resumed from, so they are
         released; later ones will be served again, in order, when it asks for them.
-        The caller moves `self.step` once the new step is stored.
+        The caller moves the step once the new step is stored.
         """
-        self._release(step)
-        if step != self.step:
+        batches = self.batches
+        batches.release(step)
+        if step != batches.step:
             logger.warning(
                 "trainer registered again at step %d; the API was at step %d and moves to %d "
                 "(batches kept for re-serving: steps %s)",
                 step,
-                self.step,
+                batches.step,
                 step,
-                sorted(self.leases) or "none",
+                sorted(batches.leases) or "none",
             )
 
     def register_env(self, request: RegisterEnv) -> dict[str, Any]:
-        if not self.started or self.registration is None:
+        if not self.batches.started or self.registration is None:
             return {"status": "wait for trainer to start"}
         env = self.envs.add(request)
         try:
-            self._persist(envs=self._envs_json())
+            self.batches.persist(envs=self.envs.as_json())
         except StoreWriteError:  # not stored, so not known: the env registers again
             self.envs.records.pop()
             self.envs.last_heard.pop(env.registered_id, None)
             raise
-        self.version += 1
+        self.batches.version += 1
         logger.info("env registered: id %d, name %s", env.registered_id, env.real_name)
         reg = self.registration
         return {
@@ -254,7 +228,7 @@ class RunState(BatchServing):
             "env_id": env.registered_id,
             "wandb_name": env.real_name,
             "checkpoint_dir": reg.checkpoint_dir,
-            "starting_step": self.step,
+            "starting_step": self.batches.step,
             "checkpoint_interval": reg.save_checkpoint_interval,
             "num_steps": reg.num_steps,
         }
@@ -262,11 +236,11 @@ class RunState(BatchServing):
     def disconnect_env(self, env_id: int) -> dict[str, str]:
         if not self.envs.knows(env_id):
             return {"status": "failure", "error": f"unknown env_id {env_id}"}
-        envs = self._envs_json()
+        envs = self.envs.as_json()
         envs[env_id]["connected"] = False
-        self._persist(envs=envs)
+        self.batches.persist(envs=envs)
         self.envs[env_id].connected = False
-        self.version += 1
+        self.batches.version += 1
         return {"status": "success"}
 
     # ---------------------------------------------------------------- posting
@@ -282,28 +256,15 @@ class RunState(BatchServing):
         `raw` is the posted JSON of a single group, reused as its stored body.
         """
         if idempotency_key is not None:
-            previous = self.idempotency.get(idempotency_key)
-            if previous is not None and not self._expired(previous[1]):
+            previous = self.idempotency.replay(idempotency_key)
+            if previous is not None:
                 self.counters["idempotent_replays"] += 1
-                return previous[0]
-        max_len = self.registration.max_token_len if self.registration else -1
-        vocab_size = self.registration.vocab_size if self.registration else None
-        errors: list[dict[str, Any]] = []
-        for index, group in enumerate(groups):
-            loc = ("body", index) if as_list else ("body",)
-            errors.extend(group_errors(group, loc, max_len, vocab_size))
-            if group.env_id is not None and not self.envs.knows(group.env_id):
-                errors.append(
-                    {
-                        "type": "value_error",
-                        "loc": [*loc, "env_id"],
-                        "msg": f"unknown env_id {group.env_id}; register with /register-env",
-                    }
-                )
+                return previous
+        errors = post_errors(groups, as_list, self.registration, self.envs.knows)
         if errors:
             raise InvalidGroups(errors)
         incoming = sum(len(group.tokens) for group in groups)
-        held = self.queued_sequences + self.buffered_sequences
+        held = self.batches.queued_sequences + self.buffered_sequences
         if held + incoming > self.max_queued_sequences:
             raise QueueFull(
                 f"queue holds {held} sequences; accepting {incoming} more would pass "
@@ -325,10 +286,8 @@ class RunState(BatchServing):
         with self._writing():
             self.store.write(change)
         if idempotency_key is not None:  # committed: a retry must get this answer, even if
-            self.idempotency[idempotency_key] = (response, time.time())  # applying fails
+            self.idempotency.remember(idempotency_key, response)  # applying fails
         self._apply_accept(change, newly_queued)
-        if idempotency_key is not None:
-            self._maybe_prune_idempotency()
         return response
 
     def _plan_accept(
@@ -351,39 +310,20 @@ class RunState(BatchServing):
                 self.buffered_sequences -= sum(r.size for r in rows) - sum(r.size for r in kept)
                 self.buffers[env] = kept
         for row in newly_queued:
-            self._enqueue(row)
+            self.batches.enqueue(row)
             self.counters["groups_queued"] += 1
             self.env_counters[("groups", str(row.env_id))] += 1
             self.env_counters[("sequences", str(row.env_id))] += row.size
         self.counters["groups_received"] += len(change.inserts)
         self.counters["sequences_received"] += sum(r.size for r, _ in change.inserts)
         if newly_queued:
-            self.version += 1
+            self.batches.version += 1
             bodies = {row.id: body for row, body in change.inserts}
             last = newly_queued[-1]
             try:  # only /latest_example reads it: a failed read must not fail the post
                 self.latest = bodies.get(last.id) or self.store.bodies([last.id])[0]
             except OSError as exc:
                 logger.warning("cannot read the latest group for /latest_example: %s", exc)
-
-    def _expired(self, created: float) -> bool:
-        """Whether an idempotency answer made at `created` is past its TTL (none by
-        default: a replay after any pause is answered, not trained twice; DUR-3)."""
-        ttl = self.idempotency_ttl_s
-        return ttl is not None and time.time() - created >= ttl
-
-    def _maybe_prune_idempotency(self) -> None:
-        self._writes_since_prune += 1
-        if self._writes_since_prune < IDEMPOTENCY_PRUNE_EVERY or self.idempotency_ttl_s is None:
-            return
-        self._writes_since_prune = 0
-        cutoff = time.time() - self.idempotency_ttl_s
-        self.idempotency = {k: v for k, v in self.idempotency.items() if v[1] >= cutoff}
-        try:  # housekeeping after a committed post: its failure must not fail the post
-            with self._writing():
-                self.store.prune_idempotency(cutoff)
-        except StoreWriteError as exc:
-            logger.warning("idempotency answers not pruned: %s", exc)
 
     # ------------------------------------------------------------------- envs
     def heard_from(self, env_id: int) -> None:
@@ -397,25 +337,30 @@ class RunState(BatchServing):
             if self.store_error is not None:
                 unregistered["store_error"] = self.store_error
             return unregistered
-        self._plan_if_stale()
+        batches = self.batches
+        batches.plan_if_stale(self.registration, self.envs.min_allocations())
         return {
-            "current_step": self.step,
-            "queue_size": len(self.queue),
-            "queued_sequences": self.queued_sequences,
+            "current_step": batches.step,
+            "queue_size": len(batches.queue),
+            "queued_sequences": batches.queued_sequences,
             "buffered_groups": sum(len(rows) for rows in self.buffers.values()),
-            "batch_blocked": self.blocked_reason is not None,
-            "kept_batch_steps": sorted(self.leases),
-            "blocked_reason": self.blocked_reason,
+            "batch_blocked": batches.blocked_reason is not None,
+            "kept_batch_steps": sorted(batches.leases),
+            "blocked_reason": batches.blocked_reason,
             "store_error": self.store_error,
         }
 
     def status_env(self, env_id: int) -> dict[str, Any]:
         if not self.envs.knows(env_id):
             raise UnknownEnv(f"unknown env_id {env_id}; register with /register-env")
+        batches, allocations = self.batches, self.envs.min_allocations()
         return {
-            "current_step": self.step,
+            "current_step": batches.step,
             **self.envs.status_numbers(
-                env_id, self.size_counts, self.env_sizes, self.min_sequences_by_env()
+                env_id,
+                batches.size_counts,
+                batches.env_sizes,
+                batches.min_sequences_by_env(self.registration, allocations),
             ),
             # ours: the trainer's bound on staleness, which narrows the env's window, and
             # its batch size, so an env sees a trainer that registered again with another
@@ -443,5 +388,11 @@ class RunState(BatchServing):
         with self._writing():
             self.store.reset()
         self._clear_memory()
-        self.version += 1
         logger.info("run state reset")
+
+    def next_batch(
+        self, step: int | None = None, committed: int | None = None
+    ) -> bytes | dict[str, Any]:
+        """`/batch` (`BatchServer.next_batch`)."""
+        allocations = self.envs.min_allocations()
+        return self.batches.next_batch(self.registration, allocations, step, committed)

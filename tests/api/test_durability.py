@@ -145,7 +145,7 @@ def test_a_replay_long_after_its_post_is_answered_not_queued_again(tmp_path, mon
     """DUR-3: an environment killed between the API's 200 and its spool's unlink posts
     the group again when it resumes, maybe hours later, and across an API restart: the
     answer is the first one's, and the trainer gets the group once."""
-    import atroposlib.api.state as state_module
+    import atroposlib.api.idempotency as state_module
 
     key = {"Idempotency-Key": "spooled-1"}
     with inprocess_api(tmp_path / "state") as client:

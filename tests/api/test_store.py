@@ -121,11 +121,11 @@ def test_a_failed_write_accepts_nothing(tmp_path):
     store.fail_write = True
     with pytest.raises(OSError):
         state.accept([ScoredData(**make_group(4, tag=2))], as_list=False, idempotency_key="k")
-    assert [r.size for r in state.queue] == [4] and state.queued_sequences == 4
-    assert "k" not in state.idempotency
+    assert [r.size for r in state.batches.queue] == [4] and state.batches.queued_sequences == 4
+    assert "k" not in state.idempotency.answers
     store.fail_write = False
     state.accept([ScoredData(**make_group(4, tag=3))], as_list=False, idempotency_key="k")
-    assert len(state.queue) == 2
+    assert len(state.batches.queue) == 2
 
 
 def test_a_failed_read_serves_and_loses_nothing():
@@ -136,10 +136,10 @@ def test_a_failed_read_serves_and_loses_nothing():
     store.fail_read = True
     with pytest.raises(OSError):
         state.next_batch()
-    assert len(state.queue) == 1 and state.step == 0
+    assert len(state.batches.queue) == 1 and state.batches.step == 0
     store.fail_read = False
     assert b'"tokens":[[1,' in state.next_batch().replace(b" ", b"")
-    assert state.step == 1 and state.queue == []
+    assert state.batches.step == 1 and state.batches.queue == []
 
 
 class CountingStore(SQLiteStore):
@@ -155,7 +155,7 @@ def test_status_env_is_a_pure_read(tmp_path):
     store = CountingStore(tmp_path)
     state = RunState(store)
     state.register(Registration(**REGISTRATION))
-    state.started = True
+    state.batches.started = True
     env_id = state.register_env(
         RegisterEnv(max_token_length=64, desired_name="e", weight=1.0, group_size=4)
     )["env_id"]

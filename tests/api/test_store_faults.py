@@ -168,15 +168,15 @@ def snapshot(state: RunState) -> dict[str, Any]:
     """What must match between memory and the store (counters and timings aside)."""
     return {
         "registration": state.registration,
-        "started": state.started,
-        "step": state.step,
-        "queue": [(r.id, r.size) for r in state.queue],
+        "started": state.batches.started,
+        "step": state.batches.step,
+        "queue": [(r.id, r.size) for r in state.batches.queue],
         "buffers": {env: [r.id for r in rows] for env, rows in state.buffers.items() if rows},
-        "leases": {step: [r.id for r in rows] for step, rows in state.leases.items()},
+        "leases": {step: [r.id for r in rows] for step, rows in state.batches.leases.items()},
         "envs": state.envs.as_json(),
         "next_id": state.next_id,
-        "sequences": (state.queued_sequences, state.buffered_sequences),
-        "idempotency": sorted(state.idempotency),
+        "sequences": (state.batches.queued_sequences, state.buffered_sequences),
+        "idempotency": sorted(state.idempotency.answers),
     }
 
 
