@@ -4,8 +4,12 @@ This file is the readable heart of that contract: the methods a subclass
 overrides, and the helpers it calls. Everything else lives beside it:
 configuration in `config.py`, the group shapes in `scored_data.py`, the
 client of the trajectory API (with its spool) in `api_client.py`, the `serve`
-loop in `runtime.py`, and the `serve` / `process` / `evaluate` command line in
-`cli.py`.
+loop in `runtime.py` (which owns the loop's state: workers, running items, timings
+of its own), and the `serve` / `process` / `evaluate` command line in `cli.py`.
+Upstream's hooks that an env overrides are methods here; their bodies are functions
+of the env in `serve_hooks.py` (registration, status) and `reporting.py` (wandb,
+perf stats, eval logs), what a group must be to be sent is `sending.py`, and the
+env's checkpoint files are `env_checkpoints.py`.
 
 A minimal environment:
 
@@ -28,29 +32,26 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from atroposlib.envs import reporting, serve_hooks
+from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import BaseEnvConfig, EvalHandlingEnum
-from atroposlib.envs.reporting import (
-    GROUPS_RATE_MIN_SPAN_S,
-    GROUPS_RATE_WINDOW_S,
-    ReportingHooks,
-)
+from atroposlib.envs.env_checkpoints import read_state, write_state
+from atroposlib.envs.reporting import GROUPS_RATE_MIN_SPAN_S, GROUPS_RATE_WINDOW_S
 from atroposlib.envs.scored_data import (
     ScoredDataGroup,
     ScoredDataItem,
     group_from_chat,
     stack_items,
 )
-from atroposlib.envs.serve_hooks import ServeHooks
+from atroposlib.envs.sending import append_groups, kept_groups
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -58,8 +59,6 @@ from atroposlib.envs.server_handling.server_baseline import (
     ServerBaseline,
 )
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from atroposlib.protocol import GROUP_ID_FIELD
-from atroposlib.token_limit import exceeds_token_limit
 from atroposlib.type_definitions import Item
 from atroposlib.utils.metrics import RecentRate
 
@@ -81,7 +80,7 @@ async def maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-class BaseEnv(ServeHooks, ReportingHooks, ABC):
+class BaseEnv(ABC):
     """An environment: items in, scored groups of rollouts out, served to the trajectory API.
 
     A subclass overrides `setup`, `get_next_item`, `collect_trajectories` (or
@@ -114,7 +113,7 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
             reasoning_config=ReasoningConfig.from_env_config(config),
         )
         self.tokenizer = self._load_tokenizer(config.tokenizer_name)
-        self.client = None  # TrajectoryClient, set by the serve runtime
+        self.client: TrajectoryClient | None = None  # set by the serve runtime
         self.env_id: int | None = None
         self.wandb_prepend: str | None = None
         self.curr_step = 0
@@ -135,24 +134,25 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
         self.max_num_workers = config.max_num_workers
         if self.max_num_workers == -1:
             self.max_num_workers = config.max_num_workers_per_node * len(self.server.servers)
-        self.workers: dict[asyncio.Task, Item] = {}  # the serve runtime's: task -> item
-        self.eval_workers: set[asyncio.Task] = set()
-        self.backlog: list[Item] = []
-        self.running_items: dict[str, dict[str, Any]] = {}  # name -> item, worker, start_time
-        self.eval_runner: asyncio.Task | None = None
-        self.jsonl_writer = None  # groups go to data_path_to_save_groups in handle_send_to_api
-        self.process_mode = False
+        self.backlog: list[Item] = []  # items to roll out first; the serve runtime's too
+        self._runtime: Any = None  # the serve runtime (runtime.py), while one runs
+        self._trainer_batch_seen: int | None = None  # /status-env's batch size, last seen
+        self._wandb_run: Any = None  # setup_wandb's
+        self.process_mode = False  # upstream's attributes of the process command
         self.n_groups_to_process = config.total_steps
         self.group_size_to_process = config.group_size
-        # timings for perf_stats, filled by the serve runtime
+        # perf_stats' timings, which the serve runtime fills and perf_stats empties
         self.task_duration: list[float] = []
         self.succeeded_task_duration: list[float] = []
         self.failed_task_duration: list[float] = []
         self.mainloop_timings: list[float] = []
         self.workers_added_list: list[int] = []
         self.task_successful: list[int] = []
-        self.last_loop_time: float | None = None
-        self.last_completed_item: Item = None
+
+    @property
+    def workers(self) -> dict[asyncio.Task, Item]:
+        """The serve runtime's rollout workers (task -> item); none outside `serve`."""
+        return self._runtime.workers if self._runtime is not None else {}
 
     @staticmethod
     def _load_tokenizer(name: str):
@@ -174,7 +174,7 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
         server = {"base_url": "http://localhost:9001/v1", "server_type": "vllm"}
         return config, [APIServerConfig(model_name=model, **{**server, **cls.server_defaults})]
 
-    async def setup(self) -> None:
+    async def setup(self) -> None:  # noqa: B027 (optional, as upstream's)
         """Load data; called once before anything else."""
 
     @abstractmethod
@@ -236,53 +236,43 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
         """Run every `steps_per_eval` trainer steps; report with `evaluate_log`."""
 
     def save_checkpoint(self, step: int, data: dict | None = None) -> None:
-        """Env state as JSON: <checkpoint_dir>/env_checkpoints/<wandb_name>/step-<step>.json.
+        """Env state as JSON, for the trainer's checkpoint `step` (`env_checkpoints.py`).
 
         The runtime calls this with no data at each of the trainer's checkpoint steps; an
         env with state overrides it and passes its state on. No data, no file (upstream's
         rule), so a resume never restores an empty stand-in.
         """
-        if not self.checkpoint_dir or data is None:
-            return
-        folder = self._checkpoint_folder()
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"step-{step}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
-        logger.info("saved env checkpoint %s", path)
+        if self.checkpoint_dir and data is not None:
+            write_state(self._checkpoint_folder(), step, data)
 
     def load_checkpoint(self) -> None:
-        """Restore the checkpoint of `curr_step` (the step the trainer resumed at), if any.
-
-        Only that step's file: a newer one belongs to training the trainer has rolled
-        back, and an older one to a different model. Its keys become attributes.
-        """
-        if not self.checkpoint_dir:
-            return
-        path = self._checkpoint_folder() / f"step-{self.curr_step}.json"
-        if not path.exists():
-            logger.info("no env checkpoint for step %d at %s", self.curr_step, path)
-            return
-        data = json.loads(path.read_text())
-        for key, value in data.items():
-            setattr(self, key, value)
-        logger.warning(
-            "restored env checkpoint %s (step %d): %s", path, self.curr_step, sorted(data)
+        """Restore the checkpoint of `curr_step` (the step the trainer resumed at), if
+        any: its keys become attributes."""
+        data = (
+            read_state(self._checkpoint_folder(), self.curr_step) if self.checkpoint_dir else None
         )
+        for key, value in (data or {}).items():
+            setattr(self, key, value)
 
-    async def cleanup(self) -> None:
+    async def cleanup(self) -> None:  # noqa: B027 (optional, as upstream's)
         """Called after each rollout worker finishes."""
 
-    # ----------------------------------------------------------------- helpers
     def _checkpoint_folder(self) -> Path:
         name = self.wandb_prepend or self.config.wandb_name or self.name or type(self).__name__
         return Path(self.checkpoint_dir) / "env_checkpoints" / name
 
-    def _drop(self, reason: str, detail: str = "") -> None:
-        self.stats[f"dropped_{reason}"] += 1
-        # counted in stats (and logged each step); one line per group would flood the log
-        logger.debug("group dropped (%s)%s", reason, f": {detail}" if detail else "")
+    # ------------------------------------------------ upstream's hooks (see the docstring)
+    register_env = serve_hooks.register_env
+    get_server_info = serve_hooks.get_server_info
+    get_status = serve_hooks.get_status
+    env_step_checks = serve_hooks.env_step_checks
+    derived_batch_size = property(serve_hooks.derived_batch_size)
+    setup_wandb = reporting.setup_wandb
+    add_rollouts_for_wandb = reporting.add_rollouts_for_wandb
+    create_rollout_table = reporting.create_rollout_table
+    perf_stats = reporting.perf_stats
+    wandb_log = reporting.wandb_log
+    evaluate_log = reporting.evaluate_log
 
     async def handle_send_to_api(
         self,
@@ -291,50 +281,12 @@ class BaseEnv(ServeHooks, ReportingHooks, ABC):
         do_send_to_api: bool = True,
         abort_on_any_max_length_exceeded: bool = True,
     ) -> None:
-        """Apply the sending rules, save to jsonl when asked, then post to the API."""
-        groups = scored_data if isinstance(scored_data, list) else [scored_data]
-        ready = []
-        for group in groups:
-            if group is None:
-                self._drop("none")
-                continue
-            size = (group.get("group_overrides") or {}).get("group_size", self.config.group_size)
-            if len(group["tokens"]) != size:
-                self._drop("wrong_size", f"{len(group['tokens'])} sequences, expected {size}")
-                continue
-            scores = group["scores"]
-            if self.config.ensure_scores_are_not_same and len(set(scores)) <= 1 and len(scores) > 1:
-                self._drop("same_scores")
-                continue
-            limit = self.max_token_len
-            if (
-                limit > 0
-                and abort_on_any_max_length_exceeded
-                and any(exceeds_token_limit(len(t), limit) for t in group["tokens"])
-            ):
-                self._drop("too_long", f"a sequence is over max_token_len {limit}")
-                continue
-            if self.config.include_messages and not group.get("messages"):
-                # one conversation per sequence, as the API's model (and upstream) has it
-                group["messages"] = [
-                    [{"role": "user", "content": self.tokenizer.decode(t)}] for t in group["tokens"]
-                ]
-            group["env_id"] = self.env_id
-            # its id from the start, so the rollouts file and the trainer's record of
-            # the steps name it alike (the run report's per-environment scores)
-            group.setdefault(GROUP_ID_FIELD, uuid.uuid4().hex)  # type: ignore[misc]
-            for tokens, masks in zip(group["tokens"], group["masks"], strict=True):
-                self.completion_lengths.append(sum(1 for m in masks if m != -100) or len(tokens))
-            await self.add_rollouts_for_wandb(group, item)
-            ready.append(group)
+        """Apply the sending rules (`sending.py`), save to jsonl when asked, then post."""
+        ready = await kept_groups(self, scored_data, item, abort_on_any_max_length_exceeded)
         if not ready:
             return
         if self.config.data_path_to_save_groups:
-            path = Path(self.config.data_path_to_save_groups)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as out:
-                for group in ready:
-                    out.write(json.dumps(group) + "\n")
+            append_groups(self.config.data_path_to_save_groups, ready)
         self.stats["groups_sent"] += len(ready)
         self.groups_rate.add(time.monotonic(), self.stats["groups_sent"])
         self.items_sent_this_step += len(ready)

@@ -1,10 +1,12 @@
 """What an environment reports: wandb metrics, rollout tables, perf stats, eval results.
 
 These are upstream's overridable hooks, with upstream's names, keys and call
-points: `handle_send_to_api` calls `add_rollouts_for_wandb` for every group it
-keeps, and `wandb_log` calls `create_rollout_table` and then `perf_stats`
-before logging, so an env that overrides any of them (many upstream envs do)
-sees them called as it expects. Differences, on purpose:
+points, each a function of the env that `BaseEnv` binds as a method of the same
+name (their state is upstream's attributes of the env, which its envs read and
+override): `handle_send_to_api` calls `add_rollouts_for_wandb` for every group it
+keeps, and `wandb_log` calls `create_rollout_table` and then `perf_stats` before
+logging, so an env that overrides any of them (many upstream envs do) sees them
+called as it expects. Differences, on purpose:
 
 - wandb is optional (the `envs` extra). Without it, or with `use_wandb` off,
   the scalar metrics go to the log instead; the hooks still run.
@@ -26,19 +28,16 @@ import os
 import random
 import string
 import time
-from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from atroposlib.utils.logging import MESSAGE_WIDTH, keep_debug_in_files
-from atroposlib.utils.metrics import RecentRate, get_std_min_max_avg, plain_numbers
+from atroposlib.utils.metrics import get_std_min_max_avg, plain_numbers
 
 if TYPE_CHECKING:
-    from atroposlib.envs.api_client import TrajectoryClient
-    from atroposlib.envs.config import BaseEnvConfig
-    from atroposlib.envs.server_handling.server_manager import ServerManager
+    from atroposlib.envs.base import BaseEnv
 
 logger = logging.getLogger("atroposlib.envs")
 METRICS_LOGGER = "atroposlib.envs.metrics"
@@ -118,190 +117,174 @@ def run_name(base: str | None) -> str | None:
     return f"{base}-{datetime.now().strftime('%Y-%m-%d')}-{suffix}"
 
 
-class ReportingHooks:
-    """Mixed into BaseEnv; relies on its config, tokenizer, server and counters."""
+async def setup_wandb(env: BaseEnv) -> None:
+    """Start the env's wandb run, grouped with the trainer's via the API's /wandb_info."""
+    if not env.config.use_wandb or getattr(env, "_wandb_run", None) is not None:
+        return
+    wandb = _wandb()
+    if wandb is None:
+        logger.warning("use_wandb is set but wandb is not installed; logging to the console")
+        env.config.use_wandb = False
+        return
+    if env.client is not None and env.wandb_project is None:
+        info = await env.client.wandb_info()
+        env.wandb_project, env.wandb_group = info.get("project"), info.get("group")
+    project = env.wandb_project or os.environ.get("WANDB_PROJECT") or DEFAULT_WANDB_PROJECT
+    mode = os.environ.get("WANDB_MODE") or (
+        "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    )
+    env._wandb_run = wandb.init(
+        name=run_name(env.config.wandb_name or env.name),
+        project=project,
+        group=env.wandb_group,
+        config=env.config.model_dump(mode="json"),
+        mode=mode,
+        reinit=True,
+    )
 
-    # BaseEnv's attributes that these hooks read or set, declared for the type checker
-    # only (annotations without values create no class attribute); BaseEnv.__init__
-    # sets them all.
-    config: BaseEnvConfig
-    name: str | None
-    client: TrajectoryClient | None
-    server: ServerManager
-    tokenizer: Any
-    wandb_prepend: str | None
-    wandb_project: str | None
-    wandb_group: str | None
-    curr_step: int
-    max_token_len: int
-    stats: Counter[str]
-    groups_rate: RecentRate
-    completion_lengths: list[int]
-    rollouts_for_wandb: list[list[tuple]]
 
-    async def setup_wandb(self) -> None:
-        """Start the env's wandb run, grouped with the trainer's via the API's /wandb_info."""
-        if not self.config.use_wandb or getattr(self, "_wandb_run", None) is not None:
-            return
-        wandb = _wandb()
-        if wandb is None:
-            logger.warning("use_wandb is set but wandb is not installed; logging to the console")
-            self.config.use_wandb = False
-            return
-        if self.client is not None and self.wandb_project is None:
-            info = await self.client.wandb_info()
-            self.wandb_project, self.wandb_group = info.get("project"), info.get("group")
-        project = self.wandb_project or os.environ.get("WANDB_PROJECT") or DEFAULT_WANDB_PROJECT
-        mode = os.environ.get("WANDB_MODE") or (
-            "online" if os.environ.get("WANDB_API_KEY") else "offline"
-        )
-        self._wandb_run = wandb.init(
-            name=run_name(self.config.wandb_name or self.name),
-            project=project,
-            group=self.wandb_group,
-            config=self.config.model_dump(mode="json"),
-            mode=mode,
-            reinit=True,
-        )
+async def add_rollouts_for_wandb(env: BaseEnv, scored_data: Any, item: Any = None) -> None:
+    """Keep (text, score) of the first few sequences of a kept group for the rollout table."""
+    keep = env.config.num_rollouts_per_group_for_logging
+    count = len(scored_data["tokens"])
+    if keep != -1:
+        count = min(keep, count)
+    env.rollouts_for_wandb.append(
+        [
+            (env.tokenizer.decode(scored_data["tokens"][i]), scored_data["scores"][i])
+            for i in range(count)
+        ]
+    )
+    if len(env.rollouts_for_wandb) > env.config.num_rollouts_to_keep:
+        env.rollouts_for_wandb.pop(0)
 
-    async def add_rollouts_for_wandb(self, scored_data: Any, item: Any = None) -> None:
-        """Keep (text, score) of the first few sequences of a kept group for the rollout table."""
-        keep = self.config.num_rollouts_per_group_for_logging
-        count = len(scored_data["tokens"])
-        if keep != -1:
-            count = min(keep, count)
-        self.rollouts_for_wandb.append(
-            [
-                (self.tokenizer.decode(scored_data["tokens"][i]), scored_data["scores"][i])
-                for i in range(count)
-            ]
-        )
-        if len(self.rollouts_for_wandb) > self.config.num_rollouts_to_keep:
-            self.rollouts_for_wandb.pop(0)
 
-    async def create_rollout_table(self, wandb_metrics: dict[str, Any]) -> dict[str, Any]:
-        """Add `train/rollouts`, a wandb table of the kept (text, score) rows, when logging to
-        wandb (importing it costs an env without wandb half a second of CPU)."""
-        if not (self.rollouts_for_wandb and self.config.use_wandb):
-            return wandb_metrics
-        wandb = _wandb()
-        if wandb is not None:
-            table = wandb.Table(columns=["text", "score"])
-            for group in self.rollouts_for_wandb:
-                for row in group:
-                    table.add_data(row[0], row[1])
-            wandb_metrics["train/rollouts"] = table
+async def create_rollout_table(env: BaseEnv, wandb_metrics: dict[str, Any]) -> dict[str, Any]:
+    """Add `train/rollouts`, a wandb table of the kept (text, score) rows, when logging to
+    wandb (importing it costs an env without wandb half a second of CPU)."""
+    if not (env.rollouts_for_wandb and env.config.use_wandb):
         return wandb_metrics
+    wandb = _wandb()
+    if wandb is not None:
+        table = wandb.Table(columns=["text", "score"])
+        for group in env.rollouts_for_wandb:
+            for row in group:
+                table.add_data(row[0], row[1])
+        wandb_metrics["train/rollouts"] = table
+    return wandb_metrics
 
-    def perf_stats(self, metrics_dict: dict[str, Any]) -> dict[str, Any]:
-        """Timing spreads of rollouts and of the serve loop since the last log (`train_perf/*`)."""
-        timings = (
-            ("task_duration", "train_perf/task_duration", None),
-            (
-                "succeeded_task_duration",
-                "train_perf/succeeded_task_duration",
-                "train/items_sent_to_api",
-            ),
-            ("failed_task_duration", "train_perf/failed_task_duration", "train/items_rejected"),
-            ("mainloop_timings", "train_perf/mainloop_timings", None),
-            ("workers_added_list", "train_perf/workers_added_per_attempt", None),
-        )
-        for attribute, key, count_key in timings:
-            values = getattr(self, attribute)
-            if len(values) > 1:
-                get_std_min_max_avg(key, values, metrics_dict)
-                if count_key:
-                    metrics_dict[count_key] = len(values)
-                setattr(self, attribute, [])
-        return metrics_dict
 
-    async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
-        """Log metrics; subclasses add their keys and call super()."""
-        metrics = dict(wandb_metrics or {})
-        server_metrics = await self.server.wandb_metrics({})
-        lengths = self.completion_lengths
-        if lengths:
-            metrics["train/completion_lengths"] = float(np.mean(lengths))
-            metrics["train/completion_lengths_std"] = float(np.std(lengths))
-            metrics["train/completion_lengths_max"] = int(np.max(lengths))
-            metrics["train/completion_lengths_min"] = int(np.min(lengths))
-            if self.max_token_len > 0:
-                metrics["train/completion_lengths_p95"] = float(
-                    (np.array(lengths) > 0.95 * self.max_token_len).mean()
-                )
-        for key, value in self.stats.items():
-            metrics[f"env/{key}"] = value
-        rate = self.groups_rate.add(time.monotonic(), self.stats["groups_sent"])
-        if rate is not None:
-            metrics["env/groups_per_minute"] = 60 * rate
-        metrics = await self.create_rollout_table(metrics)
-        metrics = self.perf_stats(metrics)
-        self.rollouts_for_wandb = []
-        self.completion_lengths = []
-        logger.info("%s", step_line(self.curr_step, metrics))
-        if metrics_logger.isEnabledFor(logging.DEBUG):
-            shown = {
-                k: round(v, 4) if isinstance(v, float) else v
-                for k, v in plain_numbers({**metrics, **server_metrics}).items()
-                if isinstance(v, int | float | str | None)
-            }
-            metrics_logger.debug("step %d metrics: %s", self.curr_step, json.dumps(shown))
-        run = getattr(self, "_wandb_run", None)
-        if self.config.use_wandb and run is not None:
-            if self.wandb_prepend is not None:
-                metrics = {f"{self.wandb_prepend}_{k}": v for k, v in metrics.items()}
-            metrics.update(server_metrics)
-            run.log(metrics, step=self.curr_step)
+def perf_stats(env: BaseEnv, metrics_dict: dict[str, Any]) -> dict[str, Any]:
+    """Timing spreads of rollouts and of the serve loop since the last log (`train_perf/*`)."""
+    timings = (
+        ("task_duration", "train_perf/task_duration", None),
+        (
+            "succeeded_task_duration",
+            "train_perf/succeeded_task_duration",
+            "train/items_sent_to_api",
+        ),
+        ("failed_task_duration", "train_perf/failed_task_duration", "train/items_rejected"),
+        ("mainloop_timings", "train_perf/mainloop_timings", None),
+        ("workers_added_list", "train_perf/workers_added_per_attempt", None),
+    )
+    for attribute, key, count_key in timings:
+        values = getattr(env, attribute)
+        if len(values) > 1:
+            get_std_min_max_avg(key, values, metrics_dict)
+            if count_key:
+                metrics_dict[count_key] = len(values)
+            setattr(env, attribute, [])
+    return metrics_dict
 
-    async def evaluate_log(
-        self,
-        metrics: dict[str, Any],
-        task_name: str | None = None,
-        model_name: str | None = None,
-        start_time: float | None = None,
-        end_time: float | None = None,
-        generation_parameters: dict[str, Any] | None = None,
-        samples: list[dict[str, Any]] | None = None,
-        verbose: bool = True,
-    ) -> None:
-        """metrics.json (lighteval's shape, as nous-evals reads it) and samples.jsonl.
 
-        Written under `data_dir_to_save_evals`; without it, only the log line. A served
-        env also appends it, with the trainer's step, to that folder's history.jsonl
-        (atropos-launch gives each env `<run_dir>/evals/<name>`, and plots it).
-        """
-        from atroposlib.envs.eval import append_eval_history, evaluate_log
-
-        task = task_name or f"{self.name or type(self).__name__}_eval"
-        serving = getattr(self, "env_id", None) is not None
-        if serving:  # one line on the launcher's console; the table is for `evaluate`
-            logger.info("%s", eval_line(task, self.curr_step, metrics))
-            verbose = False
-        else:
-            logger.info("eval %s: %s", task, plain_numbers(metrics))
-        metrics_logger.debug("eval %s metrics: %s", task, json.dumps(plain_numbers(metrics)))
-        if not self.config.data_dir_to_save_evals:
-            logger.warning(
-                "evaluation results not saved: set --env.data_dir_to_save_evals DIR to keep them"
+async def wandb_log(env: BaseEnv, wandb_metrics: dict[str, Any] | None = None) -> None:
+    """Log metrics; subclasses add their keys and call super()."""
+    metrics = dict(wandb_metrics or {})
+    server_metrics = await env.server.wandb_metrics({})
+    lengths = env.completion_lengths
+    if lengths:
+        metrics["train/completion_lengths"] = float(np.mean(lengths))
+        metrics["train/completion_lengths_std"] = float(np.std(lengths))
+        metrics["train/completion_lengths_max"] = int(np.max(lengths))
+        metrics["train/completion_lengths_min"] = int(np.min(lengths))
+        if env.max_token_len > 0:
+            metrics["train/completion_lengths_p95"] = float(
+                (np.array(lengths) > 0.95 * env.max_token_len).mean()
             )
-            return
-        if serving:  # this run's step
-            append_eval_history(self.config.data_dir_to_save_evals, self.curr_step, task, metrics)
-        if model_name is None:
-            model_name = getattr(self.config, "model_name", None)
-        if model_name is None and self.server.servers:
-            model_name = getattr(self.server.servers[0].config, "model_name", None)
-        evaluate_log(
-            metrics,
-            eval_dir=self.config.data_dir_to_save_evals,
-            task_name=task,
-            model_name=model_name,
-            start_time=start_time,
-            end_time=end_time,
-            generation_parameters={
-                "max_new_tokens": self.config.max_token_length,
-                **(generation_parameters or {}),
-            },
-            samples=samples,
-            verbose=verbose,
+    for key, value in env.stats.items():
+        metrics[f"env/{key}"] = value
+    rate = env.groups_rate.add(time.monotonic(), env.stats["groups_sent"])
+    if rate is not None:
+        metrics["env/groups_per_minute"] = 60 * rate
+    metrics = await env.create_rollout_table(metrics)
+    metrics = env.perf_stats(metrics)
+    env.rollouts_for_wandb = []
+    env.completion_lengths = []
+    logger.info("%s", step_line(env.curr_step, metrics))
+    if metrics_logger.isEnabledFor(logging.DEBUG):
+        shown = {
+            k: round(v, 4) if isinstance(v, float) else v
+            for k, v in plain_numbers({**metrics, **server_metrics}).items()
+            if isinstance(v, int | float | str | None)
+        }
+        metrics_logger.debug("step %d metrics: %s", env.curr_step, json.dumps(shown))
+    run = getattr(env, "_wandb_run", None)
+    if env.config.use_wandb and run is not None:
+        if env.wandb_prepend is not None:
+            metrics = {f"{env.wandb_prepend}_{k}": v for k, v in metrics.items()}
+        metrics.update(server_metrics)
+        run.log(metrics, step=env.curr_step)
+
+
+async def evaluate_log(
+    env: BaseEnv,
+    metrics: dict[str, Any],
+    task_name: str | None = None,
+    model_name: str | None = None,
+    start_time: float | None = None,
+    end_time: float | None = None,
+    generation_parameters: dict[str, Any] | None = None,
+    samples: list[dict[str, Any]] | None = None,
+    verbose: bool = True,
+) -> None:
+    """metrics.json (lighteval's shape, as nous-evals reads it) and samples.jsonl.
+
+    Written under `data_dir_to_save_evals`; without it, only the log line. A served
+    env also appends it, with the trainer's step, to that folder's history.jsonl
+    (atropos-launch gives each env `<run_dir>/evals/<name>`, and plots it).
+    """
+    from atroposlib.envs.eval import append_eval_history, evaluate_log
+
+    task = task_name or f"{env.name or type(env).__name__}_eval"
+    serving = getattr(env, "env_id", None) is not None
+    if serving:  # one line on the launcher's console; the table is for `evaluate`
+        logger.info("%s", eval_line(task, env.curr_step, metrics))
+        verbose = False
+    else:
+        logger.info("eval %s: %s", task, plain_numbers(metrics))
+    metrics_logger.debug("eval %s metrics: %s", task, json.dumps(plain_numbers(metrics)))
+    if not env.config.data_dir_to_save_evals:
+        logger.warning(
+            "evaluation results not saved: set --env.data_dir_to_save_evals DIR to keep them"
         )
+        return
+    if serving:  # this run's step
+        append_eval_history(env.config.data_dir_to_save_evals, env.curr_step, task, metrics)
+    if model_name is None:
+        model_name = getattr(env.config, "model_name", None)
+    if model_name is None and env.server.servers:
+        model_name = getattr(env.server.servers[0].config, "model_name", None)
+    evaluate_log(
+        metrics,
+        eval_dir=env.config.data_dir_to_save_evals,
+        task_name=task,
+        model_name=model_name,
+        start_time=start_time,
+        end_time=end_time,
+        generation_parameters={
+            "max_new_tokens": env.config.max_token_length,
+            **(generation_parameters or {}),
+        },
+        samples=samples,
+        verbose=verbose,
+    )

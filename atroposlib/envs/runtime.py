@@ -71,11 +71,13 @@ class EnvRuntime:
         self.env = env
         self.state_dir = state_dir or state_dir_for(env)
         self.backlog_file = self.state_dir / "backlog.json"
-        # the env's own backlog and workers, so that env code reading or extending
-        # them (upstream envs do) sees the runtime's
+        # the env's own backlog, so that env code reading or extending it (upstream
+        # envs do) sees the runtime's; the env's `workers` property reads ours
         self.backlog: list[Any] = env.backlog
         self.workers: dict[asyncio.Task, Any] = {}
-        env.workers = self.workers
+        self.running_items: dict[str, dict[str, Any]] = {}  # name -> item, worker, start
+        self.last_loop_time: float | None = None
+        self.last_completed_item: Any = None
         self.stopping = asyncio.Event()
         self.eval_task: asyncio.Task | None = None
         self.eval_blocking = False
@@ -155,9 +157,9 @@ class EnvRuntime:
         env = self.env
         while not self.stopping.is_set():
             now = time.monotonic()
-            if env.last_loop_time is not None:
-                env.mainloop_timings.append(now - env.last_loop_time)
-            env.last_loop_time = now
+            if self.last_loop_time is not None:
+                env.mainloop_timings.append(now - self.last_loop_time)
+            self.last_loop_time = now
             delivered_before = self.client.records_delivered
             status = await self._until_stopped(env.get_status())
             if status is None:
@@ -266,7 +268,7 @@ class EnvRuntime:
                 return
             task = asyncio.get_running_loop().create_task(self._work(item))
             self.workers[task] = item
-            self.env.running_items[task.get_name()] = {
+            self.running_items[task.get_name()] = {
                 "item": item,
                 "worker": task,
                 "start_time": time.time(),
@@ -275,7 +277,7 @@ class EnvRuntime:
 
     def _forget_worker(self, task: asyncio.Task) -> None:
         self.workers.pop(task, None)
-        self.env.running_items.pop(task.get_name(), None)
+        self.running_items.pop(task.get_name(), None)
 
     async def _work(self, item: Any) -> None:
         env = self.env
@@ -303,7 +305,7 @@ class EnvRuntime:
             env.task_successful.append(int(kept))
             (env.succeeded_task_duration if kept else env.failed_task_duration).append(duration)
             if kept:
-                env.last_completed_item = item
+                self.last_completed_item = item
             try:
                 await env.cleanup()
             except Exception:
@@ -331,7 +333,6 @@ class EnvRuntime:
                 self.eval_blocking = False
         else:
             self.eval_task = asyncio.get_running_loop().create_task(self._guarded_evaluate())
-            self.env.eval_runner = self.eval_task
 
     async def _guarded_evaluate(self) -> None:
         try:

@@ -5,9 +5,9 @@
 
 - read-only (properties here): the config, the servers, the counters the runtime
   mutates in place, and the step and registration the env's own hooks keep;
-- attributes the runtime sets: the two lists it shares with the env (`workers`;
-  `backlog` is read and extended in place), its own handle (`_runtime`, which
-  `env_step_checks` calls back), the API client, and the loop's timings;
+- attributes the runtime sets: its own handle (`_runtime`: `env_step_checks` calls
+  it back, and the env's read-only `workers` are the runtime's), the API client, and
+  the count of groups sent since the last log;
 - the env's hooks the runtime calls at upstream's points.
 
 A type only: nothing here runs, and nothing needs to subclass it.
@@ -15,7 +15,6 @@ A type only: nothing here runs, and nothing needs to subclass it.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,7 +23,6 @@ from atroposlib.type_definitions import Item
 if TYPE_CHECKING:
     from atroposlib.envs.api_client import TrajectoryClient
     from atroposlib.envs.config import BaseEnvConfig
-    from atroposlib.envs.runtime import EnvRuntime
     from atroposlib.envs.scored_data import ScoredDataGroup
     from atroposlib.envs.server_handling.server_manager import ServerManager
 
@@ -52,8 +50,6 @@ class ServedEnv(Protocol):
     @property
     def backlog(self) -> list[Item]: ...  # shared with the runtime, which extends it
     @property
-    def running_items(self) -> dict[str, dict[str, Any]]: ...  # filled and emptied in place
-    @property
     def task_duration(self) -> list[float]: ...  # perf_stats' timings, appended to
     @property
     def succeeded_task_duration(self) -> list[float]: ...
@@ -67,12 +63,8 @@ class ServedEnv(Protocol):
     def task_successful(self) -> list[int]: ...
 
     # -- set by the runtime
-    workers: dict[asyncio.Task, Item]  # the runtime's own dict, shared with the env
-    _runtime: EnvRuntime | None  # env_step_checks calls its step_checks()
+    _runtime: Any  # the runtime itself: env_step_checks calls its step_checks()
     client: TrajectoryClient | None  # the API client, from registration on
-    eval_runner: asyncio.Task | None
-    last_loop_time: float | None
-    last_completed_item: Item
     items_sent_this_step: int  # reset to 0 after each wandb_log
 
     # -- the env's hooks, called at upstream's points

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import httpx
 
+from atroposlib.envs import serve_hooks
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import BaseEnvConfig
 from atroposlib.envs.runtime import EnvRuntime
-from atroposlib.envs.serve_hooks import ServeHooks
 from tests.support.groups import make_group, register_env, start_trainer
 from tests.support.waiting import wait_until_async
 
@@ -33,8 +33,13 @@ class LateDeliveryClient(TrajectoryClient):
         return status
 
 
-class CountingEnv(ServeHooks, SimpleNamespace):
+class CountingEnv(SimpleNamespace):
     """Just what the serve loop touches: the status hooks, counters, the item source."""
+
+    _trainer_batch_seen = None
+    get_status = serve_hooks.get_status
+    get_server_info = serve_hooks.get_server_info
+    env_step_checks = serve_hooks.env_step_checks
 
     async def get_next_item(self):
         self.items_asked += 1
@@ -62,8 +67,6 @@ def test_group_delivered_during_status_poll_still_counts(api, tmp_path: Path):
         stats=Counter(),
         items_asked=0,
         backlog=[],
-        running_items={},
-        last_loop_time=None,
         mainloop_timings=[],
         workers_added_list=[],
     )
