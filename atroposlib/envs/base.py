@@ -113,7 +113,6 @@ class BaseEnv(ABC):
             reasoning_config=ReasoningConfig.from_env_config(config),
         )
         self.tokenizer = self._load_tokenizer(config.tokenizer_name)
-        self.client: TrajectoryClient | None = None  # set by the serve runtime
         self.env_id: int | None = None
         self.wandb_prepend: str | None = None
         self.curr_step = 0
@@ -153,6 +152,11 @@ class BaseEnv(ABC):
     def workers(self) -> dict[asyncio.Task, Item]:
         """The serve runtime's rollout workers (task -> item); none outside `serve`."""
         return self._runtime.workers if self._runtime is not None else {}
+
+    @property
+    def client(self) -> TrajectoryClient | None:
+        """The serve runtime's client of the trajectory API; none outside `serve`."""
+        return getattr(self._runtime, "client", None)
 
     @staticmethod
     def _load_tokenizer(name: str):

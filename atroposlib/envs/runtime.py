@@ -64,6 +64,8 @@ class EnvRuntime:
     reads, calls and sets on the env is `ServedEnv` (served_env.py), which BaseEnv meets.
     """
 
+    client: TrajectoryClient
+    """The trajectory API's client, made when `run` starts; the env's `client` reads it."""
     window_narrowed_logged = False
     """True once the INFO line that the trainer's max_staleness narrowed the window went out."""
 
@@ -99,7 +101,6 @@ class EnvRuntime:
             self.state_dir / "spool",
             timeout_s=env.config.api_timeout_s,
         )
-        env.client = self.client
         try:
             if await self._register():
                 await self._loop()

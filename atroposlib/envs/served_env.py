@@ -6,8 +6,8 @@
 - read-only (properties here): the config, the servers, the counters the runtime
   mutates in place, and the step and registration the env's own hooks keep;
 - attributes the runtime sets: its own handle (`_runtime`: `env_step_checks` calls
-  it back, and the env's read-only `workers` are the runtime's), the API client, and
-  the count of groups sent since the last log;
+  it back, and the env's read-only `workers` and `client` are the runtime's), and the
+  count of groups sent since the last log;
 - the env's hooks the runtime calls at upstream's points.
 
 A type only: nothing here runs, and nothing needs to subclass it.
@@ -48,6 +48,8 @@ class ServedEnv(Protocol):
     @property
     def checkpoint_interval(self) -> int: ...  # set by register_env
     @property
+    def client(self) -> TrajectoryClient | None: ...  # the runtime's own, read back
+    @property
     def backlog(self) -> list[Item]: ...  # shared with the runtime, which extends it
     @property
     def task_duration(self) -> list[float]: ...  # perf_stats' timings, appended to
@@ -64,7 +66,6 @@ class ServedEnv(Protocol):
 
     # -- set by the runtime
     _runtime: Any  # the runtime itself: env_step_checks calls its step_checks()
-    client: TrajectoryClient | None  # the API client, from registration on
     items_sent_this_step: int  # reset to 0 after each wandb_log
 
     # -- the env's hooks, called at upstream's points

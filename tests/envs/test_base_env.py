@@ -14,13 +14,14 @@ from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline
 from tests.support.arith_env import ArithEnv
 from tests.support.groups import RecordingClient, register_env, start_trainer
+from tests.support.served import give_client
 
 
 @pytest.fixture
 def env(tiny_model_path, tmp_path):
     config = BaseEnvConfig(tokenizer_name=str(tiny_model_path), group_size=2, use_wandb=False)
     environment = ArithEnv(config, ServerBaseline(), testing=True)
-    environment.client = RecordingClient()
+    give_client(environment, RecordingClient())
     environment.env_id = 3
     environment.max_token_len = 10
     return environment
@@ -85,7 +86,7 @@ def test_group_without_messages_is_accepted_by_the_api(env, api, wire_client, tm
     env.max_token_len = 64
 
     async def deliver() -> dict:
-        env.client = TrajectoryClient(api.url, tmp_path / "spool")
+        give_client(env, TrajectoryClient(api.url, tmp_path / "spool"))
         await env.handle_send_to_api(group())
         await env.client.close()
         return dict(env.client.counters)
@@ -191,7 +192,7 @@ def test_an_env_the_api_forgot_registers_again(env, api, wire_client, tmp_path, 
     start_trainer(wire_client, batch_size=2, max_token_len=64)
 
     async def poll_after_a_reset() -> tuple[int, int, dict]:
-        env.client = TrajectoryClient(api.url, tmp_path / "spool")
+        give_client(env, TrajectoryClient(api.url, tmp_path / "spool"))
         await env.register_env()
         first = env.env_id
         assert wire_client.get("/reset_data").status_code == 200

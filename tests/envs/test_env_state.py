@@ -42,7 +42,8 @@ def register(env, api_url: str, tmp_path: Path) -> EnvRuntime:
     runtime = EnvRuntime(env, state_dir=tmp_path / "env-state")
 
     async def run() -> None:
-        runtime.client = env.client = TrajectoryClient(api_url, runtime.state_dir / "spool")
+        runtime.client = TrajectoryClient(api_url, runtime.state_dir / "spool")
+        env._runtime = runtime
         try:
             assert await runtime._register()
         finally:

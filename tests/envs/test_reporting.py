@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 from atroposlib.envs.base import BaseEnvConfig, ServerBaseline
 from tests.support.arith_env import ArithEnv
 from tests.support.groups import RecordingClient
+from tests.support.served import give_client
 from tests.support.wandb_offline import offline_runs
 
 
@@ -51,7 +52,7 @@ class HookedEnv(ArithEnv):
 def make_env(tiny_model_path, **settings) -> HookedEnv:
     config = BaseEnvConfig(tokenizer_name=str(tiny_model_path), group_size=2, **settings)
     env = HookedEnv(config, ServerBaseline(), testing=True)
-    env.client = RecordingClient()
+    give_client(env, RecordingClient())
     env.env_id = 0
     env.max_token_len = 100
     return env
@@ -108,7 +109,7 @@ def test_wandb_gets_prefixed_keys_and_the_trainers_project(
         async def wandb_info(self):
             return {"project": "trainer-project", "group": "trainer-group"}
 
-    env.client = WandbInfo()
+    give_client(env, WandbInfo())
     asyncio.run(env.setup_wandb())
     asyncio.run(env.handle_send_to_api(group()))
     asyncio.run(env.wandb_log({"train/extra": 2.0}))

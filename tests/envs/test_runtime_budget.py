@@ -37,6 +37,7 @@ class CountingEnv(SimpleNamespace):
     """Just what the serve loop touches: the status hooks, counters, the item source."""
 
     _trainer_batch_seen = None
+    client = property(lambda self: self._runtime.client)  # BaseEnv's: the runtime's
     get_status = serve_hooks.get_status
     get_server_info = serve_hooks.get_server_info
     env_step_checks = serve_hooks.env_step_checks
@@ -73,7 +74,8 @@ def test_group_delivered_during_status_poll_still_counts(api, tmp_path: Path):
 
     async def scenario() -> tuple[int, int]:
         runtime = EnvRuntime(env, state_dir=tmp_path)
-        runtime.client = env.client = LateDeliveryClient(api.url, tmp_path / "spool")
+        runtime.client = LateDeliveryClient(api.url, tmp_path / "spool")
+        env._runtime = runtime
         # ... and that one more is spooled, delivered only during the next status poll
         runtime.client.send([make_group(2, tag=2, env_id=env_id)])
         runtime.client._flusher.cancel()
