@@ -40,7 +40,7 @@ import torch
 
 from atroposlib.weight_sync.errors import WeightSyncError
 from atroposlib.weight_sync.modes import RESTART_MODES
-from atroposlib.weight_sync.route import EngineRoute, HotMode
+from atroposlib.weight_sync.route import EngineRoute, HotMode, Push
 
 
 @dataclass(frozen=True)
@@ -136,15 +136,9 @@ class EnginePush:
 
     def push(self, url: str, path: Path, version: str) -> float:
         served = self.config.served_model_name or self.config.model_name
-        return self.route.push(
-            url,
-            path,
-            version,
-            self.sync_key,
-            self.config.weight_sync_timeout_s,
-            served,
-            self.adapter_only,
-        )
+        timeout = self.config.weight_sync_timeout_s
+        push = Push(path, version, self.sync_key, timeout, served, self.adapter_only)
+        return self.route.push(url, push)
 
 
 class WeightBridge:

@@ -28,7 +28,7 @@ import torch
 
 from atroposlib.utils.http_client import shared_http_client
 from atroposlib.weight_sync.errors import WeightSyncError
-from atroposlib.weight_sync.route import HotMode
+from atroposlib.weight_sync.route import HotMode, Push
 
 
 class WeightLoadError(ValueError):
@@ -149,14 +149,5 @@ class DiskReloadRoute:
     def served_name(self, name: str, adapter: bool) -> str:
         return name
 
-    def push(
-        self,
-        url: str,
-        path: Path,
-        version: str,
-        sync_key: str,
-        timeout_s: float,
-        served: str,
-        adapter: bool,
-    ) -> float:
-        return push_to_cpu_engine(url, path, version, sync_key, timeout_s)
+    def push(self, url: str, push: Push) -> float:
+        return push_to_cpu_engine(url, push.path, push.version, push.sync_key, push.timeout_s)

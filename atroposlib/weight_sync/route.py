@@ -8,10 +8,25 @@ Each engine kind that can take weights without a restart names its route
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 HotMode = Literal["hot_reload", "lora_only"]
+
+
+@dataclass(frozen=True)
+class Push:
+    """One export to load: where it is, its version label, and how to reach the engine."""
+
+    path: Path
+    version: str
+    sync_key: str
+    timeout_s: float
+    served: str
+    """The name the policy is served under (an adapter takes it)."""
+    adapter: bool
+    """`path` holds a LoRA adapter alone, not whole weights."""
 
 
 class EngineRoute(Protocol):
@@ -31,16 +46,7 @@ class EngineRoute(Protocol):
         """What the engine serves its base model as, when adapters take `name`."""
         ...
 
-    def push(
-        self,
-        url: str,
-        path: Path,
-        version: str,
-        sync_key: str,
-        timeout_s: float,
-        served: str,
-        adapter: bool,
-    ) -> float:
-        """Load the export at `path` into the engine at `url`, labelled `version`;
-        seconds spent. Raises `WeightSyncError` when the engine did not take it."""
+    def push(self, url: str, push: Push) -> float:
+        """Load `push` into the engine at `url`; seconds spent. Raises `WeightSyncError`
+        when the engine did not take it."""
         ...

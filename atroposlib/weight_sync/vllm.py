@@ -43,6 +43,7 @@ import httpx
 
 from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT, key_from_environment
 from atroposlib.weight_sync.errors import WeightSyncError
+from atroposlib.weight_sync.route import Push
 from atroposlib.weight_sync.vllm_route_guard import SYNC_KEY_HEADER, guard_launch_extras
 
 # vLLM 0.32's LoRAConfig.max_lora_rank accepts only these (vllm/config/lora.py).
@@ -153,20 +154,12 @@ class VllmRoute:
     def served_name(self, name: str, adapter: bool) -> str:
         return lora_base_name(name) if adapter else name
 
-    def push(
-        self,
-        url: str,
-        path: Path,
-        version: str,
-        sync_key: str,
-        timeout_s: float,
-        served: str,
-        adapter: bool,
-    ) -> float:
-        headers = weight_route_headers(sync_key)
-        if adapter:
-            return load_vllm_lora(url, served, str(path), version, headers, timeout_s)
-        return reload_vllm_weights(url, str(path), version, headers, timeout_s)
+    def push(self, url: str, push: Push) -> float:
+        headers = weight_route_headers(push.sync_key)
+        path, version, timeout = str(push.path), push.version, push.timeout_s
+        if push.adapter:
+            return load_vllm_lora(url, push.served, path, version, headers, timeout)
+        return reload_vllm_weights(url, path, version, headers, timeout)
 
 
 def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:

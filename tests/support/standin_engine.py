@@ -36,12 +36,12 @@ class StandInRoute:
     def served_name(self, name, adapter):
         return name
 
-    def push(self, url, path, version, sync_key, timeout_s, served, adapter):
+    def push(self, url, push):
         answer = httpx.post(
             f"{url}/load_weights",
-            json={"path": str(path), "version": version},
-            headers={"Authorization": f"Bearer {sync_key}"},
-            timeout=timeout_s,
+            json={"path": str(push.path), "version": push.version},
+            headers={"Authorization": f"Bearer {push.sync_key}"},
+            timeout=push.timeout_s,
         )
         if not answer.is_success:
             raise WeightSyncError(f"the stand-in refused the weights: {answer.text}")
