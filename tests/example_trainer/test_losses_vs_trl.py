@@ -148,10 +148,10 @@ def case_id(settings: LossSettings) -> str:
     )
 
 
-def agree_with_trl(settings: LossSettings) -> list[float]:
-    """Loss and gradients equal TRL's on three batches; the clip fractions seen."""
+def agree_with_trl(settings: LossSettings, seeds: int = 3) -> list[float]:
+    """Loss and gradients equal TRL's on `seeds` batches; the clip fractions seen."""
     clipped = []
-    for seed in range(3):
+    for seed in range(seeds):
         tensors = batch(seed)
         theirs, their_grad, their_entropy_grad = trl_loss(
             settings, tensors, entropy_coef=settings.entropy_coef
@@ -185,11 +185,10 @@ def test_every_registered_loss_equals_trls_or_has_none(name):
     kind = LOSSES[name]
     if kind.trl_loss_type is None:
         pytest.skip(f"{name} is registered as having no TRL counterpart")
-    agree_with_trl(
-        LossSettings(
-            loss_type=name, clip_eps_high=kind.default_clip_eps_high, max_length=MAX_LENGTH
-        )
+    defaults = LossSettings(
+        loss_type=name, clip_eps_high=kind.default_clip_eps_high, max_length=MAX_LENGTH
     )
+    agree_with_trl(defaults, seeds=1)  # CASES tries the library's own on three
 
 
 @pytest.mark.parametrize(
