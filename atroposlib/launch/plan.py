@@ -23,21 +23,25 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from atroposlib.api.settings import APISettings
 from atroposlib.launch.checks import check_model_name
 from atroposlib.launch.config import (
-    DEFAULT_TRAINER,
-    DEFAULT_TRAINER_FLAGS,
     ConfigError,
     EnvironmentSection,
     LaunchConfig,
     describe_errors,
 )
-from atroposlib.launch.resolving import flags, pick_port, resolve_model
+from atroposlib.launch.resolving import (
+    declared_config,
+    declared_default,
+    flags,
+    pick_port,
+    resolve_model,
+    validated,
+)
 from atroposlib.trainer_contract import (
-    LAUNCH_CONFIG_ATTRIBUTE,
     LaunchSettings,
     events_path,
     metrics_path,
@@ -48,7 +52,6 @@ from atroposlib.utils.exposure import (
     ENGINE_URLS_ENVIRONMENT,
     ENV_KEY_ENVIRONMENT,
 )
-from atroposlib.utils.sections import leaf_fields
 
 ENGINES_FILE = "engines.yaml"
 """The trainer's engines as an environment's `openai:` list (written with several)."""
@@ -243,7 +246,7 @@ def _api_state_dir(config: LaunchConfig, shared: Shared) -> Path | None:
 
 def _api_plan(config: LaunchConfig, shared: Shared, port: int) -> ProcessPlan:
     args = {"port": port, **_api_args(config, shared)}
-    _validate("api.args", args, APISettings)
+    validated("api.args", args, APISettings)
     return ProcessPlan(
         "api",
         [shared.python, "-m", "atroposlib.cli.run_api", *flags(args)],
@@ -266,7 +269,7 @@ def _trainer_plan(
 ) -> tuple[ProcessPlan, LaunchSettings]:
     """The trainer's command, and the settings it got (the others are checked against them)."""
     module = config.trainer.module
-    declared = _declared_config(module)
+    declared = declared_config(module)
     for key in LAUNCHER_OWNED.keys() & args.keys():
         raise ConfigError(f"trainer.args.{key}: {LAUNCHER_OWNED[key]}")
 
@@ -287,14 +290,14 @@ def _trainer_plan(
     if config.engine is not None:
         values["inference_engine"] = "none"  # the launcher runs the engine
     for name in ("training_steps", "seq_len"):
-        values[name] = args.pop(name) if name in args else _declared_default(declared, name, module)
+        values[name] = args.pop(name) if name in args else declared_default(declared, name, module)
     try:
         settings = LaunchSettings.model_validate(values)
     except ValidationError as exc:
         raise ConfigError(f"trainer.args: {describe_errors(exc)}") from exc
     every_flag = {**settings.flags(), **args}
     if declared is not None:
-        _validate("trainer.args", every_flag, declared)
+        validated("trainer.args", every_flag, declared)
     nproc = config.trainer.nproc
     # several ranks meet on a store that listens on loopback only (local_ranks says why)
     ranks = [shared.python, "-m", "atroposlib.launch.local_ranks", "--nproc", str(nproc), "--"]
@@ -448,47 +451,6 @@ def _engine_key_for(section: EnvironmentSection, shared: Shared) -> dict[str, st
         **shared.key_env(ENGINE_KEY_ENVIRONMENT[0], role="engine"),
         ENGINE_URLS_ENVIRONMENT: ",".join(shared.engine_urls),
     }
-
-
-def _declared_config(module: str) -> type[BaseModel] | None:
-    """The trainer's `LAUNCH_CONFIG` (a pydantic model of its flags), if it declares one."""
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ConfigError(f"trainer module not found: {module}")
-    declaring = DEFAULT_TRAINER_FLAGS if module == DEFAULT_TRAINER else module
-    try:
-        loaded = importlib.import_module(declaring)
-    except Exception as exc:
-        raise ConfigError(f"trainer module {module} fails to import: {exc!r}") from exc
-    declared = getattr(loaded, LAUNCH_CONFIG_ATTRIBUTE, None)
-    if declared is not None and not (
-        isinstance(declared, type) and issubclass(declared, BaseModel)
-    ):
-        raise ConfigError(f"{module}.{LAUNCH_CONFIG_ATTRIBUTE} is not a pydantic model class")
-    return declared
-
-
-def _declared_default(declared: type[BaseModel] | None, name: str, module: str) -> Any:
-    leaf = leaf_fields(declared).get(name) if declared is not None else None
-    field_info = leaf.field if leaf is not None else None
-    if field_info is None or field_info.is_required():
-        raise ConfigError(
-            f"trainer.args.{name} is required: trainer {module} declares no default for it"
-        )
-    return field_info.default
-
-
-def _validate(where: str, values: dict[str, Any], model: type[BaseModel]) -> BaseModel:
-    unknown = sorted(set(values) - set(leaf_fields(model)))
-    if unknown:
-        raise ConfigError(f"unknown key '{where}.{unknown[0]}' (not a {model.__name__} field)")
-    try:
-        return model.model_validate(values)
-    except ValidationError as exc:
-        raise ConfigError(f"{where}: {describe_errors(exc)}") from exc
 
 
 def _env_entry(section: EnvironmentSection, base: Path) -> list[str]:

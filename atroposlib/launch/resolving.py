@@ -1,11 +1,23 @@
-"""Small resolvers of the plan: free ports, the policy's path, and flags from values."""
+"""Small resolvers of the plan: free ports, the policy's path, flags from values, and
+the flags a trainer module declares (`LAUNCH_CONFIG`) with their defaults."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from typing import Any
 
-from atroposlib.launch.config import ConfigError
+from pydantic import BaseModel, ValidationError
+
+from atroposlib.launch.config import (
+    DEFAULT_TRAINER,
+    DEFAULT_TRAINER_FLAGS,
+    ConfigError,
+    describe_errors,
+)
+from atroposlib.trainer_contract import LAUNCH_CONFIG_ATTRIBUTE
 from atroposlib.utils.ports import free_ports, port_in_use
+from atroposlib.utils.sections import leaf_fields
 
 TINY_MODEL = "tiny"
 
@@ -53,3 +65,46 @@ def resolve_model(model: str) -> str:
             )
         return str(ensure_tiny_model())
     return model
+
+
+def declared_config(module: str) -> type[BaseModel] | None:
+    """The trainer's `LAUNCH_CONFIG` (a pydantic model of its flags), if it declares one."""
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ConfigError(f"trainer module not found: {module}")
+    declaring = DEFAULT_TRAINER_FLAGS if module == DEFAULT_TRAINER else module
+    try:
+        loaded = importlib.import_module(declaring)
+    except Exception as exc:
+        raise ConfigError(f"trainer module {module} fails to import: {exc!r}") from exc
+    declared = getattr(loaded, LAUNCH_CONFIG_ATTRIBUTE, None)
+    if declared is not None and not (
+        isinstance(declared, type) and issubclass(declared, BaseModel)
+    ):
+        raise ConfigError(f"{module}.{LAUNCH_CONFIG_ATTRIBUTE} is not a pydantic model class")
+    return declared
+
+
+def declared_default(declared: type[BaseModel] | None, name: str, module: str) -> Any:
+    """`name`'s default in the trainer's declared flags, or why it must be given."""
+    leaf = leaf_fields(declared).get(name) if declared is not None else None
+    field_info = leaf.field if leaf is not None else None
+    if field_info is None or field_info.is_required():
+        raise ConfigError(
+            f"trainer.args.{name} is required: trainer {module} declares no default for it"
+        )
+    return field_info.default
+
+
+def validated(where: str, values: dict[str, Any], model: type[BaseModel]) -> BaseModel:
+    """`values` (flat) as `model`, or a one-line refusal naming the key under `where`."""
+    unknown = sorted(set(values) - set(leaf_fields(model)))
+    if unknown:
+        raise ConfigError(f"unknown key '{where}.{unknown[0]}' (not a {model.__name__} field)")
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {describe_errors(exc)}") from exc
