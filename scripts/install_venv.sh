@@ -56,6 +56,10 @@ if [[ ",$EXTRAS," == *",dev,"* ]]; then
     rm -rf .venv/reference
     "${UV[@]}" --no-deps --target .venv/reference -r scripts/constraints-reference.txt \
         "${PIN[@]}"
+    # the Axolotl plugin's own code, whose calls tests/compat/test_axolotl_plugin.py makes
+    # against run-api; without axolotl, vLLM and the torch 2.6 it pins
+    rm -rf .venv/axolotl-plugin
+    "${UV[@]}" --no-deps --target .venv/axolotl-plugin axolotl-plugin-atropos==0.0.2
 fi
 say "caching the bytecode of the modules every run imports"
 env -u PYTHONDONTWRITEBYTECODE "$PYTHON" -c '
