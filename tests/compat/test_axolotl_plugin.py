@@ -93,7 +93,7 @@ def test_the_plugin_registers_and_pulls_a_batch_it_can_split(plugin, api, wire_c
         with ThreadPoolExecutor(1) as pool:
             example = pool.submit(next, iter(dataset)).result(timeout=60)
     finally:
-        provider.stop_event.set()
+        provider.stop()  # its thread ends now, not at the interpreter's exit
     # one example is the group, a row per sequence: its prompt, and its completion padded
     rows = []
     for prompt, ids, mask in zip(
