@@ -2,9 +2,10 @@
 
 `StandInEngine` is the whole kind: the module its server runs as, and its weight
 route; `register_engine(StandInEngine(records))` is the registry line. Its server
-(this module, run with `python -m`) is the standard library's: it answers the health
-check and takes pushed weights on `POST /load_weights`, and writes each start and each
-load to the JSON lines file `records`, so a test sees what the trainer did with it.
+(this module, run with `python -m`: the standard library's, with the tests' JSON
+handler) answers the health check and takes pushed weights on `POST /load_weights`,
+and writes each start and each load to the JSON lines file `records`, so a test sees
+what the trainer did with it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 
 from atroposlib.inference.engines import EngineKind
 from atroposlib.weight_sync.errors import WeightSyncError
+from tests.support.json_http import JsonHandler
 
 RECORDS_VARIABLE = "STANDIN_ENGINE_RECORDS"
 KEY_VARIABLE = "STANDIN_ENGINE_SYNC_KEY"
@@ -68,29 +70,18 @@ def record(entry: dict) -> None:
         out.write(json.dumps(entry) + "\n")
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     def do_GET(self) -> None:
         self._answer(200 if self.path == "/ready" else 404, {})
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        body = self.read_json()
         key = os.environ.get(KEY_VARIABLE)
         if self.path != "/load_weights" or self.headers.get("Authorization") != f"Bearer {key}":
             self._answer(403, {"detail": "no"})
             return
         record({"event": "load", **body})
         self._answer(200, {"ok": True})
-
-    def _answer(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 def main() -> None:
