@@ -59,7 +59,7 @@ if [[ ",$EXTRAS," == *",dev,"* ]]; then
     # the Axolotl plugin's own code, whose calls tests/compat/test_axolotl_plugin.py makes
     # against run-api; without axolotl, vLLM and the torch 2.6 it pins
     rm -rf .venv/axolotl-plugin
-    "${UV[@]}" --no-deps --target .venv/axolotl-plugin axolotl-plugin-atropos==0.0.2
+    "${UV[@]}" --no-deps --target .venv/axolotl-plugin axolotl-plugin-atropos "${PIN[@]}"
 fi
 say "caching the bytecode of the modules every run imports"
 env -u PYTHONDONTWRITEBYTECODE "$PYTHON" -c '

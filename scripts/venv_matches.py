@@ -68,9 +68,11 @@ def main(argv: list[str]) -> int:
         return 0
     if not stamp.exists() or stamp.read_text().strip() != key:
         return 1
-    if "dev" in argv[0].split(",") and not (Path(sys.prefix) / "reference").is_dir():
-        print("venv lacks the reference implementations (.venv/reference)", file=sys.stderr)
-        return 1
+    if "dev" in argv[0].split(","):
+        for folder in ("reference", "axolotl-plugin"):  # the dev extra's own folders
+            if not (Path(sys.prefix) / folder).is_dir():
+                print(f"venv lacks .venv/{folder}", file=sys.stderr)
+                return 1
     drift = drifted_pins()
     for line in drift:
         print(f"venv drifted from scripts/constraints.txt: {line}", file=sys.stderr)

@@ -64,8 +64,9 @@ def test_the_installer_pins_every_install():
         if line.strip().startswith(('"${PIP[@]}"', '"${UV[@]}"'))
     ]
     # uv (pip), torch, the project with its extras and pip, lm-eval's IFEval modules for
-    # dev, upstream's rewards into .venv/reference for dev (uv)
-    assert len(installs) == 5
+    # dev, upstream's rewards into .venv/reference for dev, the Axolotl plugin into
+    # .venv/axolotl-plugin for dev (uv)
+    assert len(installs) == 6
     assert all(line.endswith('"${PIN[@]}"') for line in installs), installs
     assert "PIN=(-c scripts/constraints.txt)" in text
     pinned = pins(REPO / "scripts" / "constraints.txt")

@@ -22,7 +22,8 @@ def venv_matches(tmp_path, monkeypatch):
     constraints.write_text(f"# pins\npytest=={metadata.version('pytest')}\n")
     monkeypatch.setattr(module, "CONSTRAINTS", constraints)
     monkeypatch.setattr(sys, "prefix", str(tmp_path))  # where the stamp lives
-    (tmp_path / "reference").mkdir()  # the dev extra's reference implementations
+    for folder in ("reference", "axolotl-plugin"):  # the dev extra's own folders
+        (tmp_path / folder).mkdir()
     return module
 
 
@@ -32,10 +33,11 @@ def test_no_stamp_means_install_then_the_stamp_means_current(venv_matches):
     assert venv_matches.main(["dev,inference"]) == 0
 
 
-def test_the_dev_extra_needs_its_reference_implementations(venv_matches, tmp_path):
+@pytest.mark.parametrize("folder", ["reference", "axolotl-plugin"])
+def test_the_dev_extra_needs_its_own_folders(venv_matches, tmp_path, folder):
     for extras in ("dev", "inference"):
         venv_matches.main([extras, "--write"])
-    (tmp_path / "reference").rmdir()
+    (tmp_path / folder).rmdir()
     assert venv_matches.main(["dev"]) == 1
     assert venv_matches.main(["inference"]) == 0
 
