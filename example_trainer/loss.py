@@ -169,7 +169,7 @@ def policy_loss(
         weights, metrics = _behaviour_terms(
             logprobs.detach(), behaviour_logprobs, trained, segments, count, settings
         )
-        pg_per_token = answer.per_token * weights
+        pg_per_token = answer.per_token if weights is None else answer.per_token * weights
     kl_per_token = torch.zeros_like(pg_per_token)
     if settings.kl_coef > 0 and ref_logprobs is not None:
         kl_per_token = _k3(logprobs, ref_logprobs, trained)
@@ -202,9 +202,9 @@ def _behaviour_terms(
     segments: torch.Tensor,
     count: int,
     settings: LossSettings,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor | None, dict[str, float]]:
     """Against the rollout's logprobs: the correction weight of each token's policy
-    gradient (1 without `is_mode`) and the mismatch metrics."""
+    gradient (None without `is_mode`) and the mismatch metrics."""
     mask = trained.to(logprobs.dtype)
     tokens = mask.sum().clamp(min=1.0)
     behaviour = torch.where(trained, behaviour_logprobs, logprobs)
@@ -215,7 +215,7 @@ def _behaviour_terms(
         "mismatch_kl": float(kl_gap.sum() / tokens),
     }
     if settings.is_mode is None:
-        return torch.ones_like(mask), metrics
+        return None, metrics
     weights, cut = correction_weights(
         logprobs,
         behaviour,

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from atroposlib.inference.engines import EngineName
+from atroposlib.utils.sections import Section
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 MAX_COPIES = 256
@@ -31,10 +32,6 @@ both name the same class)."""
 
 class ConfigError(ValueError):
     """A launch config that cannot run; the message names the problem."""
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ApiSection(Section):
