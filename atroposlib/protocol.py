@@ -183,6 +183,7 @@ def group_problems(
         *mask_problems,
         *_score_problems(group),
         *_per_sequence_problems(group, trained),
+        *_distill_problems(group, trained, vocab_size),
         *_message_problems(group),
     ]
 
@@ -279,6 +280,70 @@ def _per_token_problems(
     return problems
 
 
+def _distill_problems(
+    group: ScoredData, trained: list[list[bool] | None], vocab_size: int | None
+) -> list[Problem]:
+    """The teacher's arrays, read beside the tokens: `distill_token_ids[i][t]` and
+    `distill_logprobs[i][t]` are the teacher's top-k at position t of sequence i (its
+    distribution over token t given the tokens before it), so each sequence needs one
+    row per token, each position as many logprobs as ids, every id inside the
+    vocabulary, and a log-probability (at most 0, not NaN) wherever a token is trained.
+    The first problem of each sequence is reported: the rest follow from it. Checked
+    only when both arrays are given."""
+    ids, logprobs = group.distill_token_ids, group.distill_logprobs
+    if ids is None or logprobs is None:
+        return []  # one alone teaches nothing: a trainer ignores it (upstream's API keeps it)
+    if len(ids) != len(group.tokens) or len(logprobs) != len(group.tokens):
+        return []  # the per-sequence count is reported with the other fields
+    problems: list[Problem] = []
+    for i, toks in enumerate(group.tokens):
+        problem = _distill_sequence_problem(i, toks, ids[i], logprobs[i], trained[i], vocab_size)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def _distill_sequence_problem(
+    i: int,
+    tokens: list[int],
+    ids: list[list[int]],
+    logprobs: list[list[float]],
+    trained: list[bool] | None,
+    vocab_size: int | None,
+) -> Problem | None:
+    if len(ids) != len(tokens) or len(logprobs) != len(tokens):
+        return (
+            ("distill_token_ids", i),
+            f"distill arrays of sequence {i} have {len(ids)} id rows and {len(logprobs)} "
+            f"logprob rows for {len(tokens)} tokens (one row per position)",
+        )
+    limit = vocab_size if vocab_size else None
+    for t, (row_ids, row_lps) in enumerate(zip(ids, logprobs, strict=True)):
+        if len(row_ids) != len(row_lps):
+            return (
+                ("distill_token_ids", i, t),
+                f"position {t} of sequence {i} has {len(row_ids)} teacher ids but "
+                f"{len(row_lps)} logprobs",
+            )
+        bad = next((x for x in row_ids if x < 0 or (limit is not None and x >= limit)), None)
+        if bad is not None:
+            where = f"0 to {limit - 1}, the trainer's vocabulary" if limit else ">= 0"
+            return (
+                ("distill_token_ids", i, t),
+                f"teacher id {bad} at position {t} of sequence {i} is outside {where} "
+                "(distillation needs the teacher's ids in the student's vocabulary)",
+            )
+        if trained and trained[t]:
+            value = next((v for v in row_lps if not v <= LOGPROB_TOLERANCE), None)
+            if value is not None:
+                return (
+                    ("distill_logprobs", i, t),
+                    f"distill_logprobs[{i}][{t}] holds {value} at a trained position "
+                    "(a log-probability is at most 0)",
+                )
+    return None
+
+
 def _message_problems(group: ScoredData) -> list[Problem]:
     return [
         (("messages", i, j), "every message needs 'role' and 'content'")
@@ -362,6 +427,11 @@ WEIGHT_VERSIONS_FIELD = "weight_versions"
 """An optional extra key of a group: per sequence, the label (the trainer step) of the
 weights that sampled it, or None where the engine gave none, so a trainer can tell how
 stale its data is. Upstream ignores it, as it ignores every extra key."""
+
+
+TEACHER_LATENCY_FIELD = "teacher_latency_s"
+"""An optional extra key of a distilled group: the seconds its environment waited for the
+teacher's logprobs, which the trainer reports per step. Upstream ignores it."""
 
 
 def group_id_of(group: ScoredData | dict[str, Any]) -> str | None:

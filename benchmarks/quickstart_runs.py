@@ -27,18 +27,22 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def quickstart_config(
-    trainer_args: dict[str, Any], steps: int, seed: int, replaced: tuple[str, ...] = ()
+    trainer_args: dict[str, Any],
+    steps: int,
+    seed: int,
+    replaced: tuple[str, ...] = (),
+    base: Path = QUICKSTART,
 ) -> dict:
-    """The quickstart's YAML with `trainer_args` set (the keys in `replaced` dropped
-    first), `steps` training steps and `seed`; its relative paths made absolute."""
-    config = yaml.safe_load(QUICKSTART.read_text())
+    """The quickstart's YAML (or `base`) with `trainer_args` set (the keys in `replaced`
+    dropped first), `steps` training steps and `seed`; its relative paths made absolute."""
+    config = yaml.safe_load(base.read_text())
     config["seed"] = seed
     args = config["trainer"]["args"]
     for key in replaced:
         args.pop(key, None)
     args.update(trainer_args, training_steps=steps)
     for env in config["environments"]:
-        env["script"] = str((QUICKSTART.parent / env["script"]).resolve())
+        env["script"] = str((base.parent / env["script"]).resolve())
     return config
 
 

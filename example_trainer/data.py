@@ -15,6 +15,7 @@ token from the previous sequence's last is never trained (its loss mask is off).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import torch
 
 from atroposlib.protocol import (
     GROUPS,
+    TEACHER_LATENCY_FIELD,
     WEIGHT_VERSIONS_FIELD,
     ScoredData,
     group_problems,
@@ -30,6 +32,7 @@ from atroposlib.protocol import (
 )
 from atroposlib.weight_sync.versions import version_number
 from example_trainer.advantages import AdvantageEstimator, AdvantageScale, group_advantages
+from example_trainer.distill import TeacherTopK
 from example_trainer.shared_prefix import SharedPrompts, shared_prompts
 
 BatchGroups = Iterable[ScoredData | Mapping[str, Any]]
@@ -50,6 +53,8 @@ class MicroBatch:
     ref_logprobs: torch.Tensor | None
     segments: torch.Tensor  # [B, T-1] long: each label position's sequence in the micro-batch
     shared: SharedPrompts | None = None  # padded rows cut at their shared prompts
+    teacher: TeacherTopK | None = None
+    """The teacher's top-k at each label position, when any sequence carries one."""
 
 
 @dataclass
@@ -68,6 +73,9 @@ class Sequence:
     """Its tokens were cut at --seq-len: a completion that did not finish here."""
     source: int | None = None
     """The environment that sent its group (`sending_env`), if the group says."""
+    distill_ids: list[list[int]] | None = None
+    """The teacher's top-k ids per position (`distill_token_ids`), if the group has them."""
+    distill_logprobs: list[list[float]] | None = None
 
 
 def flatten(
@@ -95,6 +103,8 @@ def flatten(
         scores = torch.tensor(group.scores, dtype=torch.float64)
         centred = group_advantages(scores, scale, estimator)
         versions = sampled_versions(group)
+        # both arrays or no teacher (`group_problems` checks them only together)
+        teacher = group.distill_token_ids is not None and group.distill_logprobs is not None
         for i, whole in enumerate(group.tokens):
             tokens = whole[:seq_len]
             advantages = (
@@ -116,6 +126,8 @@ def flatten(
                     version=versions[i] if i < len(versions) else None,
                     cut=len(whole) > seq_len,
                     source=sending_env(group),
+                    distill_ids=_cut(group.distill_token_ids, i, len(tokens), teacher),
+                    distill_logprobs=_cut(group.distill_logprobs, i, len(tokens), teacher),
                 )
             )
     return sequences
@@ -161,6 +173,15 @@ def split_trainable(
 def _row(values: list[list[float]] | None, index: int, length: int) -> list[float] | None:
     """Row `index` cut to `length` (rows are checked to match the tokens), or None."""
     return None if values is None else list(values[index][:length])
+
+
+def _cut(
+    values: list[list[Any]] | None, index: int, length: int, wanted: bool = True
+) -> list[list[Any]] | None:
+    """Row `index` of a [sequence][position][k] field cut to `length`, or None."""
+    if values is None or not wanted:
+        return None
+    return [list(entry) for entry in values[index][:length]]
 
 
 def micro_batches(
@@ -219,6 +240,15 @@ def _packed(chunk: list[Sequence]) -> MicroBatch:
     segments = torch.cat(
         [torch.full((len(s.tokens),), n, dtype=torch.long) for n, s in enumerate(chunk)]
     )[:-1]  # label position t belongs to token t's sequence (a gap: never trained)
+    teacher = None
+    width = _teacher_width(chunk)
+    if width:
+        gap = ([0] * width, [-math.inf] * width)
+        rows = [_teacher_rows(s, width) for s in chunk]
+        teacher = TeacherTopK(
+            torch.tensor([r for top, _ in rows for r in (*top, gap[0])][:-1])[None],
+            torch.tensor([r for _, lps in rows for r in (*lps, gap[1])][:-1])[None],
+        )
     return MicroBatch(
         ids,
         None,
@@ -228,7 +258,27 @@ def _packed(chunk: list[Sequence]) -> MicroBatch:
         None if old is None else old[None],
         None if ref is None else ref[None],
         segments[None],
+        teacher=teacher,
     )
+
+
+def _teacher_width(chunk: list[Sequence]) -> int:
+    """The widest teacher top-k at any label position of `chunk` (0: no teacher)."""
+    return max(
+        (len(row) for s in chunk if s.distill_ids is not None for row in s.distill_ids[1:]),
+        default=0,
+    )
+
+
+def _teacher_rows(seq: Sequence, width: int) -> tuple[list[list[int]], list[list[float]]]:
+    """A sequence's n - 1 label-position rows of teacher ids and logprobs, padded to
+    `width` (see `TeacherTopK`)."""
+    n = len(seq.tokens)
+    if seq.distill_ids is None or seq.distill_logprobs is None:
+        return [[0] * width] * (n - 1), [[-math.inf] * width] * (n - 1)
+    ids = [list(row) + [0] * (width - len(row)) for row in seq.distill_ids[1:n]]
+    lps = [list(row) + [-math.inf] * (width - len(row)) for row in seq.distill_logprobs[1:n]]
+    return ids, lps
 
 
 # the label position between two packed sequences: untrained
@@ -289,7 +339,19 @@ def _pad(chunk: list[Sequence], pad_id: int, share_prompts: bool = False) -> Mic
         if share_prompts
         else None
     )
-    return MicroBatch(ids, attention, None, loss_mask, advantages, old, ref, segments, shared)
+    teacher = None
+    k = _teacher_width(chunk)
+    if k:
+        listed = list(zip([_teacher_rows(s, k) for s in chunk], gaps, strict=True))
+        teacher = TeacherTopK(
+            torch.tensor([top + [[0] * k] * gap for (top, _), gap in listed]),
+            torch.tensor(
+                [lps + [[-math.inf] * k] * gap for (_, lps), gap in listed], dtype=torch.float32
+            ),
+        )
+    return MicroBatch(
+        ids, attention, None, loss_mask, advantages, old, ref, segments, shared, teacher
+    )
 
 
 def trained_tokens(sequence: Sequence) -> int:
@@ -302,6 +364,17 @@ def sampled_versions(group: ScoredData) -> list[int | None]:
     `weight_versions` (see `atroposlib.protocol`); None where the engine gave no number."""
     versions = (group.model_extra or {}).get(WEIGHT_VERSIONS_FIELD) or []
     return [version_number(v) for v in versions]
+
+
+def teacher_latency(groups: list[ScoredData]) -> dict[str, float]:
+    """The mean seconds the groups' environments waited for their teacher
+    (`TEACHER_LATENCY_FIELD`); empty when no group says."""
+    waits = [
+        float(wait)
+        for group in groups
+        if isinstance(wait := (group.model_extra or {}).get(TEACHER_LATENCY_FIELD), int | float)
+    ]
+    return {"teacher_latency_s": sum(waits) / len(waits)} if waits else {}
 
 
 def drop_stale(

@@ -52,6 +52,7 @@ from example_trainer.data import (
     micro_batches,
     split_trainable,
     staleness,
+    teacher_latency,
     trained_tokens,
 )
 from example_trainer.distributed import init_data_parallel
@@ -183,6 +184,7 @@ class Trainer:
             "skipped_groups": float(len(skipped)),
             "stale_sequences_dropped": float(dropped),
             **staleness(fresh, self.step),
+            **teacher_latency(groups),
         }
         lr = float(self.scheduler.get_last_lr()[0])  # a float: the optimizer is given one
         if not fresh:  # nothing to learn from; the step still counts, as the API's does
@@ -249,14 +251,14 @@ class Trainer:
             chunk = chunks[index]
             with self.forward.gradient_sync(last):
                 inputs = forward_inputs(chunk, self.device)
-                if chunk.shared is not None:  # --shared-prompt-forward
-                    output = self.forward(*inputs, chunk.shared.to(self.device))
-                else:
-                    output = self.forward(*inputs)
+                shared = None if chunk.shared is None else chunk.shared.to(self.device)
+                extra = self.objective.extra_ids(chunk, self.device)
+                output = self.forward(*inputs, shared, extra)
                 loss, metrics = self.objective.loss(chunk, output, total_tokens, len(sequences))
                 (loss * self.parallel.world_size).backward()
             step_metrics.add(loss.detach().item(), metrics)
-        joined = {**self.parallel.sum(step_metrics.sums), **self.parallel.max(step_metrics.maxima)}
+        joined = StepMetrics.finished(self.parallel.sum(step_metrics.sums), total_tokens)
+        joined.update(self.parallel.max(step_metrics.maxima))
         return {
             **joined,
             "advantage_mean": float(

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from example_trainer.loss import token_entropy, token_logprobs
+from example_trainer.loss import token_logprobs
 from example_trainer.shared_prefix import SharedPrompts, shared_prompt_logprobs
 
 logger = logging.getLogger("example_trainer")
@@ -41,12 +41,29 @@ def _label_logprobs(
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def _label_logprobs_and_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logprobs = torch.log_softmax(F.linear(hidden, weight, bias).float(), dim=-1)
+def _label_logprobs_and_more(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    extra_ids: torch.Tensor | None,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, ...]:
+    """(label logprobs, entropy, logprobs of `extra_ids`): the last two empty when not asked."""
+    return head_outputs(F.linear(hidden, weight, bias), labels, extra_ids, with_entropy)
+
+
+def head_outputs(
+    logits: torch.Tensor, labels: torch.Tensor, extra_ids: torch.Tensor | None, with_entropy: bool
+) -> tuple[torch.Tensor, ...]:
+    """From logits aligned with `labels` ([..., V] and [...]): each label's logprob, the
+    entropy (or an empty tensor) and the logprobs of `extra_ids` ([..., K]; or empty)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
     picked = logprobs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    return picked, -(logprobs.exp() * logprobs).sum(-1)
+    nothing = picked.new_empty(0)
+    entropy = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else nothing
+    extra = logprobs.gather(-1, extra_ids) if extra_ids is not None else nothing
+    return picked, entropy, extra
 
 
 def chunked_token_logprobs(
@@ -55,29 +72,41 @@ def chunked_token_logprobs(
     input_ids: torch.Tensor,
     chunk_tokens: int,
     with_entropy: bool = False,
+    extra_ids: torch.Tensor | None = None,
 ) -> Any:
     """log p(input_ids[:, t] | input_ids[:, :t]) for t >= 1, shape [B, T-1], as
-    `token_logprobs(head(hidden), input_ids)` gives it, `chunk_tokens` positions at a time;
-    with `with_entropy`, also each position's entropy (`loss.token_entropy`)."""
+    `token_logprobs(head(hidden), input_ids)` gives it, `chunk_tokens` positions at a time.
+    With `with_entropy` or `extra_ids` ([B, T-1, K] ids per label position): the
+    `head_outputs` triple instead, each shaped like its input."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
     batch, length, width = hidden.shape
     flat = hidden[:, :-1].reshape(-1, width)
     labels = input_ids[:, 1:].reshape(-1)
-    compute = _label_logprobs_and_entropy if with_entropy else _label_logprobs
+    extra = None if extra_ids is None else extra_ids.reshape(labels.shape[0], -1)
+    more = with_entropy or extra is not None
     pieces = []
     for start in range(0, flat.shape[0], chunk_tokens):
         end = start + chunk_tokens
-        parts = (flat[start:end], head.weight, head.bias, labels[start:end])
+        parts: tuple[Any, ...] = (flat[start:end], head.weight, head.bias, labels[start:end])
+        compute: Any = _label_logprobs
+        if more:
+            compute = _label_logprobs_and_more
+            parts = (*parts, None if extra is None else extra[start:end], with_entropy)
         if torch.is_grad_enabled() and (flat.requires_grad or head.weight.requires_grad):
             pieces.append(checkpoint(compute, *parts, use_reentrant=False))
         else:
             pieces.append(compute(*parts))
-    if not with_entropy:
+    if not more:
         return torch.cat(pieces).view(batch, length - 1)
     logprobs = torch.cat([piece[0] for piece in pieces]).view(batch, length - 1)
-    entropy = torch.cat([piece[1] for piece in pieces]).view(batch, length - 1)
-    return logprobs, entropy
+    entropy = torch.cat([piece[1] for piece in pieces])
+    chosen = torch.cat([piece[2] for piece in pieces])
+    return (
+        logprobs,
+        entropy.view(batch, length - 1) if with_entropy else entropy,
+        chosen.view(batch, length - 1, -1) if extra is not None else chosen,
+    )
 
 
 def head_is_plain_linear(model: Any) -> bool:
@@ -112,10 +141,13 @@ class PolicyLogprobs(nn.Module):
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
         shared: SharedPrompts | None = None,
+        extra_ids: torch.Tensor | None = None,
     ) -> Any:
-        """[B, T-1] token logprobs (and entropies, `with_entropy`): tensors of their own,
-        not views (FSDP2 hooks its backward onto the output, and warns that an in-place
-        change to a view skips it).
+        """[B, T-1] token logprobs; with `with_entropy` or `extra_ids` ([B, T-1, K] ids
+        per label position: a teacher's top-k), a dict of `logprobs`, `entropy` and
+        `extra` (the logprobs of `extra_ids`), each present when asked. Tensors of their
+        own, not views (FSDP2 hooks its backward onto the output, and warns that an
+        in-place change to a view skips it).
         Packed rows come with `position_ids` and no mask (`data.py`). No KV cache: a
         training forward never reads one back, and a cache would hide the packing."""
         inputs = {
@@ -124,19 +156,28 @@ class PolicyLogprobs(nn.Module):
             "position_ids": position_ids,
             "use_cache": False,
         }
-        if shared is not None and not self.chunk_tokens and not self.with_entropy:
+        more = self.with_entropy or extra_ids is not None
+        if shared is not None and not self.chunk_tokens and not more:
             return shared_prompt_logprobs(self.model, shared, input_ids.shape[1])
         if not self.chunk_tokens:
             logits = self.model(**inputs).logits
-            logprobs = token_logprobs(logits, input_ids).clone()
-            return (logprobs, token_entropy(logits)) if self.with_entropy else logprobs
-        hidden = self.model.get_decoder()(**inputs).last_hidden_state
-        head = self.model.get_output_embeddings()
-        chunk = self.chunk_tokens
+            if not more:
+                return token_logprobs(logits, input_ids).clone()
+            parts = head_outputs(logits[:, :-1], input_ids[:, 1:], extra_ids, self.with_entropy)
+        else:
+            hidden = self.model.get_decoder()(**inputs).last_hidden_state
+            head = self.model.get_output_embeddings()
+            if not more:
+                return chunked_token_logprobs(hidden, head, input_ids, self.chunk_tokens).clone()
+            parts = chunked_token_logprobs(
+                hidden, head, input_ids, self.chunk_tokens, self.with_entropy, extra_ids
+            )
+        answer = {"logprobs": parts[0].clone()}
         if self.with_entropy:
-            both = chunked_token_logprobs(hidden, head, input_ids, chunk, with_entropy=True)
-            return tuple(part.clone() for part in both)
-        return chunked_token_logprobs(hidden, head, input_ids, chunk).clone()
+            answer["entropy"] = parts[1].clone()
+        if extra_ids is not None:
+            answer["extra"] = parts[2].clone()
+        return answer
 
 
 @torch.no_grad()

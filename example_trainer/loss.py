@@ -17,7 +17,8 @@ then each registered loss (`losses.py`) turns r_t and A into a token's loss:
 
 then, in this order: times the importance-sampling correction weight w_t
 (`importance.py`), plus kl_coef * k3_t with k3_t = exp(ref_t - logp_t) - (ref_t -
-logp_t) - 1 against the reference logprobs.
+logp_t) - 1 against the reference logprobs, plus distill_coef times the
+distillation term where a teacher covered the position (`distill.py`).
 
 The loss's registration decides the normaliser, always over the whole accumulated
 batch, never per micro-batch (callers pass the batch's totals, so gradient
@@ -40,13 +41,14 @@ from typing import Literal
 
 import torch
 
+from example_trainer.distill import TeacherTopK, distill_per_token
 from example_trainer.importance import (
     ImportanceSamplingMode,
     correction_weights,
     mismatch_kl,
     segment_sums,
 )
-from example_trainer.losses import LossInputs, LossKind, loss_kind
+from example_trainer.losses import DistillMode, LossInputs, LossKind, loss_kind
 
 # A log-ratio (or KL log-ratio) beyond +-20 (a factor of 5e8) is clamped, and its
 # gradient stops there: exp() of it would overflow float32 at 88, and one such token
@@ -65,6 +67,9 @@ METRIC_REDUCTIONS = {
     "is_weight_mean": "mean",
     "is_weight_max": "max",
     "is_clip_fraction": "mean",
+    "distill_loss": "sum",
+    "distill_kl_sum": "sum",
+    "distill_positions": "sum",
 }
 """How a micro-batch's metric joins the step's: summed, averaged over trained tokens, or
 the largest. Metrics a micro-batch does not compute are absent from its dict."""
@@ -85,6 +90,9 @@ class LossSettings:
     """Importance-sampling correction against the rollout's logprobs (None: off)."""
     is_clip_min: float | None = None
     is_clip_max: float | None = 3.0
+    distill_coef: float = 0.0
+    """Weight of the distillation term (its metrics are computed whenever a teacher is)."""
+    distill_mode: DistillMode = "reverse_kl"
 
     @property
     def eps_high(self) -> float:
@@ -126,6 +134,9 @@ def policy_loss(
     behaviour_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    teacher: TeacherTopK | None = None,
+    labels: torch.Tensor | None = None,
+    student_topk: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one micro-batch ([B, T] tensors; `mask` marks trained tokens).
 
@@ -133,7 +144,9 @@ def policy_loss(
     micro-batch losses add up to the batch loss. `segments` numbers each position's
     sequence (packed rows hold several; default: one per row). `behaviour_logprobs`
     are the rollout's, for the correction weight and the mismatch metrics; `entropy`
-    the policy's per-token entropy, for the bonus.
+    the policy's per-token entropy, for the bonus. `teacher`: the distillation targets,
+    with the `labels` (the sampled tokens) and, for forward_topk, `student_topk` (the
+    policy's logprobs at the teacher's ids).
     """
     trained = mask.bool()
     mask = trained.to(logprobs.dtype)
@@ -182,6 +195,22 @@ def policy_loss(
         if settings.entropy_coef:
             loss = loss - settings.entropy_coef * entropy_sum / max(total_tokens, 1)
         metrics["entropy"] = float(entropy_sum.detach() / tokens)
+    if teacher is not None and labels is not None:
+        per_token, estimate, covered = distill_per_token(
+            settings.distill_mode,
+            logprobs,
+            teacher.ids,
+            teacher.logprobs,
+            labels,
+            trained,
+            student_topk,
+        )
+        distill_loss = (per_token * normaliser).sum()
+        if settings.distill_coef:
+            loss = loss + settings.distill_coef * distill_loss
+        metrics["distill_loss"] = float(distill_loss.detach())
+        metrics["distill_kl_sum"] = float((estimate * covered).sum())
+        metrics["distill_positions"] = float(covered.sum())
 
     with torch.no_grad():
         metrics.update(

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 Normaliser = Literal["token", "sequence", "constant"]
+DistillMode = Literal["reverse_kl", "forward_topk"]
+"""The distillation term's estimator (distill.py says what each one is)."""
 """How token losses become the batch loss, always over the whole accumulated batch:
 token: sum over all trained tokens / their count (DAPO); sequence: each sequence's
 mean / sequences (DeepSeekMath's GRPO); constant: sum / (sequences x --seq-len)

@@ -41,6 +41,8 @@ def loss_settings(config: TrainingConfig) -> LossSettings:
         ),
         is_clip_min=config.loss.vllm_importance_sampling_clip_min,
         is_clip_max=config.loss.vllm_importance_sampling_clip_max,
+        distill_coef=config.loss.distill_coef,
+        distill_mode=config.loss.distill_mode,
     )
 
 
@@ -60,6 +62,14 @@ class Objective:
         self.against_trainer = config.loss.ratio_reference == "trainer"
         self.reference = reference
 
+    def extra_ids(self, chunk: MicroBatch, device: torch.device) -> torch.Tensor | None:
+        """The ids whose logprobs the forward must also answer: the teacher's top-k, when
+        the distillation term reads the policy there (forward_topk)."""
+        settings = self.settings
+        if chunk.teacher is None or settings.distill_mode != "forward_topk":
+            return None
+        return chunk.teacher.ids.to(device) if settings.distill_coef else None
+
     def loss(
         self,
         chunk: MicroBatch,
@@ -67,9 +77,13 @@ class Objective:
         total_tokens: int,
         total_sequences: int,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """`output`: the policy's token logprobs, or (logprobs, entropy)."""
-        logp, entropy = output if isinstance(output, tuple) else (output, None)
+        """`output`: the policy's token logprobs, or `PolicyLogprobs`'s dict of them."""
+        parts = output if isinstance(output, dict) else {"logprobs": output}
+        logp, entropy, student_topk = parts["logprobs"], parts.get("entropy"), parts.get("extra")
         device = logp.device
+        teacher = chunk.teacher
+        if teacher is not None and self.settings.distill_mode == "forward_topk":
+            teacher = teacher if student_topk is not None else None  # reported with its term
         behaviour = fill_missing(chunk.old_logprobs, logp)
         old = logp.detach() if self.against_trainer else behaviour
         if self.reference is not None:
@@ -90,6 +104,9 @@ class Objective:
             behaviour_logprobs=behaviour,
             ref_logprobs=ref,
             entropy=entropy,
+            teacher=None if teacher is None else teacher.to(device),
+            labels=chunk.input_ids[:, 1:].to(device),
+            student_topk=student_topk,
         )
 
 
@@ -118,6 +135,7 @@ class StepMetrics:
             names.append("entropy")
         if settings.is_mode is not None:
             names += ["is_weight_mean", "is_clip_fraction"]
+        names += list(DISTILL_SUMS)  # every rank, a teacher or not: finished() drops them
         self.sums = dict.fromkeys(["loss", *names], 0.0)
         self.maxima = dict.fromkeys(["is_weight_max"] if settings.is_mode else [], 0.0)
 
@@ -131,3 +149,20 @@ class StepMetrics:
             elif how is not None:
                 weight = 1.0 if how == "sum" else share
                 self.sums[key] = self.sums.get(key, 0.0) + value * weight
+
+    @staticmethod
+    def finished(joined: dict[str, float], total_tokens: int) -> dict[str, float]:
+        """The ranks' joined sums as the step reports them: the distillation sums become
+        `distill_kl` (per covered position) and `distill_coverage` (of trained positions),
+        or are dropped when no position had a teacher."""
+        out = {k: v for k, v in joined.items() if k not in DISTILL_SUMS}
+        positions = joined.get("distill_positions", 0.0)
+        if positions > 0:
+            out["distill_loss"] = joined["distill_loss"]
+            out["distill_kl"] = joined["distill_kl_sum"] / positions
+            out["distill_coverage"] = positions / max(total_tokens, 1)
+        return out
+
+
+DISTILL_SUMS = ("distill_loss", "distill_kl_sum", "distill_positions")
+"""The distillation metrics summed over micro-batches and ranks (see `finished`)."""

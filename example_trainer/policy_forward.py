@@ -41,6 +41,7 @@ class PolicyForward:
             self.packs
             or batching.logprob_chunk_tokens
             or config.loss.entropy_coef > 0
+            or (config.loss.distill_coef > 0 and config.loss.distill_mode == "forward_topk")
             or config.model.gradient_checkpointing
         )
         # what the loss calls: the policy answering token logprobs (chunked or whole)
@@ -79,5 +80,5 @@ class PolicyForward:
             output = self.module(ids, torch.ones_like(ids))
             if reference is not None:
                 reference.logprobs(ids, torch.ones_like(ids))
-            logp = output[0] if isinstance(output, tuple) else output
+            logp = output["logprobs"] if isinstance(output, dict) else output
             (logp.sum() * 0.0).backward()

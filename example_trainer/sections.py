@@ -19,7 +19,7 @@ from atroposlib.inference.engines import engine_name
 from atroposlib.utils.exposure import engine_args_problem
 from atroposlib.utils.sections import Section
 from atroposlib.weight_sync.modes import RESTART_MODES, WeightBridgeMode
-from example_trainer.losses import LOSSES, LossType, load_loss, loss_kind
+from example_trainer.losses import LOSSES, DistillMode, LossType, load_loss, loss_kind
 
 UPSTREAM_LOSS_NORMALIZATION = {"token": "dapo", "sequence": "grpo"}
 """Upstream's --loss-normalization values, which are --loss-type's by another name."""
@@ -123,7 +123,8 @@ class BatchingSection(Section):
         "completions on its KV cache, instead of every sample's whole sequence: the same "
         "gradients for a fraction of the work when prompts are long and completions short "
         "(example_trainer/shared_prefix.py). Not with packing, --logprob-chunk-tokens, "
-        "--entropy-coef or --gradient-checkpointing, which run rows whole.",
+        "--entropy-coef, --distill-mode forward_topk or --gradient-checkpointing, which run "
+        "rows whole.",
     )
     max_staleness: int | None = Field(
         None,
@@ -256,6 +257,19 @@ class LossSection(Section):
     )
     vllm_importance_sampling_clip_min: float | None = Field(
         None, ge=0, description="Lower bound of the IS weight (TRL's C_min; none by default)."
+    )
+    distill_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the distillation term, for groups that carry a teacher's "
+        "distill_token_ids/distill_logprobs (TeacherDistillationEnv); 0 trains on rewards "
+        "alone (the KL to the teacher is still reported). See docs/trainer.md, Distillation.",
+    )
+    distill_mode: DistillMode = Field(
+        "reverse_kl",
+        description="reverse_kl: the sampled token's log-ratio to the teacher as a per-token "
+        "reward (Tinker's recipe); forward_topk: KL from the teacher's renormalised top-k to "
+        "the policy at every listed token.",
     )
 
     @field_validator("loss_type", mode="before")

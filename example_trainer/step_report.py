@@ -137,9 +137,11 @@ def rollout_numbers(sequences: list[Sequence], ends: CompletionEnds) -> dict[str
 def step_line(step: int, total: int, metrics: dict[str, float], width: int = MESSAGE_WIDTH) -> str:
     """The console's line of a step, within `width` (beside the launcher's prefix, an
     80-column console): step, score, loss, grad norm, KL (where the step had a
-    reference), clip fraction, the sequences --max-staleness dropped (if any) and the
-    step's seconds (waiting, training, syncing). Where not all fit, clip goes first,
-    then KL, then the dropped count. The metrics file has every figure."""
+    reference), the KL to a distillation teacher (where it had one), clip fraction, the
+    sequences --max-staleness dropped (if any) and the step's seconds (waiting,
+    training, syncing). Where not all fit, clip goes first,
+    then the KL to the reference, the dropped count, the grad norm, and the KL to the
+    teacher. The metrics file has every figure."""
     seconds = sum(metrics.get(key, 0.0) for key in ("wait_s", "train_s", "sync_s"))
     dropped = metrics.get("stale_sequences_dropped", 0.0)
 
@@ -151,8 +153,9 @@ def step_line(step: int, total: int, metrics: dict[str, float], width: int = MES
         (f"step {step}/{total}", ALWAYS),
         (f"score {shown('score_mean', 3)}", ALWAYS),
         (f"loss {shown('loss', 4)}", ALWAYS),
-        (f"grad {metrics['grad_norm']:.3g}", ALWAYS),
+        (f"grad {metrics['grad_norm']:.3g}", 4),
         (f"kl {shown('kl', 4)}", 2 if metrics.get("kl") else 0),
+        (f"teacher-kl {shown('distill_kl', 3)}", 5 if "distill_kl" in metrics else 0),
         (f"clip {shown('clip_fraction', 3)}", 1),
         (f"dropped {dropped:.0f} stale", 3 if dropped else 0),
         (f"{seconds:.1f}s", ALWAYS),

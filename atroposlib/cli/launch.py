@@ -77,9 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"atropos-launch: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
-        for process in [resolved.api, resolved.engine, resolved.trainer, *resolved.environments]:
-            if process is not None:
-                print(f"{process.name}: {' '.join(process.command)}")
+        for process in resolved.processes:
+            print(f"{process.name}: {' '.join(process.command)}")
         return 0
     from atroposlib.launch.supervisor import Launcher
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from abc import ABC
 from typing import Any
 
@@ -27,6 +28,7 @@ from atroposlib.envs.cli import ServerNamespace, resolve_namespace_servers
 from atroposlib.envs.constants import NAMESPACE_SEP
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.protocol import TEACHER_LATENCY_FIELD
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,13 @@ class TeacherDistillationConfig(BaseEnvConfig):
         description=(
             "Prompt logprobs to fetch per position beyond the sampled token: 0 for the "
             "sampled token only, -1 to fetch nothing."
+        ),
+    )
+    distill_only: bool = Field(
+        default=False,
+        description=(
+            "Pure distillation: the groups keep their scores (reported as ever) but every "
+            "sequence's advantage is set to zero, so the trainer learns from the teacher alone."
         ),
     )
 
@@ -103,6 +112,8 @@ class TeacherDistillationEnv(BaseEnv, ABC):
     ) -> None:
         super().__init__(config, server_configs, slurm=slurm, testing=testing)
         self.teacher_server: ServerManager | None = None
+        self.teacher_latencies: list[float] = []
+        """Seconds each group waited for the teacher since the last wandb log."""
         if not config.teacher_enabled:
             return
         if teacher_server_configs is None:
@@ -173,6 +184,9 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         """
         if not self.config.teacher_enabled or self.teacher_server is None:
             return group
+        if self.config.distill_only:
+            given = group.get("overrides") or [{} for _ in group.get("tokens", [])]
+            group["overrides"] = [{**(own or {}), "set_advantage_to_zero": True} for own in given]
         sequences = group.get("tokens", [])
         overrides = group.get("group_overrides") or {}
         if not sequences or overrides.get("skip_teacher_top_k", False):
@@ -180,10 +194,13 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         top_k = int(overrides.get("teacher_top_k", self.config.teacher_top_k))
         if top_k <= -1:
             return self._without_distillation(group)
+        started = time.perf_counter()
         results = await asyncio.gather(
             *(self._fetch_teacher_for_sequence(seq, top_k) for seq in sequences),
             return_exceptions=True,
         )
+        waited = time.perf_counter() - started
+        self.teacher_latencies.append(waited)
         token_ids: list[list[list[int]]] = []
         logprobs: list[list[list[float]]] = []
         for index, result in enumerate(results):
@@ -209,7 +226,18 @@ class TeacherDistillationEnv(BaseEnv, ABC):
             logprobs.append(lps)
         group["distill_token_ids"] = token_ids
         group["distill_logprobs"] = logprobs
+        group[TEACHER_LATENCY_FIELD] = round(waited, 4)  # type: ignore[literal-required]
         return group
+
+    async def wandb_log(self, wandb_metrics: dict[str, Any] | None = None) -> None:
+        """The env's metrics plus how long groups waited for the teacher."""
+        metrics = dict(wandb_metrics or {})
+        if self.teacher_latencies:
+            waits = self.teacher_latencies
+            metrics["teacher/latency_mean_s"] = sum(waits) / len(waits)
+            metrics["teacher/latency_max_s"] = max(waits)
+            self.teacher_latencies = []
+        await super().wandb_log(metrics)
 
     async def handle_send_to_api(
         self,

@@ -5,7 +5,7 @@ a minute and a screen of tracebacks (a missing model ends in transformers' "Repo
 must be in the form..."; a typo in an environment's keys surfaces only when that
 environment starts). So the launcher checks, before it starts anything:
 
-- the model: a local directory, a Hugging Face name, or `tiny` (`check_model_name`,
+- the model: a local directory, a Hugging Face name, or a named tiny model (`check_model_name`,
   pure, so the plan's unit tests see it);
 - each environment's flags and tokenizer: its own command is run once with
   `ATROPOS_CHECK_CONFIG=1` (`preflight`), which makes the env's CLI parse and resolve
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atroposlib.launch.config import ConfigError
+from atroposlib.utils.tiny_model import NAMED_TINY_MODELS
 from atroposlib.utils.tokenizers import CHECK_CONFIG_ENVIRONMENT
 
 if TYPE_CHECKING:
@@ -40,9 +41,10 @@ CHECK_TIMEOUT_S = 300.0
 
 
 def check_model_name(model: str) -> None:
-    """ConfigError unless `model` is `tiny`, an existing directory, or could be a hub name."""
+    """ConfigError unless `model` is a named tiny model (`tiny`, `tiny-teacher`), an existing
+    directory, or could be a hub name."""
     path = Path(model).expanduser()
-    if model == "tiny" or path.is_dir():
+    if model in NAMED_TINY_MODELS or path.is_dir():
         return
     if path.exists():
         raise ConfigError(f"model: {model} is a file; give a model directory, a name, or tiny")

@@ -94,6 +94,19 @@ class StandaloneEngineSection(RawFlagsSection):
     max_restarts: int = Field(3, ge=0, description="Restarts after a crash before giving up.")
 
 
+class TeacherSection(StandaloneEngineSection):
+    """A second engine serving a distillation teacher. Environments whose `env:` sets
+    `teacher_enabled: true` (a `TeacherDistillationEnv`) are pointed at it with
+    `--teacher.*` flags; the trainer never touches its weights."""
+
+    model: str = Field(
+        ..., description="Teacher: hub name, local directory, 'tiny' or 'tiny-teacher'."
+    )
+    served_model_name: str | None = Field(
+        None, description="Name the environments send as 'model' (default: the model)."
+    )
+
+
 class EnvironmentSection(RawFlagsSection):
     """One environment script or module, run as `copies` processes."""
 
@@ -153,6 +166,9 @@ class LaunchConfig(Section):
     )
     api: ApiSection = Field(default_factory=ApiSection)
     engine: StandaloneEngineSection | None = Field(None, description="Optional standalone engine.")
+    teacher: TeacherSection | None = Field(
+        None, description="Optional distillation teacher (docs/trainer.md, Distillation)."
+    )
     environments: list[EnvironmentSection] = Field(..., min_length=1)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
 

@@ -12,8 +12,6 @@ missing script, a port in use, a bad trainer flag, limits that disagree) is a
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import importlib
 import importlib.util
 import secrets
@@ -33,6 +31,7 @@ from atroposlib.launch.config import (
     LaunchConfig,
     describe_errors,
 )
+from atroposlib.launch.processes import ProcessPlan, Shared, engine_plan, teacher_plan
 from atroposlib.launch.resolving import (
     declared_config,
     declared_default,
@@ -68,22 +67,6 @@ LAUNCHER_OWNED = {
 
 
 @dataclass
-class ProcessPlan:
-    name: str
-    command: list[str]
-    health_url: str | None = None
-    max_restarts: int = 0
-    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
-    not_restartable: str | None = None
-    """Why a crash of this process must end the run (None: it is restarted)."""
-    section: int | None = None
-    """An environment's index in the YAML's list (its copies share it)."""
-    fresh_seed: bool = False
-    """Each start adds a `--seed` of its own unless the command names one: an engine's
-    sampling stream, which vLLM otherwise seeds with 0 at every (re)start (RNG-1)."""
-
-
-@dataclass
 class Plan:
     """Everything resolved: the commands to run, in start order, and where things go."""
 
@@ -96,6 +79,8 @@ class Plan:
     api: ProcessPlan
     trainer: ProcessPlan
     engine: ProcessPlan | None = None
+    teacher: ProcessPlan | None = None
+    """The distillation teacher's engine (the YAML's `teacher:` section), if any."""
     environments: list[ProcessPlan] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
     """Files the run writes into its directory before anything starts (relative path: text)."""
@@ -105,6 +90,12 @@ class Plan:
     """The run's key for the API and the engine (None: keys: none)."""
     resumed: bool = False
     """The run directory holds an earlier run of this config, which goes on."""
+
+    @property
+    def processes(self) -> list[ProcessPlan]:
+        """Every process, in start order."""
+        every = [self.api, self.engine, self.teacher, self.trainer, *self.environments]
+        return [p for p in every if p is not None]
 
     @property
     def checkpoints(self) -> Path:
@@ -122,44 +113,6 @@ class Plan:
     @property
     def rollouts_dir(self) -> Path:
         return self.run_dir / "rollouts"
-
-
-@dataclass
-class Shared:
-    """The values every process must agree on, decided once."""
-
-    run_dir: Path
-    python: str
-    model: str
-    served: str
-    api_url: str
-    engine_port: int
-    key: str | None
-    engine_count: int = 1
-    """Engines on consecutive ports from `engine_port` (the trainer's --num-engines)."""
-
-    @property
-    def engine_url(self) -> str:
-        return f"http://127.0.0.1:{self.engine_port}"
-
-    @property
-    def engine_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{self.engine_port + i}" for i in range(self.engine_count)]
-
-    def key_env(self, *names: str, role: str | None = None) -> dict[str, str]:
-        """The run's key (or its `role` key) under each of `names`, for a child's
-        environment (never its argv)."""
-        key = self.role_key(role) if role else self.key
-        return {name: key for name in names} if key else {}
-
-    def role_key(self, role: str) -> str | None:
-        """The key of one role ("env": run-api's environment routes; "engine": sampling),
-        derived from the run's key, so a resumed run derives the same ones. The run's key
-        itself (the trainer's, and `<run_dir>/api-key`'s) opens every run-api route; an
-        environment holds only the two role keys (docs/security.md, "Keys by role")."""
-        if not self.key:
-            return None
-        return hmac.new(self.key.encode(), role.encode(), hashlib.sha256).hexdigest()
 
 
 def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) -> Plan:
@@ -201,10 +154,12 @@ def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) ->
         engine_port=pick_port(requested_engine_port, "engine", taken, engine_count),
         key=_run_key(config),
         engine_count=engine_count,
+        teacher_port=pick_port(config.teacher.port, "teacher", taken) if config.teacher else None,
     )
     api = _api_plan(config, shared, api_port)
     trainer, settings = _trainer_plan(config, shared, trainer_args)
-    engine = _engine_plan(config, shared, settings)
+    engine = engine_plan(config, shared, settings)
+    teacher = teacher_plan(config, shared, settings)
     environments = _environment_plans(config, shared, settings, base)
     files = {ENGINES_FILE: _engines_yaml(shared)} if shared.engine_count > 1 else {}
     return Plan(
@@ -219,6 +174,7 @@ def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) ->
         api=api,
         trainer=trainer,
         engine=engine,
+        teacher=teacher,
         environments=environments,
         key=shared.key,
         resumed=resume,
@@ -316,50 +272,6 @@ def _trainer_plan(
     return trainer, settings
 
 
-def _engine_plan(
-    config: LaunchConfig, shared: Shared, settings: LaunchSettings
-) -> ProcessPlan | None:
-    section = config.engine
-    if section is None:
-        return None
-    from atroposlib.inference.launcher import EngineConfig, engine_command, resolve_engine
-
-    if "--max-model-len" in section.flags:
-        raise ConfigError("engine: give the context length as engine.max_model_len")
-    limit = settings.seq_len
-    if section.max_model_len is not None and section.max_model_len < limit:
-        raise ConfigError(
-            f"engine.max_model_len {section.max_model_len} is under the trainer's seq_len "
-            f"{limit}: the engine could not produce the longest sequences the run trains on"
-        )
-    args = list(section.flags)
-    corrects = {k.replace("-", "_"): v for k, v in config.trainer.args.items()}.get(
-        "vllm_importance_sampling_correction"
-    )
-    if str(corrects).lower() in ("true", "1", "yes") and "--logprobs-mode" not in args:
-        # the correction needs the logprobs of what each token was drawn from (IS-1)
-        args += ["--logprobs-mode", "processed_logprobs"]
-    try:
-        engine_config = EngineConfig(
-            engine=section.engine,
-            served_model_name=shared.served,
-            port=shared.engine_port,
-            python=shared.python,
-            max_model_len=section.max_model_len or limit,
-            extra_args=args,
-        )
-    except ValidationError as exc:
-        raise ConfigError(f"engine: {describe_errors(exc)}") from exc
-    return ProcessPlan(
-        "engine",
-        engine_command(engine_config, resolve_engine(engine_config), shared.model),
-        health_url=f"{engine_config.url}/health",
-        max_restarts=section.max_restarts,
-        fresh_seed=True,
-        env=shared.key_env(*ENGINE_KEY_ENVIRONMENT, role="engine"),
-    )
-
-
 def _environment_plans(
     config: LaunchConfig, shared: Shared, settings: LaunchSettings, base: Path
 ) -> list[ProcessPlan]:
@@ -394,6 +306,7 @@ def _environment_plans(
                 "model_name": shared.served,
                 **{k: v for k, v in section.openai.items() if k != "api_key"},
             }
+            teacher_values = _teacher_flags(config, section, shared, index)
             engines_config = []
             if shared.engine_count > 1 and "base_url" not in section.openai:
                 # every engine, as a YAML openai: list; the flags apply to each
@@ -421,6 +334,7 @@ def _environment_plans(
                         section.subcommand,
                         *flags(env_values, "--env.", dashes=False),
                         *flags(openai_values, "--openai.", dashes=False),
+                        *flags(teacher_values, "--teacher.", dashes=False),
                         *engines_config,
                         *section.flags,
                     ],
@@ -430,6 +344,25 @@ def _environment_plans(
                 )
             )
     return environments
+
+
+def _teacher_flags(
+    config: LaunchConfig, section: EnvironmentSection, shared: Shared, index: int
+) -> dict[str, Any]:
+    """`--teacher.*` for an environment that enables its teacher (`env.teacher_enabled`):
+    the run's teacher engine, unless the section names its own teacher server."""
+    enabled = str(section.env.get("teacher_enabled", False)).lower() in ("true", "1", "yes")
+    if not enabled or shared.teacher_url is None or config.teacher is None:
+        return {}
+    if "--teacher.base_url" in section.flags or "teacher.base_url" in section.args:
+        return {}
+    teacher = config.teacher
+    return {
+        "base_url": f"{shared.teacher_url}/v1",
+        "model_name": teacher.served_model_name or teacher.model,
+        "server_type": "vllm",  # prompt logprobs come from the engine's /generate
+        "tokenizer_name": resolve_model(teacher.model),
+    }
 
 
 def _engines_yaml(shared: Shared) -> str:
@@ -447,9 +380,10 @@ def _engine_key_for(section: EnvironmentSection, shared: Shared) -> dict[str, st
         return {ENGINE_KEY_ENVIRONMENT[0]: str(given), ENGINE_URLS_ENVIRONMENT: str(issued_for)}
     if "base_url" in section.openai or not shared.key:
         return {}
+    urls = [*shared.engine_urls, *([shared.teacher_url] if shared.teacher_url else [])]
     return {
         **shared.key_env(ENGINE_KEY_ENVIRONMENT[0], role="engine"),
-        ENGINE_URLS_ENVIRONMENT: ",".join(shared.engine_urls),
+        ENGINE_URLS_ENVIRONMENT: ",".join(urls),
     }
 
 

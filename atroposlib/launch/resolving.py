@@ -19,8 +19,6 @@ from atroposlib.trainer_contract import LAUNCH_CONFIG_ATTRIBUTE
 from atroposlib.utils.ports import free_ports, port_in_use
 from atroposlib.utils.sections import leaf_fields
 
-TINY_MODEL = "tiny"
-
 
 def pick_port(value: int | str, what: str, taken: set[int], count: int = 1) -> int:
     """A free port, or `count` consecutive free ones (the first is returned)."""
@@ -54,16 +52,21 @@ def flags(values: dict[str, Any], prefix: str = "--", dashes: bool = True) -> li
 
 
 def resolve_model(model: str) -> str:
-    """'tiny' is the locally built tiny model (built if missing); anything else is as given."""
-    if model == TINY_MODEL:
-        from atroposlib.utils.tiny_model import TinyModelSpec, default_cache_dir, ensure_tiny_model
+    """A named tiny model (`tiny`, `tiny-teacher`: built if missing); anything else is as
+    given."""
+    from atroposlib.utils.tiny_model import NAMED_TINY_MODELS
 
-        target = default_cache_dir() / TinyModelSpec().cache_key()
+    spec = NAMED_TINY_MODELS.get(model)
+    if spec is not None:
+        from atroposlib.utils.tiny_model import default_cache_dir, ensure_tiny_model
+
+        target = default_cache_dir() / spec.cache_key()
         if not (target / "config.json").exists():
             print(
-                f"[launch] building the tiny model once into {target} (about a minute)", flush=True
+                f"[launch] building the {model} model once into {target} (about a minute)",
+                flush=True,
             )
-        return str(ensure_tiny_model())
+        return str(ensure_tiny_model(spec))
     return model
 
 

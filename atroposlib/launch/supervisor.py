@@ -101,6 +101,7 @@ class Launcher:
         make = lambda p: Child(p, logs, next(colors), self._print_line)  # noqa: E731
         self.api = make(plan.api)
         self.engine = make(plan.engine) if plan.engine else None
+        self.teacher = make(plan.teacher) if plan.teacher else None
         self.trainer = make(plan.trainer)
         self.environments = [make(p) for p in plan.environments]
         self.width = max(len(c.name) for c in self.children)
@@ -110,7 +111,8 @@ class Launcher:
 
     @property
     def children(self) -> list[Child]:
-        return [c for c in (self.api, self.engine, self.trainer, *self.environments) if c]
+        every = (self.api, self.engine, self.teacher, self.trainer, *self.environments)
+        return [c for c in every if c]
 
     def _write_key(self) -> None:
         """The run's key, readable by its owner only: for view-run and other clients."""
@@ -186,10 +188,11 @@ class Launcher:
         assert self.api.plan.health_url is not None
         self._start(self.api)
         self._wait_healthy("api", self.api.plan.health_url, self.api)
-        if self.engine is not None:
-            assert self.engine.plan.health_url is not None
-            self._start(self.engine)
-            self._wait_healthy("engine", self.engine.plan.health_url, self.engine)
+        for engine in (self.engine, self.teacher):  # the launcher's own engines
+            if engine is not None:
+                assert engine.plan.health_url is not None
+                self._start(engine)
+                self._wait_healthy(engine.name, engine.plan.health_url, engine)
         if self.plan.resumed:
             command, checkpoint = self._resume_command()
             self.say(f"the trainer resumes from {checkpoint or 'step 0 (no checkpoint yet)'}")
@@ -341,8 +344,9 @@ class Launcher:
         for env in self.environments:
             env.stop(10, signal.SIGINT)
         self.trainer.stop(grace, signal.SIGINT)
-        if self.engine is not None:
-            self.engine.stop(15)
+        for engine in (self.engine, self.teacher):
+            if engine is not None:
+                engine.stop(15)
         self.api.stop(15)
 
     def _finish(self, outcome: Outcome, elapsed: float) -> None:

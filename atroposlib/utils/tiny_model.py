@@ -112,6 +112,13 @@ class TinyModelSpec(BaseModel):
         return 1.0 - self.confused_fraction if confused else 1.0
 
 
+TEACHER_SPEC = TinyModelSpec(right_probability=0.9, distractor_probability=0.05)
+"""The tiny model trained to be right 90% of the time: the distillation teacher of the
+CPU recipe (configs/distill_cpu.yaml). Same corpus and seed, so the same tokenizer."""
+NAMED_TINY_MODELS = {"tiny": TinyModelSpec(), "tiny-teacher": TEACHER_SPEC}
+"""The names a launch config may give for a locally built tiny model."""
+
+
 class TinyModelCheckFailed(RuntimeError):
     """The build produced a model that does not read the question; nothing was saved."""
 

@@ -365,3 +365,85 @@ async def test_a_teacher_without_prompt_logprobs_leaves_the_group_undistilled(
     (saved,) = saved_groups(tmp_path / "groups.jsonl")
     assert saved["distill_token_ids"] is None and saved["distill_logprobs"] is None
     assert len(saved["tokens"]) == 3  # the group itself is still sent
+
+
+# -- process and evaluate with a teacher, and what the trainer makes of the result --------
+
+
+def distill_cli(command: str, server, tiny_model_path, tmp_path, *extra: str) -> list[str]:
+    """`mod_arithmetic_distill.py COMMAND` flags: the served tiny model as the student's
+    engine and as the teacher (the question is the plumbing)."""
+    return [
+        command,
+        "--env.tokenizer_name",
+        str(tiny_model_path),
+        "--env.total_steps",
+        "2",
+        "--env.group_size",
+        "4",
+        "--env.eval_size",
+        "4",
+        "--env.teacher_enabled",
+        "true",
+        "--env.teacher_top_k",
+        "3",
+        "--openai.base_url",
+        f"{server.url}/v1",
+        "--openai.model_name",
+        server.name,
+        "--teacher.base_url",
+        f"{server.url}/v1",
+        "--teacher.model_name",
+        server.name,
+        "--teacher.server_type",
+        "vllm",
+        "--teacher.tokenizer_name",
+        str(tiny_model_path),
+        *extra,
+    ]
+
+
+def test_process_and_evaluate_run_with_a_teacher_and_the_trainer_learns_from_it(
+    tiny_model_path, inference_server, tmp_path, monkeypatch
+):
+    """Upstream's `process` and `evaluate` fail with a teacher configured; here `process`
+    writes groups that carry the teacher's arrays (and how long it took), `distill_only`
+    zeroes their advantages, `evaluate` runs as without one, and the trainer turns such
+    groups into a distillation step with its KL and coverage."""
+    from environments.mod_arithmetic_distill import ModArithmeticDistillEnv
+    from tests.support.trainer_batches import make_trainer
+
+    monkeypatch.chdir(tmp_path)
+    groups_path = tmp_path / "groups.jsonl"
+    save = ("--env.data_path_to_save_groups", str(groups_path), "--env.distill_only", "true")
+    run_cli(
+        ModArithmeticDistillEnv,
+        distill_cli("process", inference_server, tiny_model_path, tmp_path, *save),
+    )
+    groups = saved_groups(groups_path)
+    assert len(groups) >= 2
+    for group in groups:
+        assert len(group["distill_token_ids"]) == len(group["tokens"]) == 4
+        assert group["teacher_latency_s"] > 0
+        assert group["overrides"] == [{"set_advantage_to_zero": True}] * 4
+
+    evals = tmp_path / "evals"
+    run_cli(
+        ModArithmeticDistillEnv,
+        distill_cli(
+            "evaluate",
+            inference_server,
+            tiny_model_path,
+            tmp_path,
+            "--env.data_dir_to_save_evals",
+            str(evals),
+        ),
+    )
+    assert "eval/accuracy" in (evals / "metrics.json").read_text()
+
+    trainer = make_trainer(tiny_model_path, tmp_path / "trainer", batch_size=8, distill_coef=1.0)
+    metrics = trainer.train_step(groups[:2])
+    assert metrics["distill_coverage"] == 1.0  # every trained position had a teacher
+    assert abs(metrics["distill_kl"]) < 0.5  # the teacher is the policy itself
+    assert metrics["teacher_latency_s"] > 0
+    assert metrics["grad_norm"] < 1.0, "distill_only: advantages zero, teacher = policy"

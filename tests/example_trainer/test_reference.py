@@ -58,17 +58,25 @@ def test_the_reference_is_the_starting_policy_while_the_policy_moves(
 
 
 @pytest.mark.parametrize("chunk_tokens", [0, 2])
-def test_the_forward_answers_each_positions_entropy_chunked_or_whole(tiny_model_path, chunk_tokens):
+def test_the_forward_answers_entropy_and_a_teachers_ids_chunked_or_whole(
+    tiny_model_path, chunk_tokens
+):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
     ids = torch.tensor([[1, 5, 6, 7, 2, 9]])
-    logp, entropy = PolicyLogprobs(model, chunk_tokens, with_entropy=True)(ids, None)
+    teacher_ids = torch.tensor([[[5, 0], [6, 3], [7, 7], [2, 11], [9, 4]]])  # [1, T-1, K]
+    out = PolicyLogprobs(model, chunk_tokens, with_entropy=True)(ids, None, None, None, teacher_ids)
     with torch.no_grad():
         logits = model(ids).logits
-    assert torch.allclose(logp, token_logprobs(logits, ids), atol=1e-5)
-    assert torch.allclose(entropy, token_entropy(logits), atol=1e-5)
-    assert entropy.requires_grad, "the bonus needs the entropy's gradient"
+    assert torch.allclose(out["logprobs"], token_logprobs(logits, ids), atol=1e-5)
+    assert torch.allclose(out["entropy"], token_entropy(logits), atol=1e-5)
+    every = torch.log_softmax(logits[:, :-1], dim=-1)
+    assert torch.allclose(out["extra"], every.gather(-1, teacher_ids), atol=1e-5)
+    assert out["entropy"].requires_grad, "the bonus needs the entropy's gradient"
+    assert out["extra"].requires_grad, "forward_topk distillation needs their gradient"
+    plain = PolicyLogprobs(model, chunk_tokens)(ids, None, None, None, teacher_ids)
+    assert set(plain) == {"logprobs", "extra"}
 
 
 def test_an_entropy_bonus_reports_entropy_and_changes_the_step(tiny_model_path, tmp_path):

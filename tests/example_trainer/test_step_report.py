@@ -129,3 +129,12 @@ def test_the_step_line_fits_80_columns_beside_the_launchers_prefix():
         "step 1234/5000 score -0.512 loss -0.0123 grad 12.3 kl 0.0012 clip 0.034 "
         "dropped 12 stale 11.5s"
     )
+
+
+def test_a_distillation_step_shows_its_kl_to_the_teacher_before_the_grad_norm():
+    distilled = {**QUICKSTART, "distill_kl": 0.5234, "wait_s": 11.25}
+    line = step_line(58, 100, distilled)
+    assert line == "step 58/100 score 0.645 loss 0.0123 teacher-kl 0.523 11.5s"
+    assert len(line) <= MESSAGE_WIDTH
+    roomy = step_line(58, 100, distilled, width=200)
+    assert "grad 2.4 teacher-kl 0.523 clip 0.034" in roomy

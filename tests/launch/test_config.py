@@ -414,3 +414,33 @@ def test_every_section_takes_args_as_a_mapping_and_raw_flags_beside_them():
     # the earlier form, a list under args, is read as raw flags
     earlier = EnvironmentSection(script="x.py", args=["--config", "c.yaml"])
     assert earlier.args == {} and earlier.flags == ["--config", "c.yaml"]
+
+
+@pytest.mark.integration
+def test_a_teacher_section_runs_an_engine_for_the_environments_that_ask_for_it(tmp_path, capsys):
+    """Its engine serves the teacher's model beside the policy's; only an environment with
+    teacher_enabled gets `--teacher.*` for it, and the engine key is pinned to it too."""
+    config = launch_config(tmp_path / "r")
+    config["teacher"] = {"model": "tiny", "served_model_name": "teach", "engine": "cpu"}
+    config["environments"].append({"script": str(ARITH_ENV), "name": "plain"})
+    config["environments"][0]["env"]["teacher_enabled"] = True
+    path = write_config(tmp_path / "c.yaml", config)
+    resolved = plan(load_config(path), path)
+    teacher = resolved.teacher
+    assert teacher is not None and teacher in resolved.processes
+    port = teacher.command[teacher.command.index("--port") + 1]
+    assert teacher.command[teacher.command.index("--served-model-name") + 1] == "teach"
+    assert teacher.health_url == f"http://127.0.0.1:{port}/health"
+    assert port != str(resolved.engine_url.rsplit(":", 1)[1])
+    asking, plain = resolved.environments
+    flags = asking.command
+    assert flags[flags.index("--teacher.base_url") + 1] == f"http://127.0.0.1:{port}/v1"
+    assert flags[flags.index("--teacher.model_name") + 1] == "teach"
+    assert f"http://127.0.0.1:{port}" in asking.env["ATROPOS_ENGINE_URLS"].split(",")
+    assert not any(flag.startswith("--teacher.") for flag in plain.command)
+    config["teacher"]["max_model_len"] = 64
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and "teacher.max_model_len 64 is under the trainer's seq_len 128" in err
+    config["teacher"] = {"model": "./no-such-teacher"}
+    code, err = run_main(tmp_path, config, capsys)
+    assert code == 2 and "no directory ./no-such-teacher" in err

@@ -1,4 +1,5 @@
-"""The test environment: the real `environments/mod_arithmetic.py`, plus failure knobs.
+"""The test environment: the real `environments/mod_arithmetic_distill.py` (the quickstart's
+task, with a teacher when enabled), plus failure knobs.
 
 Runs as `python tests/support/arith_env.py serve|process|evaluate ...`. It changes only
 what tests need: small groups, a short evaluation, and three ways to misbehave
@@ -16,10 +17,13 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from environments.mod_arithmetic import ModArithmeticConfig, ModArithmeticEnv
+from environments.mod_arithmetic_distill import (
+    ModArithmeticDistillConfig,
+    ModArithmeticDistillEnv,
+)
 
 
-class ArithConfig(ModArithmeticConfig):
+class ArithConfig(ModArithmeticDistillConfig):
     fail_first_items: int = Field(0, description="Raise inside collect_trajectories this often.")
     rollout_delay_s: float = Field(0.0, description="Sleep this long inside every rollout.")
     fixed_score: float | None = Field(
@@ -27,8 +31,9 @@ class ArithConfig(ModArithmeticConfig):
     )
 
 
-class ArithEnv(ModArithmeticEnv):
-    """mod_arithmetic with groups of 4, five evaluation problems and the knobs above."""
+class ArithEnv(ModArithmeticDistillEnv):
+    """mod_arithmetic with groups of 4, five evaluation problems and the knobs above; a
+    teacher when `--env.teacher_enabled` (off unless a test turns it on)."""
 
     name = "arith"
     env_config_cls = ArithConfig
