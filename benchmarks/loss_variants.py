@@ -27,7 +27,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from quickstart_runs import launch, quickstart_config, read_jsonl
+from quickstart_runs import launch, quickstart_config, read_jsonl, shown
 
 IS = {"vllm_importance_sampling_correction": True}
 VARIANTS: dict[str, dict] = {
@@ -84,10 +84,6 @@ def run_variant(name: str, steps: int, seed: int, workdir: Path) -> dict:
         flush=True,
     )
     return result
-
-
-def shown(value: float | None, form: str) -> str:
-    return "-" if value is None else format(value, form)
 
 
 def table(results: list[dict], min_rise: float) -> str:

@@ -69,3 +69,8 @@ def launch(name: str, config: dict, workdir: Path) -> tuple[Path, float]:
         tail = "\n".join(log.read_text().splitlines()[-20:])
         raise SystemExit(f"[{name}] atropos-launch exited {code}; last lines:\n{tail}")
     return run_dir, wall
+
+
+def shown(value: float | None, form: str) -> str:
+    """A table cell: `value` formatted, or - when there is none."""
+    return "-" if value is None else format(value, form)

@@ -7,12 +7,17 @@ carries a teacher's prompt logprobs over the student's own samples
 record but trains on the teacher alone.
 
 `configs/distill_cpu.yaml` runs it with `tiny-teacher` (the tiny model built to be
-right 90% of the time) as the teacher of a fresh tiny student. By hand, beside a
-second engine serving the teacher:
+right 90% of the time) as the teacher of a fresh tiny student. By hand, with a second
+engine serving the teacher, add `--teacher.base_url http://127.0.0.1:9002/v1
+--teacher.model_name tiny-teacher --teacher.tokenizer_name PATH_OF_THE_TEACHER
+--teacher.server_type vllm` to `serve`. Offline, the tiny model as its own teacher
+(the plumbing, not a lesson):
 
-    python environments/mod_arithmetic_distill.py serve --env.teacher_enabled true \
-        --teacher.base_url http://127.0.0.1:9002/v1 --teacher.model_name tiny-teacher \
-        --teacher.tokenizer_name PATH_OF_THE_TEACHER --teacher.server_type vllm
+    python environments/mod_arithmetic_distill.py process --env.total_steps 2 \
+        --env.teacher_enabled true --teacher.base_url http://127.0.0.1:9001/v1 \
+        --teacher.model_name tiny --teacher.tokenizer_name ./tiny-model \
+        --teacher.server_type vllm \
+        --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name tiny
 """
 
 from __future__ import annotations

@@ -60,6 +60,9 @@ if [[ ",$EXTRAS," == *",dev,"* ]]; then
     # against run-api; without axolotl, vLLM and the torch 2.6 it pins
     rm -rf .venv/axolotl-plugin
     "${UV[@]}" --no-deps --target .venv/axolotl-plugin axolotl-plugin-atropos "${PIN[@]}"
+    # the quickstart's task as a verifiers environment (tests/environments/
+    # test_verifiers_server.py, configs/verifiers_cpu.yaml), editable: it is this repo's
+    "${UV[@]}" --no-deps -e ./environments/vf_mod_arithmetic "${PIN[@]}"
 fi
 say "caching the bytecode of the modules every run imports"
 env -u PYTHONDONTWRITEBYTECODE "$PYTHON" -c '

@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "scripts" / "constraints.txt"
 # the dev extra also installs the reference implementations into their own folder
 REFERENCE_PINS = ROOT / "scripts" / "constraints-reference.txt"
+LOCAL_VF_ENV = "vf-mod-arithmetic"
+"""environments/vf_mod_arithmetic, which the dev extra installs (editable)."""
 
 
 def canonical(name: str) -> str:
@@ -32,7 +34,8 @@ def canonical(name: str) -> str:
 
 def install_key(extras: str) -> str:
     digest = hashlib.sha256()
-    for path in (CONSTRAINTS, REFERENCE_PINS, ROOT / "pyproject.toml"):
+    local_vf = ROOT / "environments" / "vf_mod_arithmetic" / "pyproject.toml"
+    for path in (CONSTRAINTS, REFERENCE_PINS, ROOT / "pyproject.toml", local_vf):
         digest.update(path.read_bytes())
     digest.update(f"{extras}|{sys.version}|{ROOT}".encode())
     return digest.hexdigest()
@@ -73,6 +76,11 @@ def main(argv: list[str]) -> int:
             if not (Path(sys.prefix) / folder).is_dir():
                 print(f"venv lacks .venv/{folder}", file=sys.stderr)
                 return 1
+        try:  # and the local verifiers environment
+            metadata.version(LOCAL_VF_ENV)
+        except metadata.PackageNotFoundError:
+            print(f"venv lacks {LOCAL_VF_ENV}", file=sys.stderr)
+            return 1
     drift = drifted_pins()
     for line in drift:
         print(f"venv drifted from scripts/constraints.txt: {line}", file=sys.stderr)

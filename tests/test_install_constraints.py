@@ -13,7 +13,9 @@ from packaging.utils import canonicalize_name  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # what scripts/test.sh installs (via dev)
-EXTRAS_INSTALLED = ("dev", "inference", "trainer", "wandb", "optim", "envs", "viewer", "ifeval")
+EXTRAS_INSTALLED = (
+    *("dev", "inference", "trainer", "wandb", "optim", "envs", "viewer", "ifeval", "verifiers"),
+)
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -65,8 +67,8 @@ def test_the_installer_pins_every_install():
     ]
     # uv (pip), torch, the project with its extras and pip, lm-eval's IFEval modules for
     # dev, upstream's rewards into .venv/reference for dev, the Axolotl plugin into
-    # .venv/axolotl-plugin for dev (uv)
-    assert len(installs) == 6
+    # .venv/axolotl-plugin for dev, the local verifiers environment for dev (uv)
+    assert len(installs) == 7
     assert all(line.endswith('"${PIN[@]}"') for line in installs), installs
     assert "PIN=(-c scripts/constraints.txt)" in text
     pinned = pins(REPO / "scripts" / "constraints.txt")

@@ -24,6 +24,7 @@ def venv_matches(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "prefix", str(tmp_path))  # where the stamp lives
     for folder in ("reference", "axolotl-plugin"):  # the dev extra's own folders
         (tmp_path / folder).mkdir()
+    monkeypatch.setattr(module, "LOCAL_VF_ENV", "pytest")  # an installed distribution
     return module
 
 
@@ -39,6 +40,15 @@ def test_the_dev_extra_needs_its_own_folders(venv_matches, tmp_path, folder):
         venv_matches.main([extras, "--write"])
     (tmp_path / folder).rmdir()
     assert venv_matches.main(["dev"]) == 1
+    assert venv_matches.main(["inference"]) == 0
+
+
+def test_the_dev_extra_needs_the_local_verifiers_environment(venv_matches, capsys):
+    for extras in ("dev", "inference"):
+        venv_matches.main([extras, "--write"])
+    venv_matches.LOCAL_VF_ENV = "no-such-distribution"
+    assert venv_matches.main(["dev"]) == 1
+    assert "venv lacks no-such-distribution" in capsys.readouterr().err
     assert venv_matches.main(["inference"]) == 0
 
 

@@ -115,6 +115,11 @@ class ManagedServer:
         self.current_nodes: list[SequenceNode] = []
         self.sequences: dict[str, SequenceNode] = {}
         self.token_budget = token_budget
+        self.response_nodes: dict[str, list[SequenceNode]] | None = None
+        """Set to {} to keep, per answer's `id`, the node each of its choices was recorded
+        in: a library that keeps the responses (verifiers' trajectory) then finds its
+        sequences by them, not by the order samples finished in. Off by default: it keeps
+        every turn's node alive (a proxy session's would grow with its turns)."""
 
     @property
     def nodes(self) -> list[SequenceNode]:
@@ -129,6 +134,8 @@ class ManagedServer:
     def reset(self) -> None:
         self.current_nodes = []
         self.sequences = {}
+        if self.response_nodes is not None:
+            self.response_nodes = {}
 
     def _get_translator(self) -> ToolCallTranslator | None:
         return self._translator
@@ -166,7 +173,7 @@ class ManagedServer:
         prompt = self._convert_messages_to_prompt(messages or [], tools if use_tools else None)
         samples = await self._sample(prompt, kwargs, kind="chat")
         choices, all_calls = [], []
-        for index, (output, finish) in enumerate(samples):
+        for index, (output, finish, _) in enumerate(samples):
             calls = None
             if translator is not None:
                 raw = translator.decode_with_tool_awareness(output, has_tools=True)
@@ -179,6 +186,7 @@ class ManagedServer:
             all_calls.append(calls)
         body = completion_body("chat", self._model(kwargs), choices)
         answer = ChatCompletion.model_validate(body)
+        self._remember(answer.id, samples)
         for choice, calls in zip(answer.choices, all_calls, strict=True):
             if calls:  # plain dicts, as upstream attaches them (see tool_call_translator)
                 # ToolCall dicts read like openai's tool-call models, which the SDK names
@@ -189,9 +197,15 @@ class ManagedServer:
         samples = await self._sample(prompt, kwargs, kind="completion")
         choices = [
             text_choice(i, self.tokenizer.decode(out, skip_special_tokens=True), _openai_finish(r))
-            for i, (out, r) in enumerate(samples)
+            for i, (out, r, _) in enumerate(samples)
         ]
-        return Completion.model_validate(completion_body("text", self._model(kwargs), choices))
+        answer = Completion.model_validate(completion_body("text", self._model(kwargs), choices))
+        self._remember(answer.id, samples)
+        return answer
+
+    def _remember(self, answer_id: str, samples: list[tuple[Any, Any, SequenceNode]]) -> None:
+        if self.response_nodes is not None:
+            self.response_nodes[answer_id] = [node for _, _, node in samples]
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
         """Prompt logprobs from the wrapped server's `get_logprobs` (`messages` are
@@ -248,8 +262,8 @@ class ManagedServer:
 
     async def _sample(
         self, prompt: str, kwargs: dict[str, Any], kind: str
-    ) -> list[tuple[list[int], str]]:
-        """(completion ids, finish reason) per sample; each recorded as a node."""
+    ) -> list[tuple[list[int], str, SequenceNode]]:
+        """(completion ids, finish reason, the node it is recorded in) per sample."""
         parent = self._find_parent(prompt)
         if parent is None:
             prefix_ids: list[int] = []
@@ -306,7 +320,7 @@ class ManagedServer:
                 slot = None
             else:
                 self.current_nodes.append(node)
-            samples.append((output, finish))
+            samples.append((output, finish, node))
         return samples
 
 
