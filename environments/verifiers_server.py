@@ -39,6 +39,7 @@ Offline, on the tiny model:
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 import time
@@ -54,6 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig
 from atroposlib.envs.scored_data import ScoredDataGroup
 from atroposlib.envs.server_handling.managed_server import ManagedServerAdapter
+from atroposlib.envs.server_handling.vllm_server import encode_prompt
+
+logger = logging.getLogger(__name__)
 
 VERIFIERS_MISSING = (
     "environments/verifiers_server.py needs the verifiers library: "
@@ -67,6 +71,12 @@ class VfEnvConfig(BaseEnvConfig):
         "{}", description="Arguments of its load_environment: a JSON object (or a mapping)."
     )
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature of rollouts.")
+    max_tokens: int = Field(
+        -1,
+        description="Most completion tokens per turn (-1: what max_token_length leaves "
+        "after the item's prompt; upstream asks for max_token_length, which no prompt "
+        "leaves room for).",
+    )
     eval_size: int = Field(-1, description="Eval examples (-1: the whole eval dataset).")
 
     def get_env_args(self) -> dict[str, Any]:
@@ -124,10 +134,9 @@ class VerifiersEnv(BaseEnv):
             max_token_length=2048,
             wandb_name="verifiers",
         )
-        server = APIServerConfig(
+        server = APIServerConfig(  # no api_key: the launcher's engine key, else none
             model_name="Qwen/Qwen2.5-1.5B-Instruct",
             base_url="http://localhost:9001/v1",
-            api_key="x",
             server_type="vllm",
         )
         return config, [server]
@@ -161,7 +170,7 @@ class VerifiersEnv(BaseEnv):
                 model=self.server_model_name(),
                 sampling_args={
                     "temperature": self.config.temperature,
-                    "max_completion_tokens": self.config.max_token_length,
+                    "max_completion_tokens": self.completion_budget(item),
                 },
                 max_concurrent=size,
                 max_concurrent_scoring=size,
@@ -170,7 +179,29 @@ class VerifiersEnv(BaseEnv):
                 independent_scoring=True,
             )
             found = managed.response_nodes
+        failed = [state["error"] for state in results["state"] if state.get("error")]
+        if failed:  # a rollout verifiers aborted has no sequence to train on
+            logger.warning(
+                "%d of %d rollouts of item %s failed (%s); the group is dropped",
+                len(failed),
+                size,
+                item.get("example_id"),
+                repr(failed[0]),
+            )
+            return None, []
         return self.scored_group(results["state"], found), []
+
+    def completion_budget(self, item: dict[str, Any]) -> int:
+        """`max_tokens`, within what `max_token_length` leaves after the item's prompt."""
+        prompt = item.get("prompt")
+        used = 0
+        if isinstance(prompt, list):  # counted as the managed server will encode it
+            text = self.tokenizer.apply_chat_template(
+                prompt, tokenize=False, add_generation_prompt=True
+            )
+            used = len(encode_prompt(self.tokenizer, text))
+        room = max(1, self.config.max_token_length - used)
+        return room if self.config.max_tokens < 1 else min(self.config.max_tokens, room)
 
     def scored_group(self, states: list[Any], found: dict[str, list[Any]]) -> ScoredDataGroup:
         """The group of `states` (verifiers' rollouts), each with the node of the response

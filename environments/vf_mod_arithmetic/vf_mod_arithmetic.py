@@ -27,7 +27,10 @@ def rows(pairs: list[tuple[int, int]]) -> Dataset:
 
 def correct(completion: Any, answer: str, **_: Any) -> float:
     """1.0 when the reply is exactly the right digit (surrounding spaces ignored)."""
-    reply = completion[-1].get("content", "") if isinstance(completion, list) else completion
+    if isinstance(completion, list):
+        reply = completion[-1].get("content", "") if completion else ""
+    else:
+        reply = completion
     return 1.0 if (reply or "").strip() == answer else 0.0
 
 
