@@ -29,6 +29,7 @@ from atroposlib.envs.constants import NAMESPACE_SEP
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.protocol import TEACHER_LATENCY_FIELD
+from atroposlib.utils.tokenizers import TokenizerLoadError, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -141,11 +142,9 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         student_name = getattr(self.tokenizer, "name_or_path", None) or ""
         if student_name == teacher_tokenizer_name:
             return
-        try:
-            from transformers import AutoTokenizer
-
-            teacher_tokenizer = AutoTokenizer.from_pretrained(teacher_tokenizer_name, use_fast=True)
-        except Exception as exc:
+        try:  # the torch-free load every environment's own tokenizer takes
+            teacher_tokenizer = load_tokenizer(teacher_tokenizer_name, "--teacher.tokenizer_name")
+        except TokenizerLoadError as exc:
             raise ValueError(
                 "Cross-tokenizer distillation is not supported, and the teacher tokenizer "
                 f"{teacher_tokenizer_name!r} could not be loaded to check that it is the "
