@@ -32,7 +32,7 @@ from atroposlib.protocol import (
 )
 from atroposlib.weight_sync.versions import version_number
 from example_trainer.advantages import AdvantageEstimator, AdvantageScale, group_advantages
-from example_trainer.distill import TeacherTopK
+from example_trainer.distill import TeacherRows, TeacherTopK, teacher_rows
 from example_trainer.shared_prefix import SharedPrompts, shared_prompts
 
 BatchGroups = Iterable[ScoredData | Mapping[str, Any]]
@@ -73,9 +73,8 @@ class Sequence:
     """Its tokens were cut at --seq-len: a completion that did not finish here."""
     source: int | None = None
     """The environment that sent its group (`sending_env`), if the group says."""
-    distill_ids: list[list[int]] | None = None
-    """The teacher's top-k ids per position (`distill_token_ids`), if the group has them."""
-    distill_logprobs: list[list[float]] | None = None
+    teacher: TeacherRows | None = None
+    """The teacher's top-k per position, if its group carried them (`distill.py`)."""
 
 
 def flatten(
@@ -103,8 +102,6 @@ def flatten(
         scores = torch.tensor(group.scores, dtype=torch.float64)
         centred = group_advantages(scores, scale, estimator)
         versions = sampled_versions(group)
-        # both arrays or no teacher (`group_problems` checks them only together)
-        teacher = group.distill_token_ids is not None and group.distill_logprobs is not None
         for i, whole in enumerate(group.tokens):
             tokens = whole[:seq_len]
             advantages = (
@@ -126,8 +123,7 @@ def flatten(
                     version=versions[i] if i < len(versions) else None,
                     cut=len(whole) > seq_len,
                     source=sending_env(group),
-                    distill_ids=_cut(group.distill_token_ids, i, len(tokens), teacher),
-                    distill_logprobs=_cut(group.distill_logprobs, i, len(tokens), teacher),
+                    teacher=teacher_rows(group, i, len(tokens)),
                 )
             )
     return sequences
@@ -173,15 +169,6 @@ def split_trainable(
 def _row(values: list[list[float]] | None, index: int, length: int) -> list[float] | None:
     """Row `index` cut to `length` (rows are checked to match the tokens), or None."""
     return None if values is None else list(values[index][:length])
-
-
-def _cut(
-    values: list[list[Any]] | None, index: int, length: int, wanted: bool = True
-) -> list[list[Any]] | None:
-    """Row `index` of a [sequence][position][k] field cut to `length`, or None."""
-    if values is None or not wanted:
-        return None
-    return [list(entry) for entry in values[index][:length]]
 
 
 def micro_batches(
@@ -265,7 +252,7 @@ def _packed(chunk: list[Sequence]) -> MicroBatch:
 def _teacher_width(chunk: list[Sequence]) -> int:
     """The widest teacher top-k at any label position of `chunk` (0: no teacher)."""
     return max(
-        (len(row) for s in chunk if s.distill_ids is not None for row in s.distill_ids[1:]),
+        (len(row) for s in chunk if s.teacher is not None for row in s.teacher.ids[1:]),
         default=0,
     )
 
@@ -274,10 +261,10 @@ def _teacher_rows(seq: Sequence, width: int) -> tuple[list[list[int]], list[list
     """A sequence's n - 1 label-position rows of teacher ids and logprobs, padded to
     `width` (see `TeacherTopK`)."""
     n = len(seq.tokens)
-    if seq.distill_ids is None or seq.distill_logprobs is None:
+    if seq.teacher is None:
         return [[0] * width] * (n - 1), [[-math.inf] * width] * (n - 1)
-    ids = [list(row) + [0] * (width - len(row)) for row in seq.distill_ids[1:n]]
-    lps = [list(row) + [-math.inf] * (width - len(row)) for row in seq.distill_logprobs[1:n]]
+    ids = [list(row) + [0] * (width - len(row)) for row in seq.teacher.ids[1:n]]
+    lps = [list(row) + [-math.inf] * (width - len(row)) for row in seq.teacher.logprobs[1:n]]
     return ids, lps
 
 

@@ -31,6 +31,7 @@ positions; `distill_coverage` the share of trained positions that had a teacher.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -53,6 +54,28 @@ class TeacherTopK:
 
     def to(self, device: torch.device) -> TeacherTopK:
         return TeacherTopK(self.ids.to(device), self.logprobs.to(device))
+
+
+@dataclass
+class TeacherRows:
+    """One sequence's teacher arrays as its group gave them: per position, the top-k ids
+    and their logprobs (cut at --seq-len with the tokens)."""
+
+    ids: list[list[int]]
+    logprobs: list[list[float]]
+
+
+def teacher_rows(group: Any, index: int, length: int) -> TeacherRows | None:
+    """Sequence `index`'s rows of a group's `distill_token_ids` / `distill_logprobs`,
+    the first `length`; None unless the group carries both (`group_problems` checks
+    them only together, and one alone teaches nothing)."""
+    ids, logprobs = group.distill_token_ids, group.distill_logprobs
+    if ids is None or logprobs is None:
+        return None
+    return TeacherRows(
+        [list(row) for row in ids[index][:length]],
+        [list(row) for row in logprobs[index][:length]],
+    )
 
 
 def teacher_logprob_of(

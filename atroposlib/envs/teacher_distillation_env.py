@@ -115,7 +115,7 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         self.teacher_server: ServerManager | None = None
         self.teacher_latencies: list[float] = []
         """Seconds each group waited for the teacher since the last wandb log."""
-        if not config.teacher_enabled:
+        if not getattr(config, "teacher_enabled", False):  # a plain BaseEnvConfig: none
             return
         if teacher_server_configs is None:
             raise ValueError(
@@ -181,7 +181,7 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         One failed sequence drops the whole group's payload: a partial one would
         misalign sequences and arrays.
         """
-        if not self.config.teacher_enabled or self.teacher_server is None:
+        if self.teacher_server is None:  # not enabled (set in __init__ only when it is)
             return group
         if self.config.distill_only:
             given = group.get("overrides") or [{} for _ in group.get("tokens", [])]

@@ -112,6 +112,8 @@ def _consistent(group: Any, limit: int) -> Any:
         value = group.get(name)
         if not isinstance(value, list) or (name == "messages" and value == []):
             continue  # absent, null, or upstream's "no conversation"
+        if name in DISTILL_FIELDS:
+            continue  # both together, below
         if name in PER_TOKEN_FIELDS:
             rows = _fit(value, n, [])
             group[name] = [_fit(row, k, 0.0) for row, k in zip(rows, lengths, strict=True)]
@@ -125,8 +127,43 @@ def _consistent(group: Any, limit: int) -> Any:
                 ]
         else:
             group[name] = _fit(value, n, {} if name == "overrides" else [])
+    _consistent_teacher(group, lengths)
     group["env_id"] = None  # an env the fuzzer registered may be gone after /reset_data
     return group
+
+
+DISTILL_FIELDS = ("distill_token_ids", "distill_logprobs")
+
+
+def _consistent_teacher(group: dict, lengths: list[int]) -> None:
+    """The teacher's arrays, when both are lists: a row per token, as many logprobs as
+    ids at each position, ids >= 0, and log-probabilities at most 0 (everywhere: the
+    masks' trained positions are what the rule reads)."""
+    ids, logprobs = (group.get(name) for name in DISTILL_FIELDS)
+    n = len(lengths)
+    if not (isinstance(ids, list) and isinstance(logprobs, list)):
+        for name in DISTILL_FIELDS:  # one alone: only its sequence count is checked
+            if isinstance(group.get(name), list):
+                group[name] = _fit(group[name], n, [])
+        return
+    ids_out, logprobs_out = [], []
+    for seq_ids, seq_lps, k in zip(_fit(ids, n, []), _fit(logprobs, n, []), lengths, strict=True):
+        rows = list(zip(_fit(seq_ids, k, []), _fit(seq_lps, k, []), strict=True))
+        ids_out.append(
+            [
+                [abs(t) if isinstance(t, int) else 0 for t in _fit(r, len(r), 0)]
+                if isinstance(r, list)
+                else []
+                for r, _ in rows
+            ]
+        )
+        logprobs_out.append(
+            [
+                [_at_most_zero(v) for v in _fit(lp, len(r) if isinstance(r, list) else 0, 0.0)]
+                for r, lp in rows
+            ]
+        )
+    group["distill_token_ids"], group["distill_logprobs"] = ids_out, logprobs_out
 
 
 def _consistent_groups(served: Served):

@@ -68,7 +68,7 @@ def test_well_formed_teacher_arrays_pass_and_each_misalignment_is_named():
     # one without the other is kept (upstream's API hands it on) and teaches nothing
     assert problems(distill_logprobs=None) == []
     (alone,) = flatten([group(distill_logprobs=None)], "group", seq_len=32)[:1]
-    assert alone.distill_ids is None and alone.distill_logprobs is None
+    assert alone.teacher is None
 
 
 def test_the_teacher_row_of_token_t_lands_on_the_label_position_that_predicts_it():
@@ -93,7 +93,7 @@ def test_the_teacher_row_of_token_t_lands_on_the_label_position_that_predicts_it
 def test_a_sequence_without_a_teacher_is_uncovered_and_one_cut_at_seq_len_is_cut_too():
     plain = {k: v for k, v in group().items() if not k.startswith("distill")}
     sequences = flatten([group(), plain], "group", seq_len=4)
-    assert all(len(s.distill_ids) == 4 for s in sequences if s.distill_ids is not None)
+    assert all(len(s.teacher.ids) == 4 for s in sequences if s.teacher is not None)
     (chunk,) = micro_batches(sequences, 1, pad_id=0)
     covered = torch.isfinite(chunk.teacher.logprobs).any(-1)
     # equal lengths keep their order: the teacher's group first

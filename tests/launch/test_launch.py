@@ -65,24 +65,14 @@ def fifty_steps(run_dir) -> dict:
 
 
 # One short run (4 steps, the engine restarted from the checkpoint of step 2, an
-# ephemeral API, a distillation teacher on an engine of its own) answers each question
-# below about how a run starts, logs, checkpoints, reports and cleans up.
-
-
-def with_a_teacher(config: dict) -> dict:
-    """`config` with a `teacher:` engine (the tiny model itself: the question is the
-    plumbing, not what it teaches) that the environment asks and the trainer learns from."""
-    config["teacher"] = {"model": "tiny", "engine": "cpu", "args": {"num_threads": 1}}
-    config["environments"][0]["env"].update(teacher_enabled=True, teacher_top_k=2)
-    config["trainer"]["args"]["distill_coef"] = 0.5
-    return config
+# ephemeral API) answers each question below about how a run starts, logs, checkpoints,
+# reports and cleans up.
 
 
 @pytest.fixture(scope="module")
 def short_run(module_launch) -> Finished:
     run_dir = module_launch.base / "short"
-    config = with_a_teacher(launch_config(run_dir, steps=4))
-    finished = finish(module_launch(config), run_dir, steps=4)
+    finished = finish(module_launch(launch_config(run_dir, steps=4)), run_dir, steps=4)
     assert finished.code == 0, finished.output()[-4000:]
     return finished
 
@@ -93,28 +83,6 @@ def test_each_process_of_a_run_logs_to_its_file_and_the_console(short_run):
         assert (short_run.run_dir / "logs" / f"{name}.log").stat().st_size > 0
         assert f"{name} " in out  # prefixed lines streamed to the console
     check_the_console(out, "arith_env", steps=4)
-
-
-def test_a_teacher_engine_scores_every_group_and_the_trainer_learns_from_it(short_run):
-    """The `teacher:` section: a second engine the environment asks for prompt logprobs
-    (its flags name it, its key is pinned to it), groups that carry them, and a trainer
-    that reports its KL to the teacher over every trained position."""
-    run_dir = short_run.run_dir
-    commands = json.loads((run_dir / "commands.json").read_text())
-    teacher_port = commands["teacher"][commands["teacher"].index("--port") + 1]
-    env = commands["arith_env"]
-    assert env[env.index("--teacher.base_url") + 1] == f"http://127.0.0.1:{teacher_port}/v1"
-    assert "teacher is healthy" in short_run.output()
-    groups = [json.loads(line) for line in (run_dir / "rollouts" / "arith_env.jsonl").open()]
-    distilled = [g for g in groups if g.get("distill_token_ids")]
-    assert distilled, "no group carried the teacher's logprobs"
-    for group in distilled:
-        rows = [len(positions) for positions in group["distill_logprobs"]]
-        assert rows == [len(tokens) for tokens in group["tokens"]]
-    metrics = read_metrics(run_dir / "metrics.jsonl")
-    assert all(m.model_extra["distill_coverage"] == 1.0 for m in metrics), metrics
-    assert all(m.model_extra["teacher_latency_s"] > 0 for m in metrics)
-    assert all(abs(m.model_extra["distill_kl"]) < 1.0 for m in metrics), "teacher is the policy"
 
 
 def test_each_engine_start_is_one_console_line_and_its_command_is_in_the_log(short_run):

@@ -1,5 +1,4 @@
-"""The test environment: the real `environments/mod_arithmetic_distill.py` (the quickstart's
-task, with a teacher when enabled), plus failure knobs.
+"""The test environment: the real `environments/mod_arithmetic.py`, plus failure knobs.
 
 Runs as `python tests/support/arith_env.py serve|process|evaluate ...`. It changes only
 what tests need: small groups, a short evaluation, and three ways to misbehave
@@ -17,13 +16,10 @@ from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from environments.mod_arithmetic_distill import (
-    ModArithmeticDistillConfig,
-    ModArithmeticDistillEnv,
-)
+from environments.mod_arithmetic import ModArithmeticConfig, ModArithmeticEnv
 
 
-class ArithConfig(ModArithmeticDistillConfig):
+class ArithConfig(ModArithmeticConfig):
     fail_first_items: int = Field(0, description="Raise inside collect_trajectories this often.")
     rollout_delay_s: float = Field(0.0, description="Sleep this long inside every rollout.")
     fixed_score: float | None = Field(
@@ -31,9 +27,8 @@ class ArithConfig(ModArithmeticDistillConfig):
     )
 
 
-class ArithEnv(ModArithmeticDistillEnv):
-    """mod_arithmetic with groups of 4, five evaluation problems and the knobs above; a
-    teacher when `--env.teacher_enabled` (off unless a test turns it on)."""
+class ArithEnv(ModArithmeticEnv):
+    """mod_arithmetic with groups of 4, five evaluation problems and the knobs above."""
 
     name = "arith"
     env_config_cls = ArithConfig

@@ -43,9 +43,12 @@ LAUNCHED_AS_SHIPPED = (
     "agent_proxy_cpu.yaml",
     "quickstart_fsdp_cpu.yaml",
     "mix_cpu.yaml",
+    "distill_cpu.yaml",
+    "verifiers_cpu.yaml",
 )
 """The configs in configs/ that e2e tests launch from their files, as a user does
-(tests/launch/test_learning.py, test_mix_config.py): the launcher's checks included."""
+(tests/launch/test_learning.py, test_mix_config.py, test_integrations.py): the
+launcher's checks included."""
 
 
 def launch_config(run_dir: Path, steps: int = 4, **overrides: Any) -> dict[str, Any]:
