@@ -35,9 +35,8 @@ from typing import Any
 
 import torch
 
-from example_trainer.losses import DistillMode
+from example_trainer.losses import LOG_RATIO_LIMIT, DistillMode
 
-LOG_RATIO_LIMIT = 20.0  # as loss.py's: a k1 beyond it is clamped, its weight with it
 REST_FLOOR = 1e-6
 """The least mass the unlisted tokens keep in forward_topk (their log stays finite)."""
 

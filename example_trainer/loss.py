@@ -48,13 +48,7 @@ from example_trainer.importance import (
     mismatch_kl,
     segment_sums,
 )
-from example_trainer.losses import DistillMode, LossInputs, LossKind, loss_kind
-
-# A log-ratio (or KL log-ratio) beyond +-20 (a factor of 5e8) is clamped, and its
-# gradient stops there: exp() of it would overflow float32 at 88, and one such token
-# would otherwise decide the whole clipped gradient of the step.
-LOG_RATIO_LIMIT = 20.0
-
+from example_trainer.losses import LOG_RATIO_LIMIT, DistillMode, LossInputs, LossKind, loss_kind
 
 METRIC_REDUCTIONS = {
     "pg_loss": "sum",

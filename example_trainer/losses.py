@@ -32,6 +32,11 @@ from pydantic import AfterValidator
 if TYPE_CHECKING:
     from torch import Tensor
 
+# A log-ratio (or KL log-ratio) beyond +-20 (a factor of 5e8) is clamped, and its
+# gradient stops there: exp() of it would overflow float32 at 88, and one such token
+# would otherwise decide the whole clipped gradient of the step.
+LOG_RATIO_LIMIT = 20.0
+
 Normaliser = Literal["token", "sequence", "constant"]
 DistillMode = Literal["reverse_kl", "forward_topk"]
 """The distillation term's estimator (distill.py says what each one is)."""
