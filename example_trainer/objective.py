@@ -68,7 +68,10 @@ class Objective:
         settings = self.settings
         if chunk.teacher is None or settings.distill_mode != "forward_topk":
             return None
-        return chunk.teacher.ids.to(device) if settings.distill_coef else None
+        if not settings.distill_coef:
+            return None
+        chunk.teacher = chunk.teacher.to(device)  # moved once: `loss` reads it there too
+        return chunk.teacher.ids
 
     def loss(
         self,

@@ -441,9 +441,12 @@ def test_process_and_evaluate_run_with_a_teacher_and_the_trainer_learns_from_it(
     )
     assert "eval/accuracy" in (evals / "metrics.json").read_text()
 
-    trainer = make_trainer(tiny_model_path, tmp_path / "trainer", batch_size=8, distill_coef=1.0)
-    metrics = trainer.train_step(groups[:2])
-    assert metrics["distill_coverage"] == 1.0  # every trained position had a teacher
-    assert abs(metrics["distill_kl"]) < 0.5  # the teacher is the policy itself
-    assert metrics["teacher_latency_s"] > 0
-    assert metrics["grad_norm"] < 1.0, "distill_only: advantages zero, teacher = policy"
+    for mode in ("reverse_kl", "forward_topk"):
+        trainer = make_trainer(
+            tiny_model_path, tmp_path / mode, batch_size=8, distill_coef=1.0, distill_mode=mode
+        )
+        metrics = trainer.train_step(groups[:2])
+        assert metrics["distill_coverage"] == 1.0, mode  # every trained position had a teacher
+        assert abs(metrics["distill_kl"]) < 0.5, mode  # the teacher is the policy itself
+        assert metrics["teacher_latency_s"] > 0
+        assert metrics["grad_norm"] < 1.0, f"{mode}: advantages zero, teacher = policy"
