@@ -1,5 +1,5 @@
-"""The shipped CPU configs learn under `atropos-launch`: the quickstart, the FSDP
-quickstart on two ranks, and a black-box agent through the proxy.
+"""The shipped CPU configs learn under `atropos-launch`: the quickstart and a black-box
+agent through the proxy; the FSDP quickstart trains on two ranks.
 
 Each is a launch of its own, the longest of the e2e tier; they are a module apart from
 test_launch.py so that pytest-xdist's `--dist loadfile`, which runs a module's tests on
@@ -136,16 +136,27 @@ def attack_the_envs_proxy(run, run_dir, attackers_url: str) -> None:
         assert [a.status_code for a in answers] == [401] * 4, [a.text for a in answers]
 
 
-@pytest.mark.learning
-def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_path):
-    """configs/quickstart_fsdp_cpu.yaml as shipped: a 2-rank FSDP trainer (gloo ranks,
-    each holding half the model) and two CPU engines. The environment samples from both
-    engines, both take the weights of every step, and the score rises as in the
-    one-process quickstart (the margin is test_the_cpu_quickstart_learns's)."""
+FSDP_STEPS = 8
+
+
+def test_the_fsdp_quickstart_trains_on_two_ranks_with_two_engines(launch, tmp_path):
+    """configs/quickstart_fsdp_cpu.yaml for 8 of its 60 steps: a 2-rank FSDP trainer (gloo
+    ranks, each holding half the model) and two CPU engines. The environment samples from
+    both engines and both take the weights of every step.
+
+    That it learns is not asked again here (60 steps cost 110-130 s of CPU): two FSDP
+    ranks give one process's gradients and updates (tests/example_trainer/
+    test_data_parallel.py), one process learns (test_the_cpu_quickstart_learns), and the
+    shipped length's run is in docs/trainer.md with its command."""
     import httpx
 
-    config, run_dir = shipped("quickstart_fsdp_cpu.yaml"), tmp_path / "run"
-    run = launch(None, str(REPO / "configs" / "quickstart_fsdp_cpu.yaml"), *run_dir_flag(tmp_path))
+    run_dir = tmp_path / "run"
+    run = launch(
+        None,
+        str(REPO / "configs" / "quickstart_fsdp_cpu.yaml"),
+        *run_dir_flag(tmp_path),
+        *("--set", f"trainer.args.training_steps={FSDP_STEPS}"),
+    )
     pace = run.pace(run_dir)
     served: dict[int, int] = {}
 
@@ -173,7 +184,7 @@ def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_pa
     # both serve the first batches, within the first steps
     started = run.wait(until=both_engines_served, pace=pace, steps=3, restarts=1)
     assert started is None, f"engines served {served}"
-    steps = config["trainer"]["args"]["training_steps"]
+    steps = FSDP_STEPS
     assert run.wait(pace=pace, steps=steps, restarts=2) == 0, run.output()[-4000:]
     trainer = json.loads((run_dir / "commands.json").read_text())["trainer"]
     assert trainer[trainer.index("--nproc") + 1] == "2"
@@ -189,6 +200,5 @@ def test_the_fsdp_quickstart_learns_on_two_ranks_with_two_engines(launch, tmp_pa
     assert all(r.model_dump()["sync_s"] > 0 for r in rows[:-1]), "a step pushed no weights"
     assert (run_dir / "checkpoints" / f"step-{steps}" / "optimizer").is_dir()  # sharded
     numbers = json.loads((run_dir / "summary.json").read_text())
-    assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
-    assert numbers["learned"] is True
+    assert numbers["steps"] == steps and numbers["groups"]["lost"] == 0, numbers
     assert run.leftovers() == []
