@@ -2,8 +2,9 @@
 
 Task: each item is a PNG drawn with Pillow from a seed (3-9 circles, squares and
 triangles in red, green and blue, one per cell of a 4x4 grid, so none overlap) and a
-question such as "How many red triangles are in the image?". Items are generated, so
-there is no dataset to download.
+question such as "How many red triangles are in the image?" (`--env.question_kind
+total` asks how many shapes there are instead). Items are generated
+(atroposlib/utils/counting_pictures.py), so there is no dataset to download.
 
 The image goes to the model in OpenAI's image message format (a text part and an
 `image_url` part holding a `data:image/png;base64,...` URL), which vLLM serves for
@@ -16,7 +17,8 @@ processor's business). The prompt is masked, the reply trained on.
 
 Reward (`answer_tag`): 1.0 when the one `<answer>N</answer>` after any thinking is the
 count; a count only inside `<think>`, several answers, an empty reply or an over-long
-answer score 0.
+answer score 0. `--env.answer_format bare` asks for the number alone and scores the
+reply's last integer.
 
     python environments/multimodal_counting.py process --env.total_steps 4 \\
         --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name Qwen/Qwen2.5-VL-3B-Instruct
@@ -36,69 +38,32 @@ draws 8 training pictures instead of 5,000:
 
 from __future__ import annotations
 
-import base64
-import io
-import random
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atroposlib.envs.reward_fns import tagged_answer
+from atroposlib.envs.reward_fns import final_integer, tagged_answer
 from atroposlib.envs.reward_fns.answer_tag_reward import same_answer
 from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
+from atroposlib.utils.counting_pictures import COLOURS, QuestionKind, draw, make_item
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
-COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 70, 220)}
-SHAPES = ("circle", "square", "triangle")
-GRID, CELL = 4, 56  # a 224 x 224 canvas
+__all__ = ["COLOURS", "MultimodalCountingEnv", "count_score", "draw", "make_item"]
+
 IMAGE_PLACEHOLDER = "<image>"
 SYSTEM_PROMPT = (
     "Look at the image. You may think inside <think></think>; then answer <answer>N</answer>."
 )
+BARE_PROMPT = "Look at the image. Answer with one number."
 
 
-def draw(shapes: list[tuple[str, str, int]]) -> bytes:
-    """A PNG of (colour, shape, cell) triples on a white canvas."""
-    from PIL import Image, ImageDraw
-
-    image = Image.new("RGB", (GRID * CELL, GRID * CELL), "white")
-    pen = ImageDraw.Draw(image)
-    for colour, shape, cell in shapes:
-        x, y = (cell % GRID) * CELL + 8, (cell // GRID) * CELL + 8
-        box = (x, y, x + CELL - 16, y + CELL - 16)
-        fill = COLOURS[colour]
-        if shape == "circle":
-            pen.ellipse(box, fill=fill)
-        elif shape == "square":
-            pen.rectangle(box, fill=fill)
-        else:
-            pen.polygon([(x + (CELL - 16) // 2, y), (box[2], box[3]), (x, box[3])], fill=fill)
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def make_item(seed: int) -> dict[str, Any]:
-    """A picture and a question about it; about one question in six has answer 0."""
-    rng = random.Random(seed)
-    cells = rng.sample(range(GRID * GRID), rng.randint(3, 9))
-    shapes = [(rng.choice(list(COLOURS)), rng.choice(SHAPES), cell) for cell in cells]
-    colour, shape = rng.choice(list(COLOURS)), rng.choice(SHAPES)
-    if rng.random() > 0.2:  # usually ask about something that is there
-        colour, shape, _ = rng.choice(shapes)
-    return {
-        "seed": seed,
-        "question": f"How many {colour} {shape}s are in the image?",
-        "count": sum(1 for c, s, _ in shapes if (c, s) == (colour, shape)),
-        "image": base64.b64encode(draw(shapes)).decode(),
-    }
-
-
-def count_score(completion: str, count: int) -> float:
+def count_score(completion: str, count: int, answer_format: str = "tagged") -> float:
+    if answer_format == "bare":
+        return float(final_integer(completion) == count)
     return float(same_answer(tagged_answer(completion), count))
 
 
@@ -119,6 +84,14 @@ class MultimodalCountingConfig(SingleTurnConfig):
     """Single-turn settings; items are generated from `seed`."""
 
     train_size: int = Field(5000, ge=1, description="Generated training pictures.")
+    question_kind: QuestionKind = Field(
+        "colour_shape",
+        description="'colour_shape': how many of one colour and shape; 'total': how many "
+        "shapes (atroposlib/utils/counting_pictures.py says why both).",
+    )
+    answer_format: Literal["tagged", "bare"] = Field(
+        "tagged", description="'tagged': <answer>N</answer>; 'bare': the reply's last integer."
+    )
 
 
 class MultimodalCountingEnv(SingleTurnEnv):
@@ -135,21 +108,23 @@ class MultimodalCountingEnv(SingleTurnEnv):
 
     async def setup(self) -> None:
         first = self.config.seed * 1_000_000
-        self.train_items = [make_item(first + i) for i in range(self.config.train_size)]
-        self.eval_items = [make_item(-1 - i) for i in range(self.config.eval_size)]
+        kind = self.config.question_kind
+        self.train_items = [make_item(first + i, kind) for i in range(self.config.train_size)]
+        self.eval_items = [make_item(-1 - i, kind) for i in range(self.config.eval_size)]
 
     def messages_for(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        system = BARE_PROMPT if self.config.answer_format == "bare" else SYSTEM_PROMPT
         image = {
             "type": "image_url",
             "image_url": {"url": f"data:image/png;base64,{item['image']}"},
         }
         return [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": system},
             {"role": "user", "content": [{"type": "text", "text": item["question"]}, image]},
         ]
 
     def score(self, completion: str, item: dict[str, Any]) -> float:
-        return count_score(completion, item["count"])
+        return count_score(completion, item["count"], self.config.answer_format)
 
     def eval_record(self, item: dict[str, Any]) -> dict[str, Any]:
         return {"seed": item["seed"], "question": item["question"], "gold": item["count"]}

@@ -81,6 +81,28 @@ def test_the_independent_count_agrees_with_the_generator():
         assert count_in_png(png, colour, shape) == item["count"], seed
 
 
+def test_the_total_question_counts_every_shape_and_its_answers_are_spread():
+    from collections import Counter
+
+    from atroposlib.utils.counting_pictures import SHAPES, TOTAL_QUESTION
+
+    for seed in range(3):
+        item = make_item(seed, "total")
+        png = base64.b64decode(item["image"])
+        seen = sum(count_in_png(png, c, s) for c in COLOURS for s in SHAPES)
+        assert item["question"] == TOTAL_QUESTION and seen == item["count"], seed
+        assert item["image"] == make_item(seed)["image"]  # the same picture, another question
+    answers = Counter(make_item(seed, "total")["count"] for seed in range(350))
+    assert set(answers) == set(range(3, 10)) and min(answers.values()) > 0.08 * 350, answers
+
+
+def test_bare_answers_score_the_last_integer():
+    assert count_score("5", 5, "bare") == 1.0
+    assert count_score("I count 4, no, 5", 5, "bare") == 1.0
+    assert count_score("<answer>5</answer> 6", 5, "bare") == 0.0
+    assert count_score("", 5, "bare") == 0.0
+
+
 def test_scores_right_wrong_and_adversarial():
     assert count_score("<answer>2</answer>", 2) == 1.0
     assert count_score("<answer>3</answer>", 2) == 0.0
