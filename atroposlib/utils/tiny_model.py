@@ -33,7 +33,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -284,23 +284,30 @@ def _render(conversation: list[dict[str, str]]) -> str:
 def ensure_tiny_model(
     spec: TinyModelSpec | None = None, cache_dir: str | os.PathLike[str] | None = None
 ) -> Path:
-    """Path of the cached tiny model for `spec`, building it on first use.
+    """Path of the cached tiny model for `spec`, building it on first use."""
+    spec = spec or TinyModelSpec()
+    return ensure_built(spec.cache_key(), lambda out: build_tiny_model(out, spec), cache_dir)
+
+
+def ensure_built(
+    key: str, build: Callable[[Path], Any], cache_dir: str | os.PathLike[str] | None = None
+) -> Path:
+    """`cache_dir/key`, made by `build(staging_dir)` on first use (the tiny models).
 
     Safe when several processes ask at once: one builds under a file lock into a
     temporary directory that is renamed into place when complete.
     """
-    spec = spec or TinyModelSpec()
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    target = root / spec.cache_key()
+    target = root / key
     if (target / "config.json").exists():
         return target
-    with open(root / f"{spec.cache_key()}.lock", "w") as lock:
+    with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").exists():
             staging = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
             try:
-                build_tiny_model(staging, spec)
+                build(staging)
                 staging.rename(target)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)

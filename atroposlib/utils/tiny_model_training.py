@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -96,15 +96,8 @@ class Questions:
         return torch.cat([self.ids, answers[:, None]], 1)
 
 
-class Answered(Protocol):
-    """Prompts with their right answer: the questions here, the tiny VLM's pictures."""
-
-    right: torch.Tensor  # token id of the right answer, per prompt
-    digits: torch.Tensor  # token ids of "0".."9"
-
-
-def answer_targets(questions: Answered, vocab: int, spec: Any) -> torch.Tensor:
-    """[prompts, vocab]: the distribution over the answer token (see the module docstring)."""
+def answer_targets(questions: Questions, vocab: int, spec: Any) -> torch.Tensor:
+    """[100, vocab]: the distribution over the answer token (see the module docstring)."""
     import torch
 
     rng = random.Random(spec.seed)

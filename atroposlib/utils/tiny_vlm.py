@@ -15,9 +15,13 @@ and trained briefly here, that both transformers and vLLM load and serve with im
   which the processor expands (`<fake_token_around_image><global-img>` + 16 `<image>`
   + `<fake_token_around_image>`).
 - What it is trained toward, as the text kit: a target distribution over the answer
-  digit, not sampled answers. p(right count) = `right_probability` (0.3); on half of
-  the pictures one wrong count gets `distractor_probability` (0.4), above the right
-  one, so greedy decoding is wrong there. RL then has a real preference to sharpen.
+  digit, not sampled answers. p(right count) = `right_probability` (0.3); on pictures
+  with an even count (4, 6, 8: three counts in seven) the next count up gets
+  `distractor_probability` (0.4), above the right one, so greedy decoding is wrong
+  there. The distractor is a function of the picture, so it can be learned (a
+  distractor drawn per picture cannot, on pictures the build never saw). RL then has
+  a real preference to sharpen, and both the sampled score (~0.3) and the greedy one
+  (~4/7) have room to rise.
   It is trained on "How many shapes are in the image?" (3-9, evenly): a model that
   does not look gets one in seven right. The colour-and-shape question is not learned
   in the build's minutes (its answer is 1 half of the time, and a model that only
@@ -43,8 +47,13 @@ from pydantic import BaseModel, Field
 
 from atroposlib.utils.counting_pictures import BARE_PROMPT, make_item
 from atroposlib.utils.machine import machine_facts
-from atroposlib.utils.tiny_model import BUILD_RECORD, TinyModelSpec, build_tokenizer
-from atroposlib.utils.tiny_model_training import answer_targets
+from atroposlib.utils.tiny_model import (
+    BUILD_RECORD,
+    TinyModelCheckFailed,
+    TinyModelSpec,
+    build_tokenizer,
+    ensure_built,
+)
 from atroposlib.utils.torch_threads import one_torch_thread
 
 KIT_VERSION = 1
@@ -59,7 +68,7 @@ CHAT_TEMPLATE = (
 )
 IMAGE_SIZE, PATCH_SIZE = 224, 56
 CORPUS_PICTURES = 300  # the questions (both kinds) the tokenizer is trained on
-FIRST_SEED = 10_000_000  # pictures the environment never draws (its own start at 0 and -1)
+FIRST_SEED = 10**9  # pictures the environment does not draw (its own: seed * 10**6 + i, and -1 - i)
 
 
 class TinyVlmSpec(BaseModel):
@@ -77,9 +86,10 @@ class TinyVlmSpec(BaseModel):
     read_steps: int = Field(300, ge=0, description="Steps toward the right count alone.")
     max_steps: int = Field(300, ge=0, description="Most steps toward the target distribution.")
     learning_rate: float = Field(3e-3, gt=0, description="AdamW learning rate.")
-    right_probability: float = Field(0.3, gt=0.0, lt=1.0)
-    distractor_probability: float = Field(0.4, ge=0.0, lt=1.0)
-    confused_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    right_probability: float = Field(0.3, gt=0.0, lt=1.0, description="p(right count).")
+    distractor_probability: float = Field(
+        0.4, ge=0.0, lt=1.0, description="p(count + 1) on pictures with an even count."
+    )
 
     def cache_key(self) -> str:
         fields = "-".join(f"{v}" for v in self.model_dump().values())
@@ -92,6 +102,54 @@ class VlmReading(BaseModel):
     p_right: float
     greedy_accuracy: float
     p_end_after_digit: float
+
+
+P_RIGHT_TOLERANCE = 0.06
+GREEDY_TOLERANCE = 0.12
+MIN_P_END = 0.9
+
+
+def expected_greedy_accuracy(counts: list[int]) -> float:
+    """The share of pictures whose count is odd: the others' greedy answer is count + 1."""
+    return sum(count % 2 for count in counts) / len(counts)
+
+
+def check_counting(reading: VlmReading, counts: list[int], spec: TinyVlmSpec) -> list[str]:
+    """What is wrong with a build's figures, one sentence each; empty when it passes."""
+    problems = []
+    low, high = (
+        spec.right_probability - P_RIGHT_TOLERANCE,
+        spec.right_probability + P_RIGHT_TOLERANCE,
+    )
+    if not low <= reading.p_right <= high:
+        problems.append(f"p(right) is {reading.p_right:.3f}, outside {low:.2f}-{high:.2f}")
+    least = expected_greedy_accuracy(counts) - GREEDY_TOLERANCE
+    if reading.greedy_accuracy < least:
+        problems.append(
+            f"greedy accuracy is {reading.greedy_accuracy:.2f}, below {least:.2f} "
+            "(a model that does not look gets 0.14)"
+        )
+    if reading.p_end_after_digit < MIN_P_END:
+        problems.append(
+            f"p(<|im_end|> after the digit) is {reading.p_end_after_digit:.3f}, below {MIN_P_END}"
+        )
+    return problems
+
+
+def count_targets(pictures: Pictures, vocab: int, spec: TinyVlmSpec) -> Any:
+    """[pictures, vocab]: the distribution over the answer token (see the module docstring)."""
+    import torch
+
+    targets = torch.zeros(len(pictures.counts), vocab)
+    for row, count in enumerate(pictures.counts):
+        confused = count % 2 == 0 and count + 1 <= 9
+        others = [d for d in range(10) if d != count and not (confused and d == count + 1)]
+        rest = 1.0 - spec.right_probability - (spec.distractor_probability if confused else 0.0)
+        targets[row, pictures.digits[others]] = rest / len(others)
+        targets[row, pictures.digits[count]] = spec.right_probability
+        if confused:
+            targets[row, pictures.digits[count + 1]] = spec.distractor_probability
+    return targets
 
 
 def conversation(item: dict[str, Any], answer: str | None = None) -> list[dict[str, Any]]:
@@ -174,6 +232,7 @@ class Pictures:
     input_ids: Any  # [n, prompt length + 2]: the prompt, the right digit, <|im_end|>
     pixel_values: Any
     pixel_attention_mask: Any
+    counts: list[int]
     right: Any  # token id of the right digit
     digits: Any  # token ids of "0".."9"
 
@@ -200,6 +259,7 @@ class Pictures:
             input_ids=encoded["input_ids"],
             pixel_values=encoded["pixel_values"],
             pixel_attention_mask=encoded["pixel_attention_mask"],
+            counts=[item["count"] for item in items],
             right=digits[torch.tensor([item["count"] for item in items])],
             digits=digits,
         )
@@ -234,10 +294,11 @@ def train_to_count(model: Any, processor: Any, spec: TinyVlmSpec) -> dict[str, A
     import torch.nn.functional as F
 
     started = time.monotonic()
-    items = [make_item(FIRST_SEED + i, "total") for i in range(spec.pictures + spec.held_out)]
+    first = FIRST_SEED + spec.seed * 10**6
+    items = [make_item(first + i, "total") for i in range(spec.pictures + spec.held_out)]
     train = Pictures.encode(processor, items[: spec.pictures])
     held_out = Pictures.encode(processor, items[spec.pictures :])
-    targets = answer_targets(train, model.config.text_config.vocab_size, spec)
+    targets = count_targets(train, model.config.text_config.vocab_size, spec)
     end = processor.tokenizer.eos_token_id
     generator = torch.Generator().manual_seed(spec.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
@@ -258,11 +319,26 @@ def train_to_count(model: Any, processor: Any, spec: TinyVlmSpec) -> dict[str, A
             optimizer.step()
             steps += 1
     reading = measure(model, held_out, end)
-    return {"steps": steps, "seconds": round(time.monotonic() - started, 1), **reading.model_dump()}
+    return {
+        "steps": steps,
+        "seconds": round(time.monotonic() - started, 1),
+        "reading": reading.model_dump(),
+        "problems": check_counting(reading, held_out.counts, spec),
+    }
 
 
-def build_tiny_vlm(out_dir: str | Path, spec: TinyVlmSpec | None = None) -> Path:
-    """Build processor + model into `out_dir`."""
+def ensure_tiny_vlm(spec: TinyVlmSpec | None = None, cache_dir: str | Path | None = None) -> Path:
+    """Path of the cached tiny VLM for `spec`, building it on first use."""
+    spec = spec or TinyVlmSpec()
+    return ensure_built(spec.cache_key(), lambda out: build_tiny_vlm(out, spec), cache_dir)
+
+
+def build_tiny_vlm(
+    out_dir: str | Path, spec: TinyVlmSpec | None = None, verify: bool = True
+) -> Path:
+    """Build processor + model into `out_dir`; with `verify` (always, for the cache) a
+    model that fails `check_counting` raises `TinyModelCheckFailed` and nothing is
+    written."""
     import torch
 
     spec = spec or TinyVlmSpec()
@@ -277,6 +353,7 @@ def build_tiny_vlm(out_dir: str | Path, spec: TinyVlmSpec | None = None) -> Path
         torch.manual_seed(spec.seed)
         model = build_model(processor.tokenizer, spec)
         training = train_to_count(model, processor, spec)
+    problems = training.pop("problems")
     record = {
         "kit_version": KIT_VERSION,
         "spec": spec.model_dump(),
@@ -284,6 +361,15 @@ def build_tiny_vlm(out_dir: str | Path, spec: TinyVlmSpec | None = None) -> Path
         "build_seconds": round(time.monotonic() - started, 1),
         "machine": machine_facts(),
     }
+    if verify and problems:
+        machine = record["machine"]
+        raise TinyModelCheckFailed(
+            f"the tiny VLM does not count after {record['steps']} steps: "
+            + "; ".join(problems)
+            + f". Nothing was saved. Built with seed {spec.seed} on {machine['cpu']} "
+            f"(torch {machine['torch_version']}, transformers {machine['transformers_version']})"
+            "; please report these figures."
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = processor.tokenizer.eos_token_id

@@ -13,7 +13,14 @@ import json
 import pytest
 
 from atroposlib.utils.counting_pictures import make_item
-from atroposlib.utils.tiny_vlm import TinyVlmSpec, build_tiny_vlm, conversation
+from atroposlib.utils.tiny_vlm import (
+    TinyVlmSpec,
+    VlmReading,
+    build_tiny_vlm,
+    check_counting,
+    conversation,
+    expected_greedy_accuracy,
+)
 
 pytestmark = pytest.mark.integration
 torch = pytest.importorskip("torch")
@@ -23,7 +30,7 @@ QUICK = TinyVlmSpec(pictures=64, held_out=16, batch_size=8, read_steps=2, max_st
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vl") / "model", QUICK)
+    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vl") / "model", QUICK, verify=False)
 
 
 def test_a_quick_build_reloads_with_the_auto_classes_and_counts_its_image_tokens(built):
@@ -51,7 +58,30 @@ def test_a_quick_build_reloads_with_the_auto_classes_and_counts_its_image_tokens
     assert logits.shape == (1, len(tokens), len(processor.tokenizer))
     record = json.loads((built / "atropos_tiny_model.json").read_text())
     assert record["steps"] == 4 and record["spec"] == QUICK.model_dump()
-    assert 0 <= record["greedy_accuracy"] <= 1
+    assert 0 <= record["reading"]["greedy_accuracy"] <= 1
+
+
+def test_a_build_that_does_not_count_is_refused_with_its_figures(tmp_path):
+    """A 4-step model has not learned to look; nothing is written."""
+    from atroposlib.utils.tiny_model import TinyModelCheckFailed
+
+    with pytest.raises(TinyModelCheckFailed, match=r"does not count after 4 steps: .*greedy"):
+        build_tiny_vlm(tmp_path / "model", QUICK)
+    assert not (tmp_path / "model").exists()
+
+
+def test_the_check_names_each_figure_off_its_mark():
+    counts = [3, 4, 5, 6, 7, 8, 9]  # greedy is right on the odd ones: 4 in 7
+    assert expected_greedy_accuracy(counts) == pytest.approx(4 / 7)
+    good = VlmReading(p_right=0.31, greedy_accuracy=0.55, p_end_after_digit=0.99)
+    assert check_counting(good, counts, TinyVlmSpec()) == []
+    blind = VlmReading(p_right=0.14, greedy_accuracy=0.14, p_end_after_digit=0.5)
+    problems = check_counting(blind, counts, TinyVlmSpec())
+    assert [p.split(" is ")[0] for p in problems] == [
+        "p(right)",
+        "greedy accuracy",
+        "p(<|im_end|> after the digit)",
+    ]
 
 
 def test_the_environments_image_parts_render_as_the_placeholder(built):
