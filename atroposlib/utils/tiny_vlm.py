@@ -53,6 +53,7 @@ from atroposlib.utils.tiny_model import (
     TinyModelSpec,
     build_tokenizer,
     ensure_built,
+    figure_problems,
 )
 from atroposlib.utils.torch_threads import one_torch_thread
 
@@ -106,7 +107,6 @@ class VlmReading(BaseModel):
 
 P_RIGHT_TOLERANCE = 0.06
 GREEDY_TOLERANCE = 0.12
-MIN_P_END = 0.9
 
 
 def expected_greedy_accuracy(counts: list[int]) -> float:
@@ -116,24 +116,15 @@ def expected_greedy_accuracy(counts: list[int]) -> float:
 
 def check_counting(reading: VlmReading, counts: list[int], spec: TinyVlmSpec) -> list[str]:
     """What is wrong with a build's figures, one sentence each; empty when it passes."""
-    problems = []
-    low, high = (
-        spec.right_probability - P_RIGHT_TOLERANCE,
-        spec.right_probability + P_RIGHT_TOLERANCE,
+    return figure_problems(
+        reading.p_right,
+        spec.right_probability,
+        P_RIGHT_TOLERANCE,
+        reading.greedy_accuracy,
+        expected_greedy_accuracy(counts) - GREEDY_TOLERANCE,
+        "a model that does not look gets 0.14",
+        reading.p_end_after_digit,
     )
-    if not low <= reading.p_right <= high:
-        problems.append(f"p(right) is {reading.p_right:.3f}, outside {low:.2f}-{high:.2f}")
-    least = expected_greedy_accuracy(counts) - GREEDY_TOLERANCE
-    if reading.greedy_accuracy < least:
-        problems.append(
-            f"greedy accuracy is {reading.greedy_accuracy:.2f}, below {least:.2f} "
-            "(a model that does not look gets 0.14)"
-        )
-    if reading.p_end_after_digit < MIN_P_END:
-        problems.append(
-            f"p(<|im_end|> after the digit) is {reading.p_end_after_digit:.3f}, below {MIN_P_END}"
-        )
-    return problems
 
 
 def count_targets(pictures: Pictures, vocab: int, spec: TinyVlmSpec) -> Any:
