@@ -31,7 +31,9 @@ and trained briefly here, that both transformers and vLLM load and serve with im
   it must also learn to end its answer (measured). Then the target distribution and
   `<|im_end|>` after the digit.
 
-What the build measured on held-out pictures is saved beside the weights
+The build checks the result on held-out pictures before anything is written
+(`check_counting`): a model that does not count raises `TinyModelCheckFailed` naming
+the figures, and is never cached. What it measured is saved beside the weights
 (`BUILD_RECORD`, as the text kit's).
 """
 
