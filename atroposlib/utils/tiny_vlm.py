@@ -57,6 +57,7 @@ from atroposlib.utils.tiny_model import (
     ensure_built,
     figure_problems,
 )
+from atroposlib.utils.tiny_model_training import PROGRESS
 from atroposlib.utils.torch_threads import one_torch_thread
 
 KIT_VERSION = 1
@@ -87,7 +88,7 @@ class TinyVlmSpec(BaseModel):
     held_out: int = Field(256, ge=16, description="Pictures the build is measured on.")
     batch_size: int = Field(64, description="Pictures per step.")
     read_steps: int = Field(300, ge=0, description="Steps toward the right count alone.")
-    max_steps: int = Field(300, ge=0, description="Most steps toward the target distribution.")
+    max_steps: int = Field(300, ge=0, description="Steps toward the target distribution.")
     learning_rate: float = Field(3e-3, gt=0, description="AdamW learning rate.")
     right_probability: float = Field(0.3, gt=0.0, lt=1.0, description="p(right count).")
     distractor_probability: float = Field(
@@ -285,6 +286,7 @@ def train_to_count(model: Any, processor: Any, spec: TinyVlmSpec) -> dict[str, A
     """Right counts first (`read_steps`), then the target distribution; the figures."""
     import torch
     import torch.nn.functional as F
+    from tqdm.auto import tqdm
 
     started = time.monotonic()
     first = FIRST_SEED + spec.seed * 10**6
@@ -297,6 +299,8 @@ def train_to_count(model: Any, processor: Any, spec: TinyVlmSpec) -> dict[str, A
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
     model.train()
     steps = 0
+    total = spec.read_steps + spec.max_steps
+    bar = tqdm(total=total, desc="tiny VLM: learning to count", **PROGRESS)
     for phase, count in (("read", spec.read_steps), ("calibrate", spec.max_steps)):
         for _ in range(count):
             rows = torch.randint(spec.pictures, (spec.batch_size,), generator=generator)
@@ -311,6 +315,8 @@ def train_to_count(model: Any, processor: Any, spec: TinyVlmSpec) -> dict[str, A
             loss.backward()
             optimizer.step()
             steps += 1
+            bar.update()
+    bar.close()
     reading = measure(model, held_out, end)
     return {
         "steps": steps,
