@@ -208,7 +208,7 @@ def build_tiny_model(
     spec = spec or TinyModelSpec()
     started = time.monotonic()
     with one_torch_thread():
-        tokenizer = build_tokenizer([_render(conv) for conv in generate_corpus(spec)], spec)
+        tokenizer = build_tokenizer([render_chatml(conv) for conv in generate_corpus(spec)], spec)
         torch.manual_seed(spec.seed)
         config = LlamaConfig(
             vocab_size=len(tokenizer),
@@ -292,7 +292,8 @@ def describe_tiny_model(model_dir: str | os.PathLike[str]) -> str:
     return line
 
 
-def _render(conversation: list[dict[str, str]]) -> str:
+def render_chatml(conversation: list[dict[str, str]]) -> str:
+    """A conversation as the kits' chat template writes it (the tokenizer's corpus)."""
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
 
 

@@ -56,6 +56,7 @@ from atroposlib.utils.tiny_model import (
     build_tokenizer,
     ensure_built,
     figure_problems,
+    render_chatml,
 )
 from atroposlib.utils.tiny_model_training import PROGRESS
 from atroposlib.utils.torch_threads import one_torch_thread
@@ -158,6 +159,19 @@ def conversation(item: dict[str, Any], answer: str | None = None) -> list[dict[s
     if answer is not None:
         messages.append({"role": "assistant", "content": answer})
     return messages
+
+
+def as_text(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The messages with each image part as the `<image>` its chat template writes."""
+    return [
+        {
+            "role": m["role"],
+            "content": m["content"]
+            if isinstance(m["content"], str)
+            else "".join(p["text"] if p["type"] == "text" else "<image>" for p in m["content"]),
+        }
+        for m in messages
+    ]
 
 
 def build_processor(texts: list[str], spec: TinyVlmSpec):
@@ -344,7 +358,7 @@ def build_tiny_vlm(
     started = time.monotonic()
     with one_torch_thread():
         corpus = [
-            _render(conversation(item, str(item["count"])))
+            render_chatml(as_text(conversation(item, str(item["count"]))))
             for i in range(CORPUS_PICTURES)
             for item in (make_item(i, "total"), make_item(i))
         ]
@@ -377,13 +391,3 @@ def build_tiny_vlm(
     processor.save_pretrained(out)
     (out / BUILD_RECORD).write_text(json.dumps(record, indent=2))
     return out
-
-
-def _render(messages: list[dict[str, Any]]) -> str:
-    parts = []
-    for message in messages:
-        content = message["content"]
-        if not isinstance(content, str):
-            content = "".join(p["text"] if p["type"] == "text" else "<image>" for p in content)
-        parts.append(f"<|im_start|>{message['role']}\n{content}<|im_end|>\n")
-    return "".join(parts)

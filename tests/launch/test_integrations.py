@@ -11,24 +11,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from atroposlib.trainer_contract import read_metrics
-from tests.support.launch import finish, write_config
-from tests.support.source import REPO
+from tests.support.launch import finish, shipped, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 STEPS = 4
 BATCH = 16  # 2 groups a step: one from each environment (min_batch_allocation 0.5)
 DISTILL, VERIFIERS = "mod_arithmetic_distill", "verifiers_server"
-
-
-def shipped(name: str) -> dict:
-    config = yaml.safe_load((REPO / "configs" / name).read_text())
-    for env in config["environments"]:
-        env["script"] = str((REPO / "configs" / env["script"]).resolve())
-    return config
 
 
 @pytest.fixture(scope="module")

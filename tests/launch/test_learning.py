@@ -14,19 +14,13 @@ import re
 import pytest
 
 from atroposlib.trainer_contract import read_events, read_metrics
-from tests.support.launch import check_the_console, finish, role_key, trend
+from tests.support.launch import check_the_console, finish, role_key, shipped, trend
 from tests.support.source import REPO
 from tests.support.token_script_server import TokenScriptServer
 
 # Every wait on a run is allowed what it costs at the run's own pace (tests/support/
 # pace.py), so these bound each test; this only catches a hang outside them.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
-
-
-def shipped(name: str) -> dict:
-    import yaml
-
-    return yaml.safe_load((REPO / "configs" / name).read_text())
 
 
 def run_dir_flag(tmp_path) -> tuple[str, str]:

@@ -51,6 +51,15 @@ LAUNCHED_AS_SHIPPED = (
 launcher's checks included."""
 
 
+def shipped(name: str) -> dict[str, Any]:
+    """configs/NAME as a dict, its environments' scripts as absolute paths (so that it
+    can be changed and written elsewhere)."""
+    config = yaml.safe_load((REPO / "configs" / name).read_text())
+    for env in config.get("environments", []):
+        env["script"] = str((REPO / "configs" / env["script"]).resolve())
+    return config
+
+
 def launch_config(run_dir: Path, steps: int = 4, **overrides: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
         "model": "tiny",

@@ -29,10 +29,11 @@ def answers_as_run_api(url: str, proc: subprocess.Popen, log) -> bool:
     """`answers_health`, and the answer is run-api's own (its store named): another
     test's server that took the port first would answer 200 too, while this run-api
     was still importing, before it found the port taken."""
-    if not answers_health(url, proc, log, "run-api"):
-        return False
+    if proc.poll() is not None:
+        raise RuntimeError(f"run-api exited early:\n{log()}")
     try:
-        return "store" in httpx.get(f"{url}/health", timeout=1).json()
+        answer = httpx.get(f"{url}/health", timeout=1)
+        return answer.status_code == 200 and "store" in answer.json()
     except (httpx.HTTPError, ValueError):
         return False
 
