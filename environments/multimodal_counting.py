@@ -10,10 +10,12 @@ The image goes to the model in OpenAI's image message format (a text part and an
 `image_url` part holding a `data:image/png;base64,...` URL), which vLLM serves for
 vision-language models, and into the group's `images` field (one base64 PNG per
 sequence, as upstream's multimodal environments send it). Sampling is a plain
-`chat_completion`, not ManagedServer: the trainer-side tokens are the conversation's
-text rendered with the env tokenizer's chat template, the image part standing in as
-the placeholder text `<image>` (the VLM's own image tokens are the trainer's
-processor's business). The prompt is masked, the reply trained on.
+`chat_completion`, not ManagedServer. With a vision-language model's `tokenizer_name`,
+the trainer-side tokens are its processor's: its chat template renders the picture's
+placeholder and the processor expands it into the picture's image tokens, as the engine
+does (`atroposlib/utils/image_messages.py`); the trainer checks the count against its own
+processor. With a text tokenizer the image part stands in as the text `<image>`. The
+prompt is masked, the reply trained on.
 
 Reward (`answer_tag`): 1.0 when the one `<answer>N</answer>` after any thinking is the
 count; a count only inside `<think>`, several answers, an empty reply or an over-long
@@ -24,10 +26,11 @@ reply's last integer.
         --openai.base_url http://127.0.0.1:9001/v1 --openai.model_name Qwen/Qwen2.5-VL-3B-Instruct
 
 That needs a vision-language model (vLLM serving Qwen2.5-VL, say). Offline, the tiny
-model (environments/README.md serves it) reads text only (`atropos-inference-server`
-drops image parts), so it never sees the picture; the run checks the pipeline (drawing,
-the image message, scoring, the groups with their images, the viewer), not the task; it
-draws 8 training pictures instead of 5,000:
+VLM does (`configs/multimodal_cpu.yaml` trains it under atropos-launch, which builds
+`tiny-vl` and serves it on the CPU engine). A text model served by
+`atropos-inference-server` drops image parts, so it never sees the picture; such a run
+checks the pipeline (drawing, the image message, scoring, the groups with their images,
+the viewer), not the task; it draws 8 training pictures instead of 5,000:
 
     python environments/multimodal_counting.py process --env.total_steps 2 \\
         --env.group_size 2 --env.train_size 8 --env.max_tokens 32 \\
@@ -56,6 +59,7 @@ from atroposlib.utils.counting_pictures import (
     draw,
     make_item,
 )
+from atroposlib.utils.image_messages import tokenize_with_pictures, vision_processor
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
 
 __all__ = ["COLOURS", "MultimodalCountingEnv", "count_score", "draw", "make_item"]
@@ -116,6 +120,8 @@ class MultimodalCountingEnv(SingleTurnEnv):
         kind = self.config.question_kind
         self.train_items = [make_item(first + i, kind) for i in range(self.config.train_size)]
         self.eval_items = [make_item(-1 - i, kind) for i in range(self.config.eval_size)]
+        # a vision-language model's processor expands the picture into its image tokens
+        self.processor = vision_processor(self.config.tokenizer_name)
 
     def messages_for(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         system = BARE_PROMPT if self.config.answer_format == "bare" else SYSTEM_PROMPT
@@ -146,9 +152,11 @@ class MultimodalCountingEnv(SingleTurnEnv):
         for choice in chat.choices:
             reply = choice.message.content or ""
             conversation = [*text_only(messages), {"role": "assistant", "content": reply}]
-            tokenized = tokenize_for_trainer(
-                self.tokenizer, conversation, finish_reason=choice.finish_reason or ""
-            )
+            finish = choice.finish_reason or ""
+            if self.processor is not None:
+                tokenized = tokenize_with_pictures(self.processor, messages, reply, finish)
+            else:
+                tokenized = tokenize_for_trainer(self.tokenizer, conversation, finish_reason=finish)
             group["tokens"].append(tokenized["tokens"])
             group["masks"].append(tokenized["masks"])
             group["scores"].append(self.score(reply, item))

@@ -109,11 +109,10 @@ def merged_lora_weights(model, weights: dict[str, torch.Tensor]) -> dict[str, to
     peft's own `merge_and_unload`, run on a skeleton that borrows the gathered tensors
     (built on the meta device, so it costs no second copy of the model)."""
     from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
 
     base = model.get_base_model()
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(base.config)
+        skeleton = type(base)(base.config)  # the policy's own class: a VLM's too
         skeleton = get_peft_model(skeleton, model.peft_config["default"])
     # the merge adds into each base layer in place, and a gathered tensor can be the live
     # parameter itself (one rank on a CPU): those the merge writes are copied first

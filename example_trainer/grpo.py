@@ -46,6 +46,8 @@ from example_trainer.config import LAUNCH_CONFIG as LAUNCH_CONFIG
 from example_trainer.config import TrainingConfig, build_parser
 from example_trainer.data import (
     BatchGroups,
+    ImageCheck,
+    MicroBatch,
     Sequence,
     drop_stale,
     flatten,
@@ -70,6 +72,7 @@ from example_trainer.reference import ReferencePolicy
 from example_trainer.serving import PolicyServing
 from example_trainer.sharding import padded_micro_batch_count
 from example_trainer.step_report import CompletionEnds, StepLog, rollout_numbers
+from example_trainer.vision import VisionInputs
 
 NOTHING_TRAINED = dict.fromkeys(
     (
@@ -114,6 +117,9 @@ class Trainer:
         if config.model.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
         self.model.train()
+        self.vision = VisionInputs.for_model(config.checkpoint.resume or config.model.model_name)
+        # what a checkpoint saves beside the weights: a VLM's engine needs its processor
+        preprocessor = self.vision.processor if self.vision else self.tokenizer
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.ends = CompletionEnds(self.tokenizer, self.model)  # completions/clipped_ratio
         self.skipped_groups: set[int] = set()
@@ -149,10 +155,11 @@ class Trainer:
         self.committed_step = self.step
         self.records = RunRecords(config.checkpoint.save_path)
         self.serving = PolicyServing(
-            config, self.records, self.model, self.tokenizer, self.sharded
+            config, self.records, self.model, preprocessor, self.sharded
         )  # its engines start on rank 0 (`run`)
         self.step_log = StepLog(self.records, config)
         self._warned_missing_logprobs = False
+        self._warned_text_only = False
 
     @property
     def engines(self) -> list:
@@ -167,7 +174,7 @@ class Trainer:
         """One optimizer step on `batch`, less the groups it cannot train on and, with
         --max-staleness, the sequences sampled too many versions ago (both counted)."""
         config = self.config
-        groups, skipped = split_trainable(batch, self.vocab_size)
+        groups, skipped = split_trainable(batch, self.vocab_size, self.image_check())
         for reason in skipped.values():
             logger.warning(
                 "step %d: skipping a group it cannot train on: %s", self.step + 1, reason
@@ -200,6 +207,26 @@ class Trainer:
         self.scheduler.step()  # lr above was this step's; this moves to the next
         self.optimizer.zero_grad(set_to_none=True)
         return {**metrics, **counts, "grad_norm": float(grad_norm), "lr": lr}
+
+    def image_check(self) -> ImageCheck | None:
+        """A vision-language policy checks each sequence's image tokens, as trained (cut
+        at --seq-len)."""
+        vision, seq_len = self.vision, self.config.batching.seq_len
+        if vision is None:
+            return None
+        return lambda tokens, images: vision.problem(tokens[:seq_len], images)
+
+    def pixels(self, chunk: MicroBatch) -> dict[str, torch.Tensor] | None:
+        """The micro-batch's picture inputs on the device, made by the policy's processor."""
+        if chunk.images is None:
+            return None
+        if self.vision is None:
+            if not self._warned_text_only:
+                self._warned_text_only = True
+                logger.warning("groups carry images; this text-only policy trains on the text")
+            return None
+        made = self.vision.tensors(chunk.images, compute_dtype(self.config))
+        return {name: value.to(self.device) for name, value in made.items()}
 
     def sequences(self, groups: BatchGroups) -> list[Sequence]:
         """The groups' rollouts with their advantages, as the flags say (`data.flatten`)."""
@@ -253,7 +280,8 @@ class Trainer:
                 inputs = forward_inputs(chunk, self.device)
                 shared = None if chunk.shared is None else chunk.shared.to(self.device)
                 extra = self.objective.extra_ids(chunk, self.device)
-                output = self.forward(*inputs, shared, extra)
+                chunk.pixels = self.pixels(chunk)
+                output = self.forward(*inputs, shared, extra, pixels=chunk.pixels)
                 loss, metrics = self.objective.loss(chunk, output, total_tokens, len(sequences))
                 (loss * self.parallel.world_size).backward()
             step_metrics.add(loss.detach().item(), metrics)
@@ -275,7 +303,7 @@ class Trainer:
         FSDP every rank calls this (each writes its optimizer shard); otherwise rank 0."""
         config = self.config
         self.serving.settle()  # a checkpoint step's pruning and restarts see every engine
-        parts = (config.checkpoint.save_path, self.step, self.model, self.tokenizer)
+        parts = (config.checkpoint.save_path, self.step, self.model, self.serving.tokenizer)
         if self.sharded:
             dtype = compute_dtype(config)
             path = save_sharded_checkpoint(*parts, self.optimizer, self.scheduler, dtype)

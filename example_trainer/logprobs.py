@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from example_trainer.loss import token_logprobs
 from example_trainer.shared_prefix import SharedPrompts, shared_prompt_logprobs
+from example_trainer.vision import multimodal_backbone
 
 logger = logging.getLogger("example_trainer")
 
@@ -142,6 +143,7 @@ class PolicyLogprobs(nn.Module):
         position_ids: torch.Tensor | None = None,
         shared: SharedPrompts | None = None,
         extra_ids: torch.Tensor | None = None,
+        pixels: dict[str, torch.Tensor] | None = None,
     ) -> Any:
         """[B, T-1] token logprobs; with `with_entropy` or `extra_ids` ([B, T-1, K] ids
         per label position: a teacher's top-k), a dict of `logprobs`, `entropy` and
@@ -149,15 +151,17 @@ class PolicyLogprobs(nn.Module):
         own, not views (FSDP2 hooks its backward onto the output, and warns that an
         in-place change to a view skips it).
         Packed rows come with `position_ids` and no mask (`data.py`). No KV cache: a
-        training forward never reads one back, and a cache would hide the packing."""
+        training forward never reads one back, and a cache would hide the packing.
+        `pixels`: a vision-language policy's picture inputs for the rows (`vision.py`)."""
         inputs = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": position_ids,
             "use_cache": False,
+            **(pixels or {}),
         }
         more = self.with_entropy or extra_ids is not None
-        if shared is not None and not self.chunk_tokens and not more:
+        if shared is not None and not self.chunk_tokens and not more and not pixels:
             return shared_prompt_logprobs(self.model, shared, input_ids.shape[1])
         if not self.chunk_tokens:
             logits = self.model(**inputs).logits
@@ -165,7 +169,8 @@ class PolicyLogprobs(nn.Module):
                 return token_logprobs(logits, input_ids).clone()
             parts = head_outputs(logits[:, :-1], input_ids[:, 1:], extra_ids, self.with_entropy)
         else:
-            hidden = self.model.get_decoder()(**inputs).last_hidden_state
+            trunk = multimodal_backbone(self.model) if pixels else self.model.get_decoder()
+            hidden = trunk(**inputs).last_hidden_state
             head = self.model.get_output_embeddings()
             if not more:
                 return chunked_token_logprobs(hidden, head, input_ids, self.chunk_tokens).clone()

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from atroposlib.utils.image_messages import is_vision_language
 from example_trainer.checkpoint import ADAPTER_DIR
 from example_trainer.config import LORA_MODES, TrainingConfig
+from example_trainer.vision import freeze_vision_tower, vision_tower
 
 logger = logging.getLogger("example_trainer")
 
@@ -144,27 +147,48 @@ def without_dropout(model: torch.nn.Module) -> None:
                 setattr(module, name, 0.0)
 
 
+def auto_model_class(source: str) -> Any:
+    """transformers' auto class for the checkpoint at `source`: image-text-to-text for a
+    vision-language model (`vision.py`), else a causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(source) else AutoModelForCausalLM
+
+
+def load_pretrained(source: str, dtype: torch.dtype, device: torch.device) -> Any:
+    """The model at `source` on `device`, loaded by its auto class."""
+    return auto_model_class(source).from_pretrained(source, dtype=dtype).to(device)
+
+
 def _load(config: TrainingConfig, device: torch.device, sharded: bool) -> tuple[Any, Any, bool]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model, tokenizer, restore = _load_weights(config, device, sharded)
+    if config.model.freeze_vision_tower:
+        frozen = freeze_vision_tower(model)
+        if frozen:
+            logger.info("vision tower frozen: %d parameters (--freeze-vision-tower)", frozen)
+    return model, tokenizer, restore
+
+
+def _load_weights(
+    config: TrainingConfig, device: torch.device, sharded: bool
+) -> tuple[Any, Any, bool]:
+    from transformers import AutoTokenizer
 
     dtype = torch.float32 if sharded else compute_dtype(config)
     source = config.checkpoint.resume or config.model.model_name
     tokenizer = AutoTokenizer.from_pretrained(source)
     if config.weight_sync.weight_bridge_mode not in LORA_MODES:
-        full = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-        full = full.to(device)
-        return full, tokenizer, True
+        return load_pretrained(source, dtype, device), tokenizer, True
     from peft import LoraConfig, PeftModel, get_peft_model
 
     adapter = Path(config.checkpoint.resume) / ADAPTER_DIR if config.checkpoint.resume else None
     if adapter is not None and adapter.is_dir():
         # the checkpoint's weights already include the adapter: it goes on the base
-        base = AutoModelForCausalLM.from_pretrained(config.model.model_name, dtype=dtype)
-        base = base.to(device)
+        base = load_pretrained(config.model.model_name, dtype, device)
         model = PeftModel.from_pretrained(base, adapter, is_trainable=True)
         return model.to(device), tokenizer, True
-    base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-    base = base.to(device)
+    base = load_pretrained(source, dtype, device)
+    tower = vision_tower(base)
     model = get_peft_model(
         base,
         LoraConfig(
@@ -172,6 +196,12 @@ def _load(config: TrainingConfig, device: torch.device, sharded: bool) -> tuple[
             lora_alpha=config.lora.lora_alpha,
             lora_dropout=config.lora.lora_dropout,
             target_modules=config.lora.lora_target_modules.split(","),
+            # a frozen picture encoder gets no adapters either: its q_proj is not the LM's
+            exclude_modules=(
+                rf"{re.escape(tower[0])}\..*"
+                if tower is not None and config.model.freeze_vision_tower
+                else None
+            ),
             task_type="CAUSAL_LM",
         ),
     )

@@ -90,7 +90,7 @@ class Objective:
         behaviour = fill_missing(chunk.old_logprobs, logp)
         old = logp.detach() if self.against_trainer else behaviour
         if self.reference is not None:
-            ref = self.reference.logprobs(*forward_inputs(chunk, device))
+            ref = self.reference.logprobs(*forward_inputs(chunk, device), pixels=chunk.pixels)
         elif chunk.ref_logprobs is not None:
             ref = fill_missing(chunk.ref_logprobs, logp)
         else:

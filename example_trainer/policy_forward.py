@@ -11,6 +11,7 @@ the model: the trainer's loop only asks.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import torch
@@ -21,6 +22,22 @@ from example_trainer.logprobs import PolicyLogprobs, packs_micro_batches
 from example_trainer.model import compute_dtype
 from example_trainer.reference import ReferencePolicy
 from example_trainer.sharding import shard
+from example_trainer.vision import vision_tower
+
+logger = logging.getLogger("example_trainer")
+
+
+def say_padded_rows(config: TrainingConfig) -> None:
+    """A vision-language policy trains on padded rows: the layouts that cut rows apart
+    (packing, the shared-prompt forward) would part image tokens from their pixels."""
+    batching = config.batching
+    if batching.micro_batch_tokens is not None and batching.padding_free == "on":
+        logger.warning("--padding-free on: a vision-language policy trains on padded rows")
+    if batching.shared_prompt_forward:
+        logger.warning(
+            "--shared-prompt-forward: a vision-language policy runs each row whole "
+            "(its prompt holds the picture's tokens)"
+        )
 
 
 class PolicyForward:
@@ -35,10 +52,16 @@ class PolicyForward:
         sharded: bool,
     ) -> None:
         batching = config.batching
+        self.sees_pictures = vision_tower(model) is not None
+        if self.sees_pictures:
+            say_padded_rows(config)
         # before sharding: every rank probes its whole model
-        self.packs = packs_micro_batches(model, batching.micro_batch_tokens, batching.padding_free)
+        self.packs = not self.sees_pictures and packs_micro_batches(
+            model, batching.micro_batch_tokens, batching.padding_free
+        )
         self.shares_prompts = batching.shared_prompt_forward and not (
-            self.packs
+            self.sees_pictures
+            or self.packs
             or batching.logprob_chunk_tokens
             or config.loss.entropy_coef > 0
             or (config.loss.distill_coef > 0 and config.loss.distill_mode == "forward_topk")
@@ -61,8 +84,8 @@ class PolicyForward:
         self.module = self.ddp or logprobs
         self.device = device
 
-    def __call__(self, *inputs: Any) -> Any:
-        return self.module(*inputs)
+    def __call__(self, *inputs: Any, **named: Any) -> Any:
+        return self.module(*inputs, **named)
 
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Gradients are reduced across ranks once a step, after the last micro-batch."""

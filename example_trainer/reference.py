@@ -24,7 +24,7 @@ import torch
 
 from example_trainer.config import LORA_MODES, TrainingConfig
 from example_trainer.logprobs import PolicyLogprobs
-from example_trainer.model import compute_dtype
+from example_trainer.model import compute_dtype, load_pretrained
 from example_trainer.sharding import shard
 
 
@@ -39,11 +39,8 @@ class ReferencePolicy:
         if self.lora:
             self.forward: Any = forward_policy
             return
-        from transformers import AutoModelForCausalLM
-
         dtype = compute_dtype(config)
-        frozen = AutoModelForCausalLM.from_pretrained(config.model.model_name, dtype=dtype)
-        frozen = frozen.to(device)
+        frozen = load_pretrained(config.model.model_name, dtype, device)
         frozen.requires_grad_(False)
         frozen.eval()
         self.forward = PolicyLogprobs(frozen, config.batching.logprob_chunk_tokens)
@@ -56,8 +53,9 @@ class ReferencePolicy:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
+        pixels: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         adapters_off = self.policy.disable_adapter() if self.lora else contextlib.nullcontext()
         with adapters_off:
-            out = self.forward(input_ids, attention_mask, position_ids)
+            out = self.forward(input_ids, attention_mask, position_ids, pixels=pixels)
         return (out[0] if isinstance(out, tuple) else out).float()

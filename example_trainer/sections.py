@@ -44,6 +44,12 @@ class ModelSection(Section):
         description="Recompute each decoder layer in backward instead of keeping its "
         "activations: less memory for about a third more step time.",
     )
+    freeze_vision_tower: bool = Field(
+        True,
+        description="A vision-language policy's picture encoder gets no gradient (as TRL's "
+        "and verl's default): its projector and language model train (docs/trainer.md, "
+        "Vision-language models).",
+    )
     seed: int = Field(0, description="Random seed.")
 
 

@@ -103,6 +103,20 @@ def tiny_model_path():
 
 
 @pytest.fixture(scope="session")
+def quick_vlm_path():
+    """A tiny VLM from a few build steps (tests/support/vision.py), once per session."""
+    pytest.importorskip("torch")
+    from atroposlib.utils.tiny_model import ensure_built
+    from atroposlib.utils.tiny_vlm import build_tiny_vlm
+    from tests.support.vision import QUICK_VLM
+
+    def build(out):
+        return build_tiny_vlm(out, QUICK_VLM, verify=False)
+
+    return ensure_built(f"quick-{QUICK_VLM.cache_key()}", build)
+
+
+@pytest.fixture(scope="session")
 def inference_server(tiny_model_path, tmp_path_factory) -> Iterator[InferenceProcess]:
     server = InferenceProcess(tiny_model_path, tmp_path_factory.mktemp("inference"))
     yield server

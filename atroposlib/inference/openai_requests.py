@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from atroposlib.inference.sampler import SamplingParams
+from atroposlib.utils.image_messages import prompt_with_pictures
 
 
 class OpenAIError(Exception):
@@ -189,6 +190,24 @@ def chat_prompt_ids(
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def chat_prompt(
+    tokenizer: Tokenizer,
+    processor: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+) -> tuple[list[int], list[Any]]:
+    """(prompt ids, pictures): a vision-language model's processor reads the image parts
+    (`atroposlib.utils.image_messages`); a text model's template gets the text parts."""
+    if processor is None:
+        return chat_prompt_ids(tokenizer, messages, add_generation_prompt), []
+    if any("role" not in message for message in messages):
+        raise OpenAIError(400, "every message needs a 'role'", "messages")
+    try:
+        return prompt_with_pictures(processor, messages, add_generation_prompt)
+    except ValueError as bad:
+        raise OpenAIError(400, str(bad), "messages") from bad
+
+
 def completion_prompts(tokenizer: Tokenizer, prompt: Any) -> list[list[int]]:
     """OpenAI's `prompt` has four forms; the engine wants one list of token ids per prompt."""
     if isinstance(prompt, str):
@@ -205,10 +224,14 @@ def completion_prompts(tokenizer: Tokenizer, prompt: Any) -> list[list[int]]:
     return prompts
 
 
-def tokenize_ids(tokenizer: Tokenizer, request: TokenizeRequest) -> list[int]:
-    """vLLM's `/tokenize` takes either chat messages (templated as for a chat call) or text."""
+def tokenize_ids(
+    tokenizer: Tokenizer, request: TokenizeRequest, processor: Any = None
+) -> list[int]:
+    """vLLM's `/tokenize` takes either chat messages (templated as for a chat call, image
+    tokens expanded) or text."""
     if request.messages is not None:
-        return chat_prompt_ids(tokenizer, request.messages, request.add_generation_prompt)
+        agp = request.add_generation_prompt
+        return chat_prompt(tokenizer, processor, request.messages, agp)[0]
     if request.prompt is not None:
         return tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)["input_ids"]
     raise OpenAIError(400, "give either 'prompt' or 'messages'", "prompt")

@@ -27,7 +27,7 @@ from atroposlib.inference.openai_requests import (
     DetokenizeRequest,
     OpenAIError,
     TokenizeRequest,
-    chat_prompt_ids,
+    chat_prompt,
     chat_sampling,
     check_model,
     check_token_ids,
@@ -192,9 +192,11 @@ def openai_routes(service: EngineService) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest) -> dict[str, Any]:
         check_model(request.model, served)
-        prompt_ids = chat_prompt_ids(tokenizer, request.messages, request.add_generation_prompt)
+        prompt_ids, pictures = chat_prompt(
+            tokenizer, engine.processor, request.messages, request.add_generation_prompt
+        )
         job = GenerationJob(
-            prompt_ids, chat_sampling(request, len(prompt_ids), engine.max_model_len)
+            prompt_ids, chat_sampling(request, len(prompt_ids), engine.max_model_len), pictures
         )
         await service.scheduler.submit(job)
         spell = service.spelling(request.return_tokens_as_token_ids)
@@ -238,7 +240,7 @@ def native_routes(service: EngineService) -> APIRouter:
 
     @router.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> dict[str, Any]:
-        ids = tokenize_ids(tokenizer, request)
+        ids = tokenize_ids(tokenizer, request, engine.processor)
         return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids}
 
     @router.post("/detokenize")

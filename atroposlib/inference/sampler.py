@@ -38,6 +38,7 @@ import logging
 import secrets
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -59,6 +60,18 @@ def device_problem(name: str) -> str | None:
     if device.index is not None and device.index >= torch.cuda.device_count():
         return f"--device {name}: there are {torch.cuda.device_count()} CUDA devices"
     return None
+
+
+def refuse_computed_positions(model: Any) -> None:
+    """This engine gives every row plain position ids (left padding, one KV cache); a
+    model that computes its own from the pictures (Qwen2-VL's M-RoPE) needs vLLM."""
+    text = getattr(model.config, "text_config", None) or model.config
+    rope = getattr(text, "rope_scaling", None) or getattr(text, "rope_parameters", None) or {}
+    if isinstance(rope, dict) and "mrope_section" in rope:
+        raise ValueError(
+            f"{type(model).__name__} computes multimodal rotary positions (M-RoPE), which "
+            "this engine does not: serve it with vLLM (--engine vllm)"
+        )
 
 
 @dataclass
@@ -97,6 +110,8 @@ class Sample:
 class GenerationJob:
     prompt_ids: list[int]
     params: SamplingParams
+    pictures: list[Any] = field(default_factory=list)
+    """PIL images whose image tokens `prompt_ids` holds (a vision-language model's)."""
     samples: list[Sample] = field(default_factory=list)
     # positions 1.. of the prompt (position 0 has no context); set when params.prompt_logprobs
     prompt_logprobs: list[float] | None = None
@@ -118,14 +133,18 @@ class TransformersSampler:
         weight_version: str | None = None,
         seed: int | None = None,
         logprobs_mode: str = "raw_logprobs",
+        processor: Any = None,
     ) -> None:
-        """`seed`: of the stream requests without a seed of their own draw from; None, a
+        """`processor`: a vision-language model's (None for a text model): it makes the
+        pixel inputs of prompts with pictures.
+        `seed`: of the stream requests without a seed of their own draw from; None, a
         fresh one (logged), so no two starts draw alike (RNG-1 of the trainer review).
         `logprobs_mode`: `raw_logprobs` or `processed_logprobs` (the module docstring)."""
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode {logprobs_mode!r}: one of {', '.join(LOGPROBS_MODES)}")
         self.processed_logprobs = logprobs_mode == "processed_logprobs"
         self.model = model
+        self.processor = processor
         self.device = next(model.parameters()).device
         self.weight_version = weight_version
         self.tokenizer = tokenizer
@@ -150,19 +169,29 @@ class TransformersSampler:
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from atroposlib.utils.image_messages import vision_processor
+
         torch_dtype = {
             "float32": torch.float32,
             "bfloat16": torch.bfloat16,
             "float16": torch.float16,
             "auto": torch.float32,
         }[dtype]
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        processor = vision_processor(path)
+        if processor is not None:
+            from transformers import AutoModelForImageTextToText
+
+            tokenizer = processor.tokenizer
+            model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype)
+            refuse_computed_positions(model)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
         model.to(torch.device(device))
         model.eval()
         # a config without the field, or with it None, gets the same 2048 default
         limit = max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
-        return cls(model, tokenizer, limit, weight_version, seed, logprobs_mode)
+        return cls(model, tokenizer, limit, weight_version, seed, logprobs_mode, processor)
 
     def load_weights(self, path: str, weight_version: str | None = None) -> None:
         """Serve the weights at `path` from the next round on (`weight_sync.disk_reload`).
@@ -210,6 +239,7 @@ class TransformersSampler:
             attention_mask=attention,
             position_ids=positions,
             use_cache=True,
+            **self._pixels(jobs),
         )
         for j, job in enumerate(jobs):
             if job.params.prompt_logprobs is not None:
@@ -269,6 +299,20 @@ class TransformersSampler:
                     self.weight_version,
                 )
             )
+
+    def _pixels(self, jobs: list[GenerationJob]) -> dict[str, torch.Tensor]:
+        """The processor's picture inputs for the prefill's rows (a row without pictures
+        gets none: the processor pads), or nothing when no prompt has a picture."""
+        if self.processor is None or not any(job.pictures for job in jobs):
+            return {}
+        made = self.processor.image_processor(
+            images=[job.pictures for job in jobs], return_tensors="pt"
+        )
+        dtype = next(self.model.parameters()).dtype
+        return {
+            name: (value.to(dtype) if value.is_floating_point() else value).to(self.device)
+            for name, value in made.items()
+        }
 
     def _score_prompt(self, job: GenerationJob, logits: torch.Tensor) -> None:
         """Logits at position p predict prompt token p + 1; the last one starts sampling."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atroposlib.launch.config import ConfigError
-from atroposlib.utils.tiny_model import NAMED_TINY_MODELS
+from atroposlib.utils.tiny_model import TINY_MODEL_NAMES
 from atroposlib.utils.tokenizers import CHECK_CONFIG_ENVIRONMENT
 
 if TYPE_CHECKING:
@@ -41,10 +41,10 @@ CHECK_TIMEOUT_S = 300.0
 
 
 def check_model_name(model: str) -> None:
-    """ConfigError unless `model` is a named tiny model (`tiny`, `tiny-teacher`), an existing
+    """ConfigError unless `model` is a named tiny model (`TINY_MODEL_NAMES`), an existing
     directory, or could be a hub name."""
     path = Path(model).expanduser()
-    if model in NAMED_TINY_MODELS or path.is_dir():
+    if model in TINY_MODEL_NAMES or path.is_dir():
         return
     if path.exists():
         raise ConfigError(f"model: {model} is a file; give a model directory, a name, or tiny")

@@ -147,7 +147,7 @@ class TrainerSection(Section):
 class LaunchConfig(Section):
     """A whole run: `atropos-launch CONFIG.yaml`."""
 
-    model: str = Field(..., description="Policy: hub name, local directory, or 'tiny'.")
+    model: str = Field(..., description="Policy: hub name, local directory, 'tiny' or 'tiny-vl'.")
     served_model_name: str | None = Field(
         None, description="Name envs send as 'model' (default: the model)."
     )

@@ -38,6 +38,7 @@ from atroposlib.utils.machine import machine_facts
 from atroposlib.utils.tiny_model import read_build_record
 from atroposlib.viewer.jsonl2html import CSS as ROLLOUT_CSS
 from atroposlib.viewer.jsonl2html import create_html_for_group
+from atroposlib.viewer.render import group_images
 
 SAMPLES_PER_END = 3
 WINDOW = 10  # steps at each end whose mean scores are compared
@@ -69,8 +70,18 @@ def _groups_html(groups: list[dict]) -> str:
         if not drawn:
             scores = ", ".join(f"{score:g}" for score in group.get("scores", []))
             drawn = f"<p>scores {html.escape(scores)} (no text recorded)</p>"
-        parts.append(f"<h4>{html.escape(group['_env'])}</h4>{drawn}")
+        parts.append(f"<h4>{html.escape(group['_env'])}</h4>{pictures_html(group)}{drawn}")
     return "\n".join(parts)
+
+
+def pictures_html(group: dict) -> str:
+    """The pictures a group's prompts showed (a multimodal environment's `images`), each
+    once, above the answers to them."""
+    uris = group_images(group)[0]
+    tags = "".join(
+        f'<img class="picture" src="{uri}" alt="picture {i}">' for i, uri in enumerate(uris)
+    )
+    return f"<div>{tags}</div>" if tags else ""
 
 
 def window_means(scores: list[float]) -> tuple[float, float]:
@@ -257,7 +268,8 @@ pre{{white-space:pre-wrap;margin:0}} td,th{{border:1px solid #ccc;padding:4px;
 vertical-align:top}} table{{border-collapse:collapse;width:100%}}
 .verdict{{padding:8px;font-weight:bold}} .ok{{background:#dfd}} .bad{{background:#fdd}}
 .unsure{{background:#ffd}} table.summary th{{text-align:left;width:30%}}
-tr.resume td{{font-family:monospace}}</style></head><body>
+tr.resume td{{font-family:monospace}} img.picture{{max-width:224px;margin:4px;
+border:1px solid #ccc}}</style></head><body>
 <h1>Run {html.escape(run_dir.name)}</h1>
 <p>Policy: <code>{html.escape(plan.model)}</code>; run directory
 <code>{html.escape(str(run_dir))}</code></p>

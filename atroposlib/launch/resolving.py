@@ -52,22 +52,32 @@ def flags(values: dict[str, Any], prefix: str = "--", dashes: bool = True) -> li
 
 
 def resolve_model(model: str) -> str:
-    """A named tiny model (`tiny`, `tiny-teacher`: built if missing); anything else is as
-    given."""
-    from atroposlib.utils.tiny_model import NAMED_TINY_MODELS
+    """A named tiny model (`tiny`, `tiny-teacher`, `tiny-vl`: built if missing); anything
+    else is as given."""
+    from atroposlib.utils.tiny_model import NAMED_TINY_MODELS, TINY_VLM_NAME
 
+    if model == TINY_VLM_NAME:
+        from atroposlib.utils.tiny_vlm import TinyVlmSpec, ensure_tiny_vlm
+
+        vlm = TinyVlmSpec()
+        announce_build(model, vlm.cache_key(), "about two and a half minutes")
+        return str(ensure_tiny_vlm(vlm))
     spec = NAMED_TINY_MODELS.get(model)
     if spec is not None:
-        from atroposlib.utils.tiny_model import default_cache_dir, ensure_tiny_model
+        from atroposlib.utils.tiny_model import ensure_tiny_model
 
-        target = default_cache_dir() / spec.cache_key()
-        if not (target / "config.json").exists():
-            print(
-                f"[launch] building the {model} model once into {target} (about a minute)",
-                flush=True,
-            )
+        announce_build(model, spec.cache_key(), "about a minute")
         return str(ensure_tiny_model(spec))
     return model
+
+
+def announce_build(model: str, cache_key: str, takes: str) -> None:
+    """One line before a tiny model's first build, which the launch waits for."""
+    from atroposlib.utils.tiny_model import default_cache_dir
+
+    target = default_cache_dir() / cache_key
+    if not (target / "config.json").exists():
+        print(f"[launch] building the {model} model once into {target} ({takes})", flush=True)
 
 
 def declared_config(module: str) -> type[BaseModel] | None:

@@ -116,7 +116,10 @@ TEACHER_SPEC = TinyModelSpec(right_probability=0.9, distractor_probability=0.05)
 """The tiny model trained to be right 90% of the time: the distillation teacher of the
 CPU recipe (configs/distill_cpu.yaml). Same corpus and seed, so the same tokenizer."""
 NAMED_TINY_MODELS = {"tiny": TinyModelSpec(), "tiny-teacher": TEACHER_SPEC}
-"""The names a launch config may give for a locally built tiny model."""
+"""The names a launch config may give for a locally built tiny text model."""
+TINY_VLM_NAME = "tiny-vl"
+"""The locally built tiny vision-language model's name (`atroposlib.utils.tiny_vlm`)."""
+TINY_MODEL_NAMES = (*NAMED_TINY_MODELS, TINY_VLM_NAME)
 
 
 class TinyModelCheckFailed(RuntimeError):

@@ -26,10 +26,14 @@ and trained briefly here, that both transformers and vLLM load and serve with im
   does not look gets one in seven right. The colour-and-shape question is not learned
   in the build's minutes (its answer is 1 half of the time, and a model that only
   learned that would raise its score without looking).
-- Training first asks for the right count alone (`read_steps`), and nothing else: a
-  random model starts looking after 100-200 steps of that, and not in 200 steps when
-  it must also learn to end its answer (measured). Then the target distribution and
-  `<|im_end|>` after the digit.
+- Training first asks for the right count alone (`read_steps`), and nothing else: at a
+  learning rate of 1e-3 a random model reads the count within 100 steps of that (held-out
+  greedy accuracy 0.996 at step 100, seed 0), and not in 200 steps when it must also
+  learn to end its answer. Then the target distribution and `<|im_end|>` after the digit.
+  At 3e-3 or 6e-3 the calibration phase loses the reading again on some seeds
+  (held-out greedy 0.44 and 0.12: measured), so the rate stays low. Measured over seeds
+  0 and 2: held-out p(right) 0.277 and 0.281, greedy 0.586 and 0.598 (the share of odd
+  counts is 0.59), about 100 s of one core.
 
 The build checks the result on held-out pictures before anything is written
 (`check_counting`): a model that does not count raises `TinyModelCheckFailed` naming
@@ -88,9 +92,9 @@ class TinyVlmSpec(BaseModel):
     pictures: int = Field(1536, ge=64, description="Training pictures.")
     held_out: int = Field(256, ge=16, description="Pictures the build is measured on.")
     batch_size: int = Field(64, description="Pictures per step.")
-    read_steps: int = Field(300, ge=0, description="Steps toward the right count alone.")
-    max_steps: int = Field(300, ge=0, description="Steps toward the target distribution.")
-    learning_rate: float = Field(3e-3, gt=0, description="AdamW learning rate.")
+    read_steps: int = Field(150, ge=0, description="Steps toward the right count alone.")
+    max_steps: int = Field(200, ge=0, description="Steps toward the target distribution.")
+    learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate.")
     right_probability: float = Field(0.3, gt=0.0, lt=1.0, description="p(right count).")
     distractor_probability: float = Field(
         0.4, ge=0.0, lt=1.0, description="p(count + 1) on pictures with an even count."

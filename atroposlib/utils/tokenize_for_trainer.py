@@ -128,7 +128,7 @@ class _Aligner:
         )
 
 
-def _strip_cut_off_eos(tokenizer: Any, tokens: list[int], masks: list[int]) -> None:
+def strip_cut_off_eos(tokenizer: Any, tokens: list[int], masks: list[int]) -> None:
     """Drop a trailing EOS (and whitespace-only tokens after it) in place."""
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
@@ -181,7 +181,7 @@ def tokenize_for_trainer(
             masks[pos] = tokens[pos]
 
     if finish_reason == "length":
-        _strip_cut_off_eos(tokenizer, tokens, masks)
+        strip_cut_off_eos(tokenizer, tokens, masks)
 
     result: dict[str, Any] = {"tokens": tokens, "masks": masks}
     if include_messages:

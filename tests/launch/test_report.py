@@ -85,3 +85,20 @@ def test_sample_rollouts_are_drawn_by_the_rollout_viewer(tmp_path):
     assert "&lt;4&gt;" in page  # the text is escaped
     assert "scores 0.5 (no text recorded)" in page
     assert _groups_html([]) == "<p>(no rollouts recorded)</p>"
+
+
+def test_a_multimodal_groups_picture_is_shown_once_above_its_answers(tmp_path):
+    from atroposlib.launch.report import _groups_html
+    from atroposlib.utils.counting_pictures import make_item
+
+    picture = make_item(5, "total")["image"]
+    chat = [
+        {"role": "user", "content": "How many?\n<image>"},
+        {"role": "assistant", "content": "5"},
+    ]
+    group = {"scores": [1.0, 0.0], "messages": [chat, chat], "images": [picture, picture]}
+    page = _groups_html([{**group, "_env": "multimodal_counting"}])
+    assert page.count('<img class="picture"') == 1
+    assert f'src="data:image/png;base64,{picture}"' in page
+    assert page.index("<img") < page.index('class="group"')
+    assert "<img" not in _groups_html([{"scores": [1.0], "messages": [chat], "_env": "arith"}])
