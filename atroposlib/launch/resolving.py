@@ -60,7 +60,7 @@ def resolve_model(model: str) -> str:
         from atroposlib.utils.tiny_vlm import TinyVlmSpec, ensure_tiny_vlm
 
         vlm = TinyVlmSpec()
-        announce_build(model, vlm.cache_key(), "about two and a half minutes")
+        announce_build(model, vlm.cache_key(), "about two minutes")
         return str(ensure_tiny_vlm(vlm))
     spec = NAMED_TINY_MODELS.get(model)
     if spec is not None:

@@ -164,3 +164,20 @@ def test_the_engine_serves_the_trained_vlm_by_hot_reload_and_from_its_checkpoint
         trained = trainer.model(input_ids=ids, **pixels).logits
         for served in (restarted, hot):
             assert torch.allclose(served.model(input_ids=ids, **pixels).logits, trained, atol=1e-5)
+
+
+def test_lora_adapts_the_language_model_alone_while_the_encoder_is_frozen(
+    engine, quick_vlm_path, tmp_path
+):
+    pytest.importorskip("peft")
+    trainer = trainer_for(
+        quick_vlm_path,
+        tmp_path,
+        weight_bridge_mode="lora_restart",
+        lora_r=4,
+        lora_target_modules="q_proj,v_proj",
+    )
+    adapted = {n.split(".lora_")[0] for n, _ in trainer.model.named_parameters() if ".lora_" in n}
+    assert adapted and all(".text_model." in n for n in adapted), sorted(adapted)
+    metrics = trainer.train_step(sampled_groups(engine, [41]))
+    assert metrics["skipped_groups"] == 0.0 and metrics["grad_norm"] > 0
