@@ -24,11 +24,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from example_trainer.vision import vision_tower
+
 
 def decoder_layers(model: Any) -> list[nn.Module]:
-    """The modules that become one FSDP unit each: the model's repeated blocks."""
+    """The modules that become one FSDP unit each: the model's repeated blocks, less a
+    vision-language model's picture encoder, which stays in the root unit. A unit gathers
+    its shards only when it runs, and a rank whose micro-batch holds no picture (an idle
+    pass, a text-only group) would skip the encoder's gathers that another rank makes."""
     names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    tower = vision_tower(model)
+    encoder = set() if tower is None else {id(m) for m in tower[1].modules()}
+    layers = [m for m in model.modules() if type(m).__name__ in names and id(m) not in encoder]
     if not layers:
         raise ValueError(
             f"{type(model).__name__} names no repeated layer (_no_split_modules) to shard by"

@@ -41,13 +41,16 @@ def pick_port(value: int | str, what: str, taken: set[int], count: int = 1) -> i
 
 
 def flags(values: dict[str, Any], prefix: str = "--", dashes: bool = True) -> list[str]:
-    """{'batch_size': 8} -> ['--batch-size', '8']; booleans as true/false."""
+    """{'batch_size': 8} -> ['--batch-size', '8']; booleans as true/false. A value that
+    starts with a dash is joined to its flag (`--engine-args=--enforce-eager`): argparse
+    would read it as the next flag."""
     out = []
     for key, value in values.items():
         name = key.replace("_", "-") if dashes else key
         if isinstance(value, bool):
             value = "true" if value else "false"
-        out += [f"{prefix}{name}", str(value)]
+        text = str(value)
+        out += [f"{prefix}{name}={text}"] if text.startswith("-") else [f"{prefix}{name}", text]
     return out
 
 

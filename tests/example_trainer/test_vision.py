@@ -105,7 +105,12 @@ def test_a_group_whose_image_tokens_miss_its_pictures_is_skipped_naming_both(
     assert "group 1 sequence 0: it holds 1 image tokens (<image>)" in said
     assert "expands its 1 picture(s) to 16" in said
     cut_at = good["tokens"][0].index(trainer.vision.image_token_id) + 3
-    short = trainer_for(quick_vlm_path, tmp_path / "short", seq_len=cut_at)
+    with caplog.at_level(logging.WARNING, logger="example_trainer"):
+        short = trainer_for(
+            quick_vlm_path, tmp_path / "short", seq_len=cut_at, shared_prompt_forward=True
+        )
+    assert "--shared-prompt-forward: a vision-language policy runs each row whole" in caplog.text
+    assert not short.forward.shares_prompts and not short.forward.packs
     assert short.train_step([good])["skipped_groups"] == 1.0
 
 

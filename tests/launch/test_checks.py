@@ -12,6 +12,7 @@ from atroposlib.cli.launch import main
 from atroposlib.launch.checks import check_model_name
 from atroposlib.launch.config import ConfigError, apply_override, load_config
 from atroposlib.launch.resume import LaunchRecord, resume_target, write_record
+from atroposlib.utils.tiny_model import TINY_MODEL_NAMES
 from tests.support.launch import LAUNCHED_AS_SHIPPED, launch_config, write_config
 from tests.support.source import REPO
 
@@ -143,6 +144,6 @@ def test_every_shipped_cpu_config_is_launched_from_its_file_by_an_e2e_test():
     tiny = {
         path.name
         for path in (REPO / "configs").glob("*.yaml")
-        if yaml.safe_load(path.read_text()).get("model") == "tiny"
+        if yaml.safe_load(path.read_text()).get("model") in TINY_MODEL_NAMES
     }
     assert tiny == set(LAUNCHED_AS_SHIPPED)

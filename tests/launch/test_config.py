@@ -444,3 +444,26 @@ def test_a_teacher_section_runs_an_engine_for_the_environments_that_ask_for_it(t
     config["teacher"] = {"model": "./no-such-teacher"}
     code, err = run_main(tmp_path, config, capsys)
     assert code == 2 and "no directory ./no-such-teacher" in err
+
+
+def test_a_flag_value_that_starts_with_a_dash_is_joined_to_its_flag():
+    """argparse reads `--engine-args --enforce-eager` as two flags (the trainer exited
+    with 'expected one argument'); joined, it is one flag and its value."""
+    import argparse
+
+    from atroposlib.launch.resolving import flags
+
+    rendered = flags({"engine_args": "--enforce-eager", "lr": -1.5, "steps": 3, "on": True})
+    assert rendered == [
+        "--engine-args=--enforce-eager",
+        "--lr=-1.5",
+        "--steps",
+        "3",
+        "--on",
+        "true",
+    ]
+    parser = argparse.ArgumentParser()
+    for name in ("--engine-args", "--lr", "--steps", "--on"):
+        parser.add_argument(name)
+    parsed = parser.parse_args(rendered)
+    assert parsed.engine_args == "--enforce-eager" and parsed.lr == "-1.5"

@@ -45,10 +45,11 @@ LAUNCHED_AS_SHIPPED = (
     "mix_cpu.yaml",
     "distill_cpu.yaml",
     "verifiers_cpu.yaml",
+    "multimodal_cpu.yaml",
 )
 """The configs in configs/ that e2e tests launch from their files, as a user does
-(tests/launch/test_learning.py, test_mix_config.py, test_integrations.py): the
-launcher's checks included."""
+(tests/launch/test_learning.py, test_mix_config.py, test_integrations.py,
+test_multimodal.py): the launcher's checks included."""
 
 
 def shipped(name: str) -> dict[str, Any]:

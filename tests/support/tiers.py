@@ -40,6 +40,7 @@ FIXTURE_TIERS = {
     # tests/conftest.py
     "api_factory": "integration",  # `api` and `wire_client` go through it
     "tiny_model_path": "integration",
+    "quick_vlm_path": "integration",
     "inference_server": "integration",
     # tests/envs/server_handling/conftest.py: an in-process server on a real socket
     "standin": "integration",
