@@ -283,9 +283,10 @@ def parameter_count(model_dir: str | os.PathLike[str]) -> int:
 def describe_tiny_model(model_dir: str | os.PathLike[str]) -> str:
     """Its figures in one line: parameters, vocabulary, context, and how its build went."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
+    text = config.get("text_config", config)  # a VLM's language model's
     line = (
-        f"{parameter_count(model_dir):,} parameters, vocab {config['vocab_size']}, "
-        f"context {config['max_position_embeddings']}"
+        f"{parameter_count(model_dir):,} parameters, vocab {text['vocab_size']}, "
+        f"context {text['max_position_embeddings']}"
     )
     record = read_build_record(model_dir)
     if record is not None:

@@ -16,21 +16,19 @@ from atroposlib.utils.counting_pictures import make_item
 from atroposlib.utils.tiny_vlm import (
     TinyVlmSpec,
     VlmReading,
-    build_tiny_vlm,
     check_counting,
     conversation,
     expected_greedy_accuracy,
 )
+from tests.support.vision import QUICK_VLM
 
 pytestmark = pytest.mark.integration
 torch = pytest.importorskip("torch")
 
-QUICK = TinyVlmSpec(pictures=64, held_out=16, batch_size=8, read_steps=2, max_steps=2)
-
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    return build_tiny_vlm(tmp_path_factory.mktemp("tiny-vl") / "model", QUICK, verify=False)
+def built(quick_vlm_path):
+    return quick_vlm_path
 
 
 def test_a_quick_build_reloads_with_the_auto_classes_and_counts_its_image_tokens(built):
@@ -57,17 +55,8 @@ def test_a_quick_build_reloads_with_the_auto_classes_and_counts_its_image_tokens
         logits = model(**inputs).logits
     assert logits.shape == (1, len(tokens), len(processor.tokenizer))
     record = json.loads((built / "atropos_tiny_model.json").read_text())
-    assert record["steps"] == 4 and record["spec"] == QUICK.model_dump()
+    assert record["steps"] == 4 and record["spec"] == QUICK_VLM.model_dump()
     assert 0 <= record["reading"]["greedy_accuracy"] <= 1
-
-
-def test_a_build_that_does_not_count_is_refused_with_its_figures(tmp_path):
-    """A 4-step model has not learned to look; nothing is written."""
-    from atroposlib.utils.tiny_model import TinyModelCheckFailed
-
-    with pytest.raises(TinyModelCheckFailed, match=r"does not count after 4 steps: .*greedy"):
-        build_tiny_vlm(tmp_path / "model", QUICK)
-    assert not (tmp_path / "model").exists()
 
 
 def test_the_check_names_each_figure_off_its_mark():
@@ -94,3 +83,17 @@ def test_the_environments_image_parts_render_as_the_placeholder(built):
     rendered = processor.apply_chat_template(sent, add_generation_prompt=True)
     assert rendered == processor.apply_chat_template(conversation(item), add_generation_prompt=True)
     assert rendered.count("<image>") == 1
+
+
+def test_the_cli_builds_the_vlm_with_vision_and_refuses_one_that_does_not_count(tmp_path, capsys):
+    """`atropos-make-tiny-model --vision DIR` with the quick spec's flags: its few steps do
+    not count, so it says so with the figures, exits 1 and writes nothing."""
+    from atroposlib.cli.make_tiny_model import main
+
+    out = tmp_path / "vl"
+    quick = ["--pictures", "64", "--held-out", "16", "--batch-size", "8"]
+    code = main(["--vision", str(out), *quick, "--read-steps", "2", "--max-steps", "2"])
+    said = capsys.readouterr()
+    assert code == 1 and not out.exists()
+    assert "building the tiny VLM into" in said.out
+    assert "the tiny VLM does not count after 4 steps: " in said.err and "greedy" in said.err
