@@ -21,11 +21,11 @@ from atroposlib.utils.counting_pictures import make_item  # noqa: E402
 from atroposlib.utils.image_messages import prompt_with_pictures  # noqa: E402
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer  # noqa: E402
 from example_trainer.checkpoint import save_checkpoint  # noqa: E402
-from example_trainer.config import TrainingConfig  # noqa: E402
 from example_trainer.grpo import Trainer  # noqa: E402
 from example_trainer.logprobs import PolicyLogprobs  # noqa: E402
 from example_trainer.vision import VisionInputs, vision_tower  # noqa: E402
 from tests.support.tolerances import SAME_LIBRARY_LOGPROB_REL, logprob_tolerance  # noqa: E402
+from tests.support.trainer_batches import make_trainer  # noqa: E402
 from tests.support.vision import picture_messages, sampled_groups  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -37,15 +37,8 @@ def engine(quick_vlm_path):
 
 
 def trainer_for(path, tmp_path, **settings) -> Trainer:
-    config = TrainingConfig(
-        model_name=str(path),
-        lr=1e-2,
-        save_path=str(tmp_path),
-        device="cpu",
-        inference_engine="none",
-        **settings,
-    )
-    return Trainer(config)
+    """No engine, one thread; sequences of a picture prompt fit (seq_len 256)."""
+    return make_trainer(path, tmp_path, **{"lr": 1e-2, "seq_len": 256, **settings})
 
 
 @pytest.mark.parametrize("chunk_tokens", [0, 5])
@@ -186,3 +179,23 @@ def test_lora_adapts_the_language_model_alone_while_the_encoder_is_frozen(
     assert adapted and all(".text_model." in n for n in adapted), sorted(adapted)
     metrics = trainer.train_step(sampled_groups(engine, [41]))
     assert metrics["skipped_groups"] == 0.0 and metrics["grad_norm"] > 0
+
+
+def test_a_loss_variant_with_a_model_reference_and_chunked_logprobs_sees_the_pictures(
+    engine, quick_vlm_path, tmp_path
+):
+    """CISPO, the KL to a reference model the trainer loads (the VLM's auto class, the same
+    pixels) and --logprob-chunk-tokens: at the first step policy and reference are one
+    model, so the KL is zero only if both read the pictures (a reference without pixels,
+    its image tokens bare embeddings, gave a KL of 0.005 here)."""
+    trainer = trainer_for(
+        quick_vlm_path,
+        tmp_path,
+        loss_type="cispo",
+        kl_coef=0.1,
+        kl_reference="model",
+        logprob_chunk_tokens=7,
+    )
+    metrics = trainer.train_step(sampled_groups(engine, [51]))
+    assert metrics["skipped_groups"] == 0.0 and metrics["grad_norm"] > 0
+    assert abs(metrics["kl"]) < 1e-6, metrics["kl"]
