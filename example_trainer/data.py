@@ -16,7 +16,7 @@ token from the previous sequence's last is never trained (its loss mask is off).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from atroposlib.weight_sync.versions import version_number
 from example_trainer.advantages import AdvantageEstimator, AdvantageScale, group_advantages
 from example_trainer.distill import TeacherRows, TeacherTopK, teacher_rows
 from example_trainer.shared_prefix import SharedPrompts, shared_prompts
-from example_trainer.vision import sequence_images
+from example_trainer.vision import ImageCheck, check_pictures, sequence_pictures
 
 BatchGroups = Iterable[ScoredData | Mapping[str, Any]]
 """A step's groups, as `/batch` gives them (`ScoredData`) or as plain dicts."""
@@ -56,7 +56,7 @@ class MicroBatch:
     shared: SharedPrompts | None = None  # padded rows cut at their shared prompts
     teacher: TeacherTopK | None = None
     """The teacher's top-k at each label position, when any sequence carries one."""
-    images: list[tuple[str, ...]] | None = None
+    pictures: list[tuple[str, ...]] | None = None
     """Each row's pictures (base64), when any row has one (`vision.py` makes the pixels)."""
     pixels: dict[str, torch.Tensor] | None = None
     """Their processor's inputs on the device, made by the trainer before the forward."""
@@ -80,7 +80,7 @@ class Sequence:
     """The environment that sent its group (`sending_env`), if the group says."""
     teacher: TeacherRows | None = None
     """The teacher's top-k per position, if its group carried them (`distill.py`)."""
-    images: tuple[str, ...] = ()
+    pictures: tuple[str, ...] = ()
     """Its pictures (base64), whose image tokens its `tokens` hold (`vision.py`)."""
 
 
@@ -131,7 +131,7 @@ def flatten(
                     cut=len(whole) > seq_len,
                     source=sending_env(group),
                     teacher=teacher_rows(group, i, len(tokens)),
-                    images=sequence_images(group.images, i),
+                    pictures=sequence_pictures(group, i),
                 )
             )
     return sequences
@@ -149,10 +149,6 @@ def check_group(index: int, group: ScoredData, vocab_size: int | None = None) ->
         where, message = problems[0]
         sequence = f" sequence {where[1]}" if len(where) > 1 and isinstance(where[1], int) else ""
         raise ValueError(f"group {index}{sequence}: {message}")
-
-
-ImageCheck = Callable[[list[int], tuple[str, ...]], str | None]
-"""Why a sequence's image tokens do not fit its pictures, or None (`VisionInputs.problem`)."""
 
 
 def split_trainable(
@@ -173,20 +169,12 @@ def split_trainable(
         try:
             check_group(index, group, vocab_size)
             if image_check is not None:
-                check_images(index, group, image_check)
+                check_pictures(index, group, image_check)
         except ValueError as refused:
             skipped[index] = str(refused)
         else:
             kept.append(group)
     return kept, skipped
-
-
-def check_images(index: int, group: ScoredData, image_check: ImageCheck) -> None:
-    """Raise `ValueError` naming the first sequence whose image tokens miss its pictures."""
-    for i, tokens in enumerate(group.tokens):
-        problem = image_check(tokens, sequence_images(group.images, i))
-        if problem:
-            raise ValueError(f"group {index} sequence {i}: {problem}")
 
 
 def _row(values: list[list[float]] | None, index: int, length: int) -> list[float] | None:
@@ -237,7 +225,7 @@ def _tokens(chunk: list[Sequence], packed: bool) -> int:
 
 def _packed(chunk: list[Sequence]) -> MicroBatch:
     """The sequences of `chunk` end to end in one row (see the module docstring)."""
-    if any(s.images for s in chunk):  # PolicyForward never packs a vision-language policy
+    if any(s.pictures for s in chunk):  # PolicyForward never packs a vision-language policy
         raise ValueError("sequences with pictures train in padded rows, not packed ones")
     ids = torch.tensor([t for s in chunk for t in s.tokens])[None]
     positions = torch.cat([torch.arange(len(s.tokens)) for s in chunk])[None]
@@ -361,9 +349,9 @@ def _pad(chunk: list[Sequence], pad_id: int, share_prompts: bool = False) -> Mic
                 [lps + [[-math.inf] * k] * gap for (_, lps), gap in listed], dtype=torch.float32
             ),
         )
-    images = [s.images for s in chunk] if any(s.images for s in chunk) else None
+    pictures = [s.pictures for s in chunk] if any(s.pictures for s in chunk) else None
     return MicroBatch(
-        ids, attention, None, loss_mask, advantages, old, ref, segments, shared, teacher, images
+        ids, attention, None, loss_mask, advantages, old, ref, segments, shared, teacher, pictures
     )
 
 

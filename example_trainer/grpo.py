@@ -46,7 +46,6 @@ from example_trainer.config import LAUNCH_CONFIG as LAUNCH_CONFIG
 from example_trainer.config import TrainingConfig, build_parser
 from example_trainer.data import (
     BatchGroups,
-    ImageCheck,
     MicroBatch,
     Sequence,
     drop_stale,
@@ -72,7 +71,7 @@ from example_trainer.reference import ReferencePolicy
 from example_trainer.serving import PolicyServing
 from example_trainer.sharding import padded_micro_batch_count
 from example_trainer.step_report import CompletionEnds, StepLog, rollout_numbers
-from example_trainer.vision import VisionInputs
+from example_trainer.vision import ImageCheck, VisionInputs
 
 NOTHING_TRAINED = dict.fromkeys(
     (
@@ -214,18 +213,18 @@ class Trainer:
         vision, seq_len = self.vision, self.config.batching.seq_len
         if vision is None:
             return None
-        return lambda tokens, images: vision.problem(tokens[:seq_len], images)
+        return lambda tokens, pictures: vision.problem(tokens[:seq_len], pictures)
 
     def pixels(self, chunk: MicroBatch) -> dict[str, torch.Tensor] | None:
         """The micro-batch's picture inputs on the device, made by the policy's processor."""
-        if chunk.images is None:
+        if chunk.pictures is None:
             return None
         if self.vision is None:
             if not self._warned_text_only:
                 self._warned_text_only = True
                 logger.warning("groups carry images; this text-only policy trains on the text")
             return None
-        made = self.vision.tensors(chunk.images, compute_dtype(self.config))
+        made = self.vision.tensors(chunk.pictures, compute_dtype(self.config))
         return {name: value.to(self.device) for name, value in made.items()}
 
     def sequences(self, groups: BatchGroups) -> list[Sequence]:

@@ -22,7 +22,7 @@ Design decisions:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -69,13 +69,26 @@ def multimodal_backbone(model: Any) -> nn.Module:
     return base.model
 
 
-def sequence_images(images: Any, index: int) -> tuple[str, ...]:
+def sequence_pictures(group: Any, index: int) -> tuple[str, ...]:
     """Sequence `index`'s pictures from a group's `images`: one per sequence (upstream's
     multimodal environments: a string, or None) or a list per sequence."""
+    images = group.images
     if not images or index >= len(images) or images[index] is None:
         return ()
     entry = images[index]
     return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+ImageCheck = Callable[[list[int], tuple[str, ...]], str | None]
+"""Why a sequence's image tokens do not fit its pictures, or None (`VisionInputs.problem`)."""
+
+
+def check_pictures(index: int, group: Any, image_check: ImageCheck) -> None:
+    """Raise `ValueError` naming the first sequence whose image tokens miss its pictures."""
+    for i, tokens in enumerate(group.tokens):
+        problem = image_check(tokens, sequence_pictures(group, i))
+        if problem:
+            raise ValueError(f"group {index} sequence {i}: {problem}")
 
 
 class VisionInputs:

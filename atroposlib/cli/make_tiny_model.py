@@ -62,3 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{kit} {'found' if found else 'built'}: {describe_tiny_model(path)}")
     print(f"  {path}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,9 +8,9 @@ Design decisions:
 - The model's own processor does the rest: its chat template renders each picture as
   its placeholder (Idefics3's `<image>`, Qwen2-VL's vision pad), and the processor
   expands that into the picture's image tokens. The engine prompts with those ids, the
-  environment trains on them (`tokenize_with_pictures`) and the trainer checks them
-  against the same processor (`example_trainer/vision.py`), so nobody hand-makes an
-  expansion.
+  environment trains on them (`tokenize_with_pictures`) and a trainer checks them
+  against the same processor (docs/trainer.md, Vision-language models), so nobody
+  hand-makes an expansion.
 """
 
 from __future__ import annotations

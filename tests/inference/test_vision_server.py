@@ -66,37 +66,3 @@ def test_a_picture_it_cannot_read_is_a_400_naming_messages(server, url, says):
     error = answer.json()["error"]
     assert error["param"] == "messages" and says in error["message"]
     assert httpx.get(f"{server.url}/health").status_code == 200  # and it still serves
-
-
-def test_the_counting_environment_sends_tokens_the_trainer_accepts(
-    server, quick_vlm_path, tmp_path
-):
-    """`process` against this engine with the VLM's processor as tokenizer: each
-    sequence holds the picture's 16 image tokens, as the trainer's check wants them."""
-    import json
-    import subprocess
-    import sys
-
-    from example_trainer.vision import VisionInputs
-
-    out = tmp_path / "groups.jsonl"
-    command = [
-        sys.executable,
-        "environments/multimodal_counting.py",
-        "process",
-        *("--env.total_steps", "1", "--env.group_size", "2", "--env.train_size", "2"),
-        *("--env.max_tokens", "3", "--env.question_kind", "total"),
-        *("--env.answer_format", "bare", "--env.tokenizer_name", str(quick_vlm_path)),
-        *("--env.ensure_scores_are_not_same", "false", "--env.use_wandb", "false"),
-        *("--env.data_path_to_save_groups", str(out)),
-        *("--openai.base_url", f"{server.url}/v1", "--openai.model_name", "tiny-vl"),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    groups = [json.loads(line) for line in out.read_text().splitlines()]
-    assert groups
-    vision = VisionInputs.for_model(str(quick_vlm_path))
-    for group in groups:
-        for tokens, image in zip(group["tokens"], group["images"], strict=True):
-            assert tokens.count(vision.image_token_id) == 16
-            assert vision.problem(tokens, [image]) is None
