@@ -11,11 +11,14 @@ The image goes to the model in OpenAI's image message format (a text part and an
 vision-language models, and into the group's `images` field (one base64 PNG per
 sequence, as upstream's multimodal environments send it). Sampling is a plain
 `chat_completion`, not ManagedServer. With a vision-language model's `tokenizer_name`,
-the trainer-side tokens are its processor's: its chat template renders the picture's
+the prompt's tokens are its processor's: its chat template renders the picture's
 placeholder and the processor expands it into the picture's image tokens, as the engine
-does (`atroposlib/utils/image_messages.py`); the trainer checks the count against its own
-processor. With a text tokenizer the image part stands in as the text `<image>`. The
-prompt is masked, the reply trained on.
+does (`atroposlib/utils/image_messages.py`); the reply's are the ids the engine sampled,
+with their logprobs as `inference_logprobs` (`return_tokens_as_token_ids`, which vLLM
+and the CPU engine answer), so the trainer's ratio and clipping see the sampling
+policy. The trainer checks the image tokens against its own processor. With a text
+tokenizer the image part stands in as the text `<image>`. The prompt is masked, the
+reply trained on.
 
 Reward (`answer_tag`): 1.0 when the one `<answer>N</answer>` after any thinking is the
 count; a count only inside `<think>`, several answers, an empty reply or an over-long
@@ -59,8 +62,8 @@ from atroposlib.utils.counting_pictures import (
     draw,
     make_item,
 )
-from atroposlib.utils.image_messages import tokenize_with_pictures, vision_processor
-from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+from atroposlib.utils.image_messages import prompt_with_pictures, vision_processor
+from atroposlib.utils.tokenize_for_trainer import IGNORE_INDEX, tokenize_for_trainer
 
 __all__ = ["COLOURS", "MultimodalCountingEnv", "count_score", "draw", "make_item"]
 
@@ -142,20 +145,29 @@ class MultimodalCountingEnv(SingleTurnEnv):
 
     async def collect_trajectories(self, item: dict[str, Any]) -> tuple[Any, list]:
         messages = self.messages_for(item)
+        sampled_ids = self.processor is not None  # the engine's own tokens and logprobs
+        extra = (
+            {"logprobs": True, "extra_body": {"return_tokens_as_token_ids": True}}
+            if sampled_ids
+            else {}
+        )
         chat = await self.server.chat_completion(
             messages=messages,
             n=self.config.group_size,
             max_tokens=self.config.max_tokens,
             temperature=self.config.temperature,
+            **extra,
         )
         group: dict[str, Any] = {"tokens": [], "masks": [], "scores": [], "messages": []}
+        prompt_ids = prompt_with_pictures(self.processor, messages, True)[0] if sampled_ids else []
         for choice in chat.choices:
             reply = choice.message.content or ""
             conversation = [*text_only(messages), {"role": "assistant", "content": reply}]
-            finish = choice.finish_reason or ""
-            if self.processor is not None:
-                tokenized = tokenize_with_pictures(self.processor, messages, reply, finish)
+            if sampled_ids:
+                tokenized = sampled_rollout(prompt_ids, choice)
+                group.setdefault("inference_logprobs", []).append(tokenized["logprobs"])
             else:
+                finish = choice.finish_reason or ""
                 tokenized = tokenize_for_trainer(self.tokenizer, conversation, finish_reason=finish)
             group["tokens"].append(tokenized["tokens"])
             group["masks"].append(tokenized["masks"])
@@ -163,6 +175,21 @@ class MultimodalCountingEnv(SingleTurnEnv):
             group["messages"].append(conversation)
         group["images"] = [item["image"]] * len(chat.choices)
         return group, []
+
+
+def sampled_rollout(prompt_ids: list[int], choice: Any) -> dict[str, list]:
+    """A choice as the trainer takes it: the processor's prompt ids (the engine's, image
+    tokens expanded), then the ids the engine sampled (`return_tokens_as_token_ids`), with
+    their logprobs, so the trainer's ratio and clipping see the sampling policy."""
+    entries = choice.logprobs.content if choice.logprobs else None
+    if not entries:
+        raise ValueError("the engine answered without per-token logprobs")
+    sampled = [int(entry.token.removeprefix("token_id:")) for entry in entries]
+    return {
+        "tokens": prompt_ids + sampled,
+        "masks": [IGNORE_INDEX] * len(prompt_ids) + sampled,
+        "logprobs": [1.0] * len(prompt_ids) + [entry.logprob for entry in entries],
+    }
 
 
 if __name__ == "__main__":

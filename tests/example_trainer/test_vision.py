@@ -199,3 +199,20 @@ def test_a_loss_variant_with_a_model_reference_and_chunked_logprobs_sees_the_pic
     metrics = trainer.train_step(sampled_groups(engine, [51]))
     assert metrics["skipped_groups"] == 0.0 and metrics["grad_norm"] > 0
     assert abs(metrics["kl"]) < 1e-6, metrics["kl"]
+
+
+def test_tokenize_with_pictures_masks_the_expanded_prompt_and_trains_the_reply(engine):
+    """The helper for environments without the engine's sampled ids: the prompt is the
+    processor's expansion (masked), the reply and its end are trained."""
+    from atroposlib.utils.image_messages import tokenize_with_pictures
+
+    messages = picture_messages(make_item(61, "total"))
+    prompt, _ = prompt_with_pictures(engine.processor, messages, True)
+    made = tokenize_with_pictures(engine.processor, messages, "5", "stop")
+    assert made["tokens"][: len(prompt)] == prompt
+    assert made["masks"][: len(prompt)] == [-100] * len(prompt)
+    reply = made["tokens"][len(prompt) :]
+    assert made["masks"][len(prompt) :] == reply
+    assert engine.tokenizer.decode(reply).startswith("5<|im_end|>")
+    cut = tokenize_with_pictures(engine.processor, messages, "5", "length")
+    assert engine.tokenizer.decode(cut["tokens"][len(prompt) :]) == "5"

@@ -39,6 +39,8 @@ def test_every_step_trains_on_pictures_and_its_weights_reach_the_engine(run, qui
     metrics = read_metrics(run.run_dir / "metrics.jsonl")
     assert [m.step for m in metrics] == list(range(1, STEPS + 1))
     assert all((m.model_extra or {}).get("skipped_groups") == 0.0 for m in metrics)
+    # the engine's sampled ids come with their logprobs: ratio and clipping are real
+    assert all(m.model_extra["sequences_without_inference_logprobs"] == 0.0 for m in metrics)
     assert all((m.model_extra or {}).get("sync_s", 0) > 0 for m in metrics[:-1])
     vision = VisionInputs.for_model(str(quick_vlm_path))
     groups = [
@@ -49,6 +51,9 @@ def test_every_step_trains_on_pictures_and_its_weights_reach_the_engine(run, qui
         for tokens, image in zip(group["tokens"], group["images"], strict=True):
             assert tokens.count(vision.image_token_id) == 16
             assert vision.problem(tokens, [image]) is None
+        assert [len(row) for row in group["inference_logprobs"]] == [
+            len(tokens) for tokens in group["tokens"]
+        ]
 
 
 def test_the_report_shows_the_pictures_above_the_answers(run):
