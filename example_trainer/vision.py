@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from atroposlib.utils.image_messages import decode_picture, vision_processor
+from atroposlib.utils.image_messages import decode_picture, pixel_inputs, vision_processor
 
 logger = logging.getLogger("example_trainer")
 
@@ -145,10 +145,4 @@ class VisionInputs:
 
     def tensors(self, rows: Sequence[Sequence[str]], dtype: torch.dtype) -> dict[str, Any]:
         """The processor's pixel inputs for a micro-batch's rows, floats in `dtype`."""
-        made = self.processor.image_processor(
-            images=[self.pictures(row) for row in rows], return_tensors="pt"
-        )
-        return {
-            name: value.to(dtype) if value.is_floating_point() else value
-            for name, value in made.items()
-        }
+        return pixel_inputs(self.processor, [self.pictures(row) for row in rows], dtype)

@@ -305,14 +305,11 @@ class TransformersSampler:
         gets none: the processor pads), or nothing when no prompt has a picture."""
         if self.processor is None or not any(job.pictures for job in jobs):
             return {}
-        made = self.processor.image_processor(
-            images=[job.pictures for job in jobs], return_tensors="pt"
-        )
+        from atroposlib.utils.image_messages import pixel_inputs
+
         dtype = next(self.model.parameters()).dtype
-        return {
-            name: (value.to(dtype) if value.is_floating_point() else value).to(self.device)
-            for name, value in made.items()
-        }
+        made = pixel_inputs(self.processor, [job.pictures for job in jobs], dtype)
+        return {name: value.to(self.device) for name, value in made.items()}
 
     def _score_prompt(self, job: GenerationJob, logits: torch.Tensor) -> None:
         """Logits at position p predict prompt token p + 1; the last one starts sampling."""

@@ -7,10 +7,10 @@ Design decisions:
   fetched what a request names would be a way into the network.
 - The model's own processor does the rest: its chat template renders each picture as
   its placeholder (Idefics3's `<image>`, Qwen2-VL's vision pad), and the processor
-  expands that into the picture's image tokens. The engine prompts with those ids, the
-  environment trains on them (`tokenize_with_pictures`) and a trainer checks them
-  against the same processor (docs/trainer.md, Vision-language models), so nobody
-  hand-makes an expansion.
+  expands that into the picture's image tokens. The engine prompts with those ids
+  (`prompt_with_pictures`), an environment trains on them and a trainer checks them
+  against the same processor and feeds it the same pixels (`pixel_inputs`;
+  docs/trainer.md, Vision-language models), so nobody hand-makes an expansion.
 """
 
 from __future__ import annotations
@@ -99,6 +99,16 @@ def prompt_with_pictures(
     )
     made = processor(text=[text], images=[pictures] if pictures else None)
     return list(made["input_ids"][0]), pictures
+
+
+def pixel_inputs(processor: Any, rows: list[list[Any]], dtype: Any) -> dict[str, Any]:
+    """The processor's picture inputs for a batch's rows of decoded pictures (a row with
+    none is padded by the processor), floats in `dtype`."""
+    made = processor.image_processor(images=rows, return_tensors="pt")
+    return {
+        name: value.to(dtype) if value.is_floating_point() else value
+        for name, value in made.items()
+    }
 
 
 def tokenize_with_pictures(
