@@ -13,7 +13,7 @@ import json
 import pytest
 
 from atroposlib.trainer_contract import read_metrics
-from tests.support.launch import finish, shipped, write_config
+from tests.support.launch import launched_clean, shipped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -27,19 +27,13 @@ def both(module_launch):
     """distill_cpu.yaml with verifiers_cpu.yaml's environment added, each environment
     holding half of every batch. The teacher is the tiny model itself, not the shipped
     `tiny-teacher` (a minute of CPU to build, and the question is the plumbing)."""
-    root = module_launch.base
     config = shipped("distill_cpu.yaml")
     config["environments"] += shipped("verifiers_cpu.yaml")["environments"]
     for env in config["environments"]:
         env["env"]["min_batch_allocation"] = 0.5
     config["teacher"]["model"] = "tiny"
     config["trainer"]["args"].update(training_steps=STEPS, batch_size=BATCH)
-    run_dir = root / "run"
-    path = write_config(root / "integrations.yaml", config)
-    finished = finish(module_launch(None, str(path), "--run-dir", str(run_dir)), run_dir, STEPS)
-    assert finished.code == 0, finished.run.output()[-4000:]
-    assert finished.leftovers == []
-    return finished
+    return launched_clean(module_launch, config, "integrations", STEPS)
 
 
 def groups(finished, env: str) -> list[dict]:

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from atroposlib.trainer_contract import read_metrics
-from tests.support.launch import finish, shipped, write_config
+from tests.support.launch import launched_clean, shipped
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -21,16 +21,10 @@ BATCH = 16  # 2 groups of 8
 
 @pytest.fixture(scope="module")
 def run(module_launch, quick_vlm_path):
-    root = module_launch.base
     config = shipped("multimodal_cpu.yaml")
     config["model"] = str(quick_vlm_path)
     config["trainer"]["args"].update(training_steps=STEPS, batch_size=BATCH)
-    run_dir = root / "run"
-    path = write_config(root / "multimodal.yaml", config)
-    finished = finish(module_launch(None, str(path), "--run-dir", str(run_dir)), run_dir, STEPS)
-    assert finished.code == 0, finished.run.output()[-4000:]
-    assert finished.leftovers == []
-    return finished
+    return launched_clean(module_launch, config, "multimodal", STEPS)
 
 
 def test_every_step_trains_on_pictures_and_its_weights_reach_the_engine(run, quick_vlm_path):

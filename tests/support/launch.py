@@ -241,6 +241,18 @@ class Finished:
         return (self.run_dir / "logs" / f"{name}.log").read_text()
 
 
+def launched_clean(launches: Any, config: dict, name: str, steps: int) -> Finished:
+    """`config` launched from a file under `launches.base` (a `module_launch`), run to its
+    end: it must exit 0 and leave no process behind."""
+    root = launches.base
+    run_dir = root / "run"
+    path = write_config(root / f"{name}.yaml", config)
+    finished = finish(launches(None, str(path), "--run-dir", str(run_dir)), run_dir, steps)
+    assert finished.code == 0, finished.run.output()[-4000:]
+    assert finished.leftovers == []
+    return finished
+
+
 def finish(run: LaunchRun, run_dir: Path, steps: int) -> Finished:
     """Wait for `run` to end, allowed what its start, `steps` steps and its report cost
     at its own pace (tests/support/pace.py)."""
