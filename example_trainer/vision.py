@@ -114,7 +114,7 @@ class VisionInputs:
         if len(self._pictures) > self.CACHED_PICTURES:
             self._pictures.clear()
         for data in images:
-            if data not in self._pictures:
+            if not isinstance(data, str) or data not in self._pictures:  # a list: refused
                 self._pictures[data] = decode_picture(data)
         return [self._pictures[data] for data in images]
 

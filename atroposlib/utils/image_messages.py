@@ -46,6 +46,8 @@ def decode_picture(data: str) -> Any:
     """A base64 picture (plain or a `data:` URL) as an RGB PIL image; ValueError if not one."""
     from PIL import Image, UnidentifiedImageError
 
+    if not isinstance(data, str):  # a group's `images` is typed Any on the wire
+        raise ValueError(f"an image must be a base64 string, not {type(data).__name__}")
     if data.startswith(("http://", "https://")):
         raise ValueError("an image must be a data: URL (base64): nothing is fetched")
     payload = data.split(",", 1)[1] if data.startswith("data:") else data

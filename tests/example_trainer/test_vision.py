@@ -89,10 +89,12 @@ def test_a_group_whose_image_tokens_miss_its_pictures_is_skipped_naming_both(
     text = tokenize_for_trainer(engine.tokenizer, flat)
     as_text = {**good, "tokens": [text["tokens"]] * 2, "masks": [text["masks"]] * 2}
     as_text.update(scores=[1.0, 0.0], images=[item["image"]] * 2, inference_logprobs=None)
+    nested = {**good, "images": [[["not", ["a", "picture"]]]] * 4}  # API-A's shape
     trainer = trainer_for(quick_vlm_path, tmp_path)
     with caplog.at_level(logging.WARNING, logger="example_trainer"):
-        metrics = trainer.train_step([good, as_text])
-    assert trainer.skipped_groups == {1} and metrics["skipped_groups"] == 1.0
+        metrics = trainer.train_step([good, as_text, nested])
+    assert trainer.skipped_groups == {1, 2} and metrics["skipped_groups"] == 2.0
+    assert "group 2 sequence 0: an image must be a base64 string, not list" in caplog.text
     assert metrics["sequences"] == 4.0
     said = caplog.text
     assert "group 1 sequence 0: it holds 1 image tokens (<image>)" in said

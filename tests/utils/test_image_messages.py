@@ -52,6 +52,7 @@ def test_a_data_url_and_bare_base64_decode_to_the_same_rgb_picture():
         ("https://example.com/cat.png", "nothing is fetched"),
         ("data:image/png;base64,not base64!", "not a base64 picture"),
         (base64.b64encode(b"plain text, not a PNG").decode(), "not a base64 picture"),
+        ([["nested"]], "must be a base64 string, not list"),
     ],
 )
 def test_what_is_not_a_base64_picture_is_a_value_error_that_says_so(data, says):
