@@ -63,10 +63,13 @@ def wire_client(api: ApiProcess) -> Iterator[httpx.Client]:
 def fresh_wandb(monkeypatch: pytest.MonkeyPatch) -> Iterator:
     """wandb in offline mode (no key), its process-wide service and settings torn down
     before and after: a run started by another test in this process (an xdist worker runs
-    many) would otherwise keep its directory and service for the next one."""
+    many) would otherwise keep its directory and service for the next one. Its console
+    capture is off: it wraps the stream's `write`, and a wrapper left on pytest's stderr
+    after teardown turned a later test's log lines into 'error in stderr callback' records."""
     wandb = pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
     wandb.teardown()
     yield wandb
     wandb.teardown()

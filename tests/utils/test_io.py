@@ -123,7 +123,7 @@ async def test_non_json_success_body_is_logged_and_reraised(server, caplog):
             resp = await client.get(f"{server}/not-json")
         with pytest.raises(json.JSONDecodeError):
             await parse_http_response(resp, logger)
-    logged = [r.getMessage() for r in caplog.records]
+    logged = [r.getMessage() for r in caplog.records if r.name == logger.name]
     assert len(logged) == 2 and all("a proxy login page" in m for m in logged)
 
 
