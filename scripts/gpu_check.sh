@@ -41,6 +41,7 @@ dist.destroy_process_group()'"
   "quickstart bf16|1 GPU, the web-stack wheels|150|$QUICKSTART --set trainer.args.dtype=bfloat16 --run-dir $WORK/bf16"
   "trainer step 1.5B, DDP and FSDP (a group of one), chunked-logprob peak|1 GPU, ~60 GiB|240|$PY benchmarks/trainer_step.py --shape 1.5b --device cuda --ranks 1 --peak-tflops 989 --rows ddp:off:whole,ddp:off:chunked,fsdp:on:chunked"
   "7B step, FSDP + activation checkpointing + chunked logprobs|1 GPU, ~120 GiB|200|$PY benchmarks/trainer_step.py --shape 7b --device cuda --ranks 1 --peak-tflops 989 --sequences 16 --rows fsdp:on:chunked --logprob-rows 1024"
+  "configs/grpo_qwen05b_vllm.yaml, 20 steps (docs/gpu.md)|1 GPU, vLLM, Qwen2.5-0.5B-Instruct and openai/gsm8k reachable or cached|600|$PY -m atroposlib.cli.launch configs/grpo_qwen05b_vllm.yaml --set trainer.args.training_steps=20 --run-dir $WORK/qwen05b"
   "padding-free packing (flash-attention varlen)|1 GPU, flash-attn|120|$PY -c 'import flash_attn' && $PY -c 'import torch, transformers
 from atroposlib.utils.tiny_model import ensure_tiny_model
 from example_trainer.logprobs import keeps_packed_sequences_apart

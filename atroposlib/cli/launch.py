@@ -14,6 +14,7 @@ from pathlib import Path
 
 from atroposlib.launch.checks import preflight
 from atroposlib.launch.config import ConfigError, load_config
+from atroposlib.launch.needs import Finding
 from atroposlib.launch.plan import Plan, plan
 from atroposlib.launch.resume import LaunchRecord, refuse_a_finished_run, resume_target
 
@@ -49,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve(args: argparse.Namespace) -> tuple[Plan, LaunchRecord]:
-    """The plan and its record, every check made; ConfigError names the first problem."""
+def resolve(args: argparse.Namespace) -> tuple[Plan, LaunchRecord, list[Finding]]:
+    """The plan, its record and what the checks found; ConfigError names the problems."""
     if args.resume:
         if args.run_dir:
             raise ConfigError("--resume names the run directory; drop --run-dir")
@@ -65,20 +66,32 @@ def resolve(args: argparse.Namespace) -> tuple[Plan, LaunchRecord]:
     resolved = plan(config, record.config, resume=bool(args.resume))
     if args.resume:
         refuse_a_finished_run(resolved)
-    preflight(resolved)
-    return resolved, record
+    return resolved, record, preflight(resolved, dry_run=args.dry_run)
+
+
+def print_dry_run(resolved: Plan, findings: list[Finding]) -> None:
+    """The commands, then what was checked, skipped, and found missing on this machine."""
+    for process in resolved.processes:
+        print(f"{process.name}: {' '.join(process.command)}")
+    passed = [f.check for f in findings if not f.problem and not f.skipped]
+    print(f"checked: {', '.join(passed) or 'nothing'}")
+    for finding in findings:
+        if finding.skipped:
+            print(f"skipped: {finding.check}: {finding.skipped}")
+    for finding in findings:
+        if finding.problem:  # only this machine's needs get here in a dry run
+            print(f"not on this machine (a launch here is refused): {finding.problem}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        resolved, record = resolve(args)
+        resolved, record, findings = resolve(args)
     except ConfigError as exc:
         print(f"atropos-launch: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
-        for process in resolved.processes:
-            print(f"{process.name}: {' '.join(process.command)}")
+        print_dry_run(resolved, findings)
         return 0
     from atroposlib.launch.supervisor import Launcher
 

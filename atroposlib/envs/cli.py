@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
+import json
 import logging
 import os
 import sys
@@ -45,6 +46,8 @@ from atroposlib.utils.flags import add_model_flags, given_flags, parse_bool
 from atroposlib.utils.logging import configure_logging, keep_debug_in_files
 from atroposlib.utils.tokenizers import (
     CHECK_CONFIG_ENVIRONMENT,
+    CHECK_MODES,
+    CHECK_REPORT_KEY,
     TOKENIZER_FLAG,
     TokenizerLoadError,
     load_tokenizer,
@@ -283,8 +286,9 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
         if unknown:
             raise _unknown_flag_error(parser, unknown)
         resolved = resolve_config(env_cls, args.command, args)
-        if os.environ.get(CHECK_CONFIG_ENVIRONMENT) == "1":
-            check_only(resolved)
+        check_mode = os.environ.get(CHECK_CONFIG_ENVIRONMENT)
+        if check_mode in CHECK_MODES:
+            check_only(resolved, load=check_mode == "1")
             return
     except (ConfigError, TokenizerLoadError) as exc:
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
@@ -315,12 +319,20 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
-def check_only(resolved: ResolvedConfig) -> None:
+def check_only(resolved: ResolvedConfig, load: bool = True) -> None:
     """The launcher's check before it starts anything (launch/checks.py): the flags
-    resolved above, and the tokenizer the env would load first."""
+    resolved above, and the tokenizer the env would load first (`load`; a dry run of a
+    hub model this machine does not hold skips it). The lengths the launcher checks
+    against the engine's context go to stdout as one JSON line."""
     name = getattr(resolved.env, "tokenizer_name", None)
-    if name:
+    if name and load:
         load_tokenizer(name, TOKENIZER_FLAG)
+    lengths = {
+        key: value
+        for key in ("max_tokens", "max_token_length")
+        if isinstance(value := getattr(resolved.env, key, None), int)
+    }
+    print(json.dumps({CHECK_REPORT_KEY: lengths}))
 
 
 def save_evaluate_config(resolved: ResolvedConfig) -> None:

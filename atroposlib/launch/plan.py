@@ -90,6 +90,12 @@ class Plan:
     """The run's key for the API and the engine (None: keys: none)."""
     resumed: bool = False
     """The run directory holds an earlier run of this config, which goes on."""
+    seq_len: int = 0
+    """The run's token limit: the trainer's seq_len, every environment's max_token_length."""
+    engine_context: int = 0
+    """The policy engine's context (max_model_len): what a prompt and its completion share."""
+    engine_context_key: str = "trainer.args.seq_len"
+    """The YAML key that set `engine_context`."""
 
     @property
     def processes(self) -> list[ProcessPlan]:
@@ -171,6 +177,8 @@ def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) ->
         engine_url=shared.engine_url,
         model=shared.model,
         training_steps=settings.training_steps,
+        seq_len=settings.seq_len,
+        **_engine_context(config, trainer_args, settings.seq_len),
         api=api,
         trainer=trainer,
         engine=engine,
@@ -179,6 +187,22 @@ def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) ->
         key=shared.key,
         resumed=resume,
     )
+
+
+def _engine_context(
+    config: LaunchConfig, trainer_args: dict[str, Any], seq_len: int
+) -> dict[str, Any]:
+    """The launcher's engine's max_model_len, else the trainer's engines', else seq_len;
+    and the key that set it (the Plan's fields)."""
+    if config.engine is not None and config.engine.max_model_len:
+        return {
+            "engine_context": config.engine.max_model_len,
+            "engine_context_key": "engine.max_model_len",
+        }
+    if trainer_args.get("max_model_len"):
+        given = int(trainer_args["max_model_len"])
+        return {"engine_context": given, "engine_context_key": "trainer.args.max_model_len"}
+    return {"engine_context": seq_len, "engine_context_key": "trainer.args.seq_len"}
 
 
 def _run_key(config: LaunchConfig) -> str | None:

@@ -27,8 +27,12 @@ from pathlib import Path
 from typing import Any
 
 CHECK_CONFIG_ENVIRONMENT = "ATROPOS_CHECK_CONFIG"
-"""Set to 1 by `atropos-launch` to run an environment's command as a check only: parse
-and resolve its flags, load its tokenizer, exit (launch/checks.py)."""
+"""Set by `atropos-launch` to run an environment's command as a check only: parse and
+resolve its flags, load its tokenizer (1) or not (`flags`: a dry run of a hub model this
+machine does not hold), print `CHECK_REPORT_KEY`'s line, exit (launch/checks.py)."""
+CHECK_MODES = ("1", "flags")
+CHECK_REPORT_KEY = "atropos_check"
+"""The key of the JSON line a checked environment prints: its resolved lengths."""
 
 
 TOKENIZER_FLAG = "--env.tokenizer_name (atropos-launch: the model)"

@@ -22,15 +22,14 @@ from atroposlib.envs.base import APIServerConfig
 from atroposlib.envs.single_turn import Sample, SingleTurnConfig, SingleTurnEnv
 from tests.support.policy_server import PolicyChatServer
 from tests.support.scripted_model import ScriptedModel, last_turn
+from tests.support.source import SINGLE_TURN_SECTION, documented_block
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "environments.md"
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Peru": "Lima", "Chile": "Santiago"}
 MAX_TOKENS = 12  # the tiny tokenizer spends about a token per character
 
 
 def documented_task() -> str:
-    section = DOC.read_text().split("## A single-turn task in 40 lines", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+    return documented_block("environments.md", SINGLE_TURN_SECTION, "python")
 
 
 @pytest.fixture

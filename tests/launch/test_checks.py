@@ -13,8 +13,8 @@ from atroposlib.launch.checks import check_model_name
 from atroposlib.launch.config import ConfigError, apply_override, load_config
 from atroposlib.launch.resume import LaunchRecord, resume_target, write_record
 from atroposlib.utils.tiny_model import TINY_MODEL_NAMES
-from tests.support.launch import LAUNCHED_AS_SHIPPED, launch_config, write_config
-from tests.support.source import REPO
+from tests.support.launch import LAUNCHED_AS_SHIPPED, launch_config, shipped, write_config
+from tests.support.source import REPO, SINGLE_TURN_SECTION, documented_block
 
 
 def test_set_overrides_any_key_and_reads_the_value_as_yaml():
@@ -122,7 +122,8 @@ def test_an_environment_key_typo_stops_the_launch_before_anything_starts(tmp_pat
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.count("\n") == 1 and "environment arith_env:" in err
-    assert "unknown flag --env.group_sise" in err and "--env.group_size" in err
+    assert "unknown key environments.0.env.group_sise" in err
+    assert "did you mean environments.0.env.group_size?" in err
     assert "Traceback" not in err and not (tmp_path / "r").exists()
 
 
@@ -147,3 +148,57 @@ def test_every_shipped_cpu_config_is_launched_from_its_file_by_an_e2e_test():
         if yaml.safe_load(path.read_text()).get("model") in TINY_MODEL_NAMES
     }
     assert tiny == set(LAUNCHED_AS_SHIPPED)
+
+
+@pytest.mark.integration
+def test_the_documented_environment_is_refused_naming_max_tokens_and_its_yaml_fits(
+    tmp_path, capsys
+):
+    """docs/environments.md's 40-line task under the quickstart's config: its default
+    max_tokens (512) cannot fit the engine's 128 tokens, and the run would wait forever
+    on refused requests; the page's own YAML fits."""
+    script = tmp_path / "capitals_env.py"
+    script.write_text(documented_block("environments.md", SINGLE_TURN_SECTION, "python"))
+    quickstart = shipped("quickstart_cpu.yaml")
+    quickstart["environments"] = [{"script": str(script), "env": {"group_size": 8}}]
+    quickstart["run_dir"] = str(tmp_path / "r")
+    code = main([str(write_config(tmp_path / "q.yaml", quickstart)), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "environments.0.env.max_tokens 512 leaves no room for a prompt" in err
+    assert "context of 128 tokens (trainer.args.seq_len)" in err
+    assert not (tmp_path / "r").exists()
+
+    documented = yaml.safe_load(documented_block("environments.md", SINGLE_TURN_SECTION, "yaml"))
+    documented["environments"][0]["script"] = str(script)
+    documented["run_dir"] = str(tmp_path / "r")
+    code = main([str(write_config(tmp_path / "d.yaml", documented)), "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "checked: environment capitals_env, the model's context" in out
+
+
+@pytest.mark.integration
+def test_a_dry_run_of_the_gpu_config_prints_the_plan_offline_and_names_what_it_skipped(
+    tmp_path, capsys, monkeypatch
+):
+    """A hub model this machine does not hold: its flags are checked, the tokenizer and
+    the model's context are skipped, and what this machine lacks is named, not refused."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # whatever the machine's network
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # and whatever its cache holds
+    config = shipped("grpo_qwen05b_vllm.yaml")
+    config["run_dir"] = str(tmp_path / "r")
+    code = main([str(write_config(tmp_path / "g.yaml", config)), "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    assert [line.split(":", 1)[0] for line in lines[:3]] == ["api", "trainer", "gsm8k_server"]
+    assert "checked: environment gsm8k_server" in lines
+    model = "Qwen/Qwen2.5-0.5B-Instruct is not on this machine (a launch downloads it)"
+    assert f"skipped: the model's context: {model}" in lines
+    assert f"skipped: the tokenizers: {model}" in lines
+    machine = [line for line in lines if line.startswith("not on this machine")]
+    import torch  # what this machine has decides which needs are named
+
+    assert any("trainer.args.device cuda" in line for line in machine) != torch.cuda.is_available()
+    assert not (tmp_path / "r").exists()

@@ -19,3 +19,12 @@ def imported_modules(path: Path) -> set[str]:
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names}
     return found
+
+
+SINGLE_TURN_SECTION = "## A single-turn task in 40 lines"
+
+
+def documented_block(doc: str, section: str, language: str) -> str:
+    """The first `language` code block under `section` of docs/`doc`, as a reader copies it."""
+    text = (REPO / "docs" / doc).read_text().split(section, 1)[1]
+    return text.split(f"```{language}\n", 1)[1].split("```", 1)[0]
