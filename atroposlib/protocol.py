@@ -100,6 +100,12 @@ class EnvIdentifier(BaseModel):
     env_id: WholeInt = Field(ge=0)
 
 
+ENV_PROGRESS_FIELDS = ("groups_sent", "rollout_errors", "context_refusals")
+"""An env's counters, sent in `/status-env`'s query (this API's addition; upstream's
+ignores a query) and shown per env in `/status` as `env_progress`: the trainer's note
+on a batch that does not come names an env whose rollouts all fail, and why."""
+
+
 class ScoredData(BaseModel):
     """One group: the rollouts of one prompt.
 

@@ -198,8 +198,12 @@ class TrajectoryAPI:
             if time.perf_counter() >= next_note:
                 next_note += 30
                 waited = time.perf_counter() - started
+                needs = self.registered[0].batching.batch_size if self.registered else None
                 logger.warning(
-                    "no batch for %.0fs at step %d; API status: %s", waited, step - 1, self.status()
+                    "no batch for %.0fs at step %d: %s",
+                    waited,
+                    step - 1,
+                    waiting_cause(self.status(), needs),
                 )
             if not self.waits:  # an API that cannot wait for a batch is polled with back-off
                 time.sleep(delay)
@@ -211,3 +215,33 @@ class TrajectoryAPI:
             return self.http.get("/status").json()
         except (httpx.HTTPError, ValueError) as exc:
             return f"unreachable ({exc})"
+
+
+def waiting_cause(status: dict[str, Any] | str, batch_size: int | None = None) -> str:
+    """Why no batch comes, in words, from the API's /status: what it holds, and each
+    environment's counters (`env_progress`), so that one whose every rollout fails is
+    named with its cause instead of a status dict to decode."""
+    if isinstance(status, str):
+        return f"the API is {status}"
+    need = f" of the {batch_size} a batch needs" if batch_size else ""
+    parts = []
+    for name, counts in (status.get("env_progress") or {}).items():
+        sent, failed = counts.get("groups_sent", 0), counts.get("rollout_errors", 0)
+        refused = counts.get("context_refusals", 0)
+        said = f"{name} sent {sent} groups"
+        if failed and refused == failed:
+            said += (
+                f", and the engine refused all {refused} of its failed rollouts for the "
+                "model's context length (its log says what to change)"
+            )
+        elif failed:
+            said += f", and {failed} of its rollouts failed (its log has the first traceback)"
+        parts.append(said)
+    held = status.get("queued_sequences", 0)
+    parts.append(f"the API holds {held} sequences{need}")
+    for key, what in (("store_error", "its store failed"), ("blocked_reason", "batch blocked")):
+        if status.get(key):
+            parts.append(f"{what}: {status[key]}")
+    if not status.get("env_progress"):
+        parts.append("no environment reports its progress (none polls, or they are upstream's)")
+    return "; ".join(parts)

@@ -425,6 +425,8 @@ class Trainer:
             if hands_over and self.committed_step != self.step:
                 logger.info("interrupted at step %d; writing a final checkpoint", self.step)
                 self.save()
+            elif main_rank and self.step == 0:
+                logger.info("interrupted before its first step: nothing to checkpoint")
             elif main_rank:
                 logger.info("interrupted at step %d, which is already checkpointed", self.step)
         finally:

@@ -42,6 +42,8 @@ class EnvTable:
         self.records = [EnvRecord(**record) for record in records or []]
         now = time.monotonic()  # restored envs get a full timeout to poll again
         self.last_heard = {env.registered_id: now for env in self.records}
+        self.progress: dict[int, dict[str, int]] = {}
+        """Each env's counters from its last poll (in memory, as liveness is)."""
 
     def __len__(self) -> int:
         return len(self.records)
@@ -71,9 +73,11 @@ class EnvTable:
         self.last_heard[env.registered_id] = time.monotonic()
         return env
 
-    def heard_from(self, env_id: int) -> None:
+    def heard_from(self, env_id: int, progress: dict[str, int] | None = None) -> None:
         if not self.knows(env_id):
             return
+        if progress:
+            self.progress[env_id] = progress
         if self._silent(env_id) and self.records[env_id].connected:
             logger.warning(
                 "env %d polls again after more than %.0fs of silence; it counts again",
@@ -84,6 +88,11 @@ class EnvTable:
 
     def _silent(self, env_id: int) -> bool:
         return time.monotonic() - self.last_heard.get(env_id, -math.inf) > self.timeout_s
+
+    def progress_by_name(self) -> dict[str, dict[str, int]]:
+        """The live envs' counters, by their names (`/status`'s `env_progress`)."""
+        live = {env.registered_id: env.real_name for env in self.live()}
+        return {live[i]: counts for i, counts in self.progress.items() if i in live}
 
     def live(self) -> list[EnvRecord]:
         """Connected envs heard from within the timeout."""

@@ -29,7 +29,7 @@ from atroposlib.api.models import (
     refusal,
 )
 from atroposlib.api.service import ApiService
-from atroposlib.protocol import EnvIdentifier, RegisterEnv, Registration
+from atroposlib.protocol import ENV_PROGRESS_FIELDS, EnvIdentifier, RegisterEnv, Registration
 
 logger = logging.getLogger("atroposlib.api")
 
@@ -194,15 +194,23 @@ def status_routes(service: ApiService) -> APIRouter:
         request: Request,
         env_id: Annotated[int | None, Query(ge=0, include_in_schema=False)] = None,
         after_step: Annotated[int | None, Query(ge=0, include_in_schema=False)] = None,
+        groups_sent: Annotated[int | None, Query(ge=0, include_in_schema=False)] = None,
+        rollout_errors: Annotated[int | None, Query(ge=0, include_in_schema=False)] = None,
+        context_refusals: Annotated[int | None, Query(ge=0, include_in_schema=False)] = None,
     ) -> Response:
         """`after_step` with `Prefer: wait=N`: answer once the trainer has taken a batch
-        past that step, or after N seconds (see `long_poll`)."""
+        past that step, or after N seconds (see `long_poll`). The env's counters
+        (`protocol.ENV_PROGRESS_FIELDS`) go to `/status`."""
         if env_id is None:
             try:
                 env_id = EnvIdentifier.model_validate_json(await request.body() or b"{}").env_id
             except ValidationError as exc:
                 return validation_answer(exc)
-        service.state.heard_from(env_id)
+        given = (groups_sent, rollout_errors, context_refusals)
+        progress = {
+            name: n for name, n in zip(ENV_PROGRESS_FIELDS, given, strict=True) if n is not None
+        }
+        service.state.heard_from(env_id, progress)
         status = service.state.status_env(env_id)
         wait_s = requested_wait(request.headers.get("prefer")) if after_step is not None else 0
         deadline = time.monotonic() + wait_s

@@ -326,9 +326,9 @@ class RunState:
                 logger.warning("cannot read the latest group for /latest_example: %s", exc)
 
     # ------------------------------------------------------------------- envs
-    def heard_from(self, env_id: int) -> None:
-        """An env polled: it counts as live (see `env_table`)."""
-        self.envs.heard_from(env_id)
+    def heard_from(self, env_id: int, progress: dict[str, int] | None = None) -> None:
+        """An env polled: it counts as live (see `env_table`), with its counters."""
+        self.envs.heard_from(env_id, progress)
 
     # ----------------------------------------------------------------- status
     def status(self) -> dict[str, Any]:
@@ -348,6 +348,7 @@ class RunState:
             "kept_batch_steps": sorted(batches.leases),
             "blocked_reason": batches.blocked_reason,
             "store_error": self.store_error,
+            "env_progress": self.envs.progress_by_name(),
         }
 
     def status_env(self, env_id: int) -> dict[str, Any]:

@@ -260,16 +260,20 @@ class TrajectoryClient:
         at once (upstream's) turns `holds_status` False, and the caller polls instead."""
         self._status_hold = (after_step, seconds)
 
-    async def status_env(self, env_id: int) -> dict[str, Any]:
+    async def status_env(
+        self, env_id: int, progress: Mapping[str, int] | None = None
+    ) -> dict[str, Any]:
         """This env's /status-env: `env_id` goes in a JSON body, as upstream's env sends it
         (its server reads nothing else), and in the query, which that server ignores. A
-        server that refuses the query (400/422) is asked with the body alone from then on."""
+        server that refuses the query (400/422) is asked with the body alone from then on.
+        `progress` (`protocol.ENV_PROGRESS_FIELDS`) rides in the query too: the trainer's note on a
+        batch that does not come names an env whose rollouts all fail."""
         body = {"env_id": env_id}
         hold, self._status_hold = self._status_hold, None
         if hold is not None and not self._status_query:
             self.holds_status = False  # a server that refuses queries cannot be asked to hold
         if self._status_query:
-            params: dict[str, Any] = {"env_id": env_id}
+            params: dict[str, Any] = {"env_id": env_id, **(progress or {})}
             headers = {}
             if hold is not None:
                 params["after_step"] = hold[0]

@@ -35,7 +35,7 @@ from atroposlib.envs.api_client import APIRefusedError, StateDirInUse
 from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
 from atroposlib.envs.process import NothingProcessed, unused_path
 from atroposlib.envs.reporting import keep_full_metrics
-from atroposlib.envs.rollout_failures import ContextRefused, refused_plainly
+from atroposlib.envs.rollout_failures import ContextRefused, NoRolloutFits, refused_plainly
 from atroposlib.envs.runtime import STATE_LOGGER
 from atroposlib.envs.server_handling.server_baseline import (
     OUTAGE_LOGGER,
@@ -313,6 +313,9 @@ def run_cli(env_cls: type[BaseEnv], argv: list[str] | None = None) -> None:
     runner = {"serve": _serve, "process": _process, "evaluate": _evaluate}[args.command]
     try:
         asyncio.run(runner(env))
+    except NoRolloutFits as exc:  # a setting to change: exit 2, which is not restarted
+        print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)
+        sys.exit(2)
     except (APIRefusedError, NothingProcessed, ContextRefused, StateDirInUse) as exc:
         # the message says it all; no traceback
         print(f"{parser.prog} {args.command}: {exc}", file=sys.stderr)

@@ -71,6 +71,12 @@ class BaseEnvConfig(BaseModel):
     min_batch_allocation: float | None = Field(
         None, ge=0.0, le=1.0, description="Share of every batch reserved for this env."
     )
+    stop_when_refused_s: float = Field(
+        60.0,
+        ge=0,
+        description="serve stops (exit 2, with the refusal's line) once every rollout for this "
+        "long, 16 at least, was refused for the model's context and none fitted; 0: never.",
+    )
     worker_timeout: float = Field(
         600, description="Seconds before a rollout worker is abandoned; 0 or -1 = no timeout."
     )

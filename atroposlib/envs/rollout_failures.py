@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -137,6 +138,12 @@ def _raised_at(error: BaseException) -> tuple[str, str, int]:
     return type(error).__qualname__, tb.tb_frame.f_code.co_filename, tb.tb_lineno
 
 
+STUCK_REFUSALS = 16
+"""A served env stops (`NoRolloutFits`) when at least this many rollouts, over at least
+its `stop_when_refused_s`, were all refused for the context and none was kept: whatever
+it samples is refused, and waiting would keep the run at step 0 for ever."""
+
+
 class RolloutFailures:
     """Counts an env's failed rollouts in `env.stats` and logs what a person must see."""
 
@@ -147,6 +154,22 @@ class RolloutFailures:
         self.env = env
         self.refusals = 0
         self.errors: Counter[tuple[str, str, int]] = Counter()
+        self.first_refusal: tuple[float, str] | None = None
+        """When the first refusal came, and its line."""
+
+    def every_rollout_refused(self, kept: int, now: float) -> str | None:
+        """The reason to stop when every rollout so far was refused for the context
+        (`STUCK_REFUSALS` of them over `stop_when_refused_s`, none kept, no other failure)."""
+        stop_s = getattr(self.env.config, "stop_when_refused_s", 0)
+        if kept or not stop_s or sum(self.errors.values()) or self.first_refusal is None:
+            return None
+        since, line = self.first_refusal
+        if self.refusals < STUCK_REFUSALS or now - since < stop_s:
+            return None
+        return (
+            f"{line}; all {self.refusals} rollouts in {now - since:.0f}s were refused and "
+            "none was kept, so this env stops"
+        )
 
     @property
     def env_name(self) -> str:
@@ -168,10 +191,10 @@ class RolloutFailures:
             self.env.stats[self.refusals_stat] += 1
             self.refusals += 1
             if self.refusals == 1:
+                line = refusal.line(self.label(), self.env.config)
+                self.first_refusal = (time.monotonic(), line)
                 logger.error(
-                    "%s; later refusals are counted (%s), not logged",
-                    refusal.line(self.label(), self.env.config),
-                    self.refusals_stat,
+                    "%s; later refusals are counted (%s), not logged", line, self.refusals_stat
                 )
             else:
                 logger.debug("%s refused: %s", self.what(item), refusal.message)
@@ -213,6 +236,11 @@ class EvaluationFailures(RolloutFailures):
 
 class ContextRefused(RuntimeError):
     """A command ended by a context refusal; its message is the refusal's one line."""
+
+
+class NoRolloutFits(ContextRefused):
+    """`serve` ended because every rollout was refused for the context: a setting to
+    change, not a crash to retry (the env exits 2, which the launcher does not restart)."""
 
 
 def refused_plainly(error: BaseException, env: Any) -> ContextRefused | None:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from atroposlib.envs.admission import offpolicy_window
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import EvalHandlingEnum
-from atroposlib.envs.rollout_failures import EvaluationFailures, RolloutFailures
+from atroposlib.envs.rollout_failures import EvaluationFailures, NoRolloutFits, RolloutFailures
 from atroposlib.utils.logging import MESSAGE_WIDTH, short_path
 
 if TYPE_CHECKING:
@@ -80,6 +80,7 @@ class EnvRuntime:
         self.running_items: dict[str, dict[str, Any]] = {}  # name -> item, worker, start
         self.last_loop_time: float | None = None
         self.last_completed_item: Any = None
+        self.kept = 0  # rollouts that gave groups, since this process started
         self.stopping = asyncio.Event()
         self.eval_task: asyncio.Task | None = None
         self.eval_blocking = False
@@ -161,6 +162,9 @@ class EnvRuntime:
             if self.last_loop_time is not None:
                 env.mainloop_timings.append(now - self.last_loop_time)
             self.last_loop_time = now
+            stuck = self.failures.every_rollout_refused(self.kept, now)
+            if stuck is not None:
+                raise NoRolloutFits(stuck)
             delivered_before = self.client.records_delivered
             status = await self._until_stopped(env.get_status())
             if status is None:
@@ -306,6 +310,7 @@ class EnvRuntime:
             env.task_successful.append(int(kept))
             (env.succeeded_task_duration if kept else env.failed_task_duration).append(duration)
             if kept:
+                self.kept += 1
                 self.last_completed_item = item
             try:
                 await env.cleanup()

@@ -21,7 +21,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from atroposlib.envs.api_client import EnvUnknownError, TrajectoryClient
-from atroposlib.protocol import RegisterEnv
+from atroposlib.protocol import ENV_PROGRESS_FIELDS, RegisterEnv
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
@@ -96,8 +96,9 @@ async def get_status(env: BaseEnv) -> dict[str, Any]:
     client = _trajectory_client(env)
     if env.env_id is None:
         raise RuntimeError("get_status before register_env: this env has no env_id yet")
+    progress = {name: int(env.stats[name]) for name in ENV_PROGRESS_FIELDS}
     try:
-        env.status_dict = await client.status_env(env.env_id)
+        env.status_dict = await client.status_env(env.env_id, progress)
     except EnvUnknownError as exc:
         logger.warning("%s; registering again", exc)
         env.env_id = (await client.register_env(_registration(env)))["env_id"]

@@ -477,3 +477,16 @@ def test_importing_server_opens_no_store(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_envs_counters_from_its_poll_reach_status_by_its_name(client):
+    """What the trainer's note on a missing batch reads (example_trainer/api.py)."""
+    start_trainer(client, batch_size=8)
+    register_env(client, group_size=4, desired_name="even")
+    assert client.get("/status").json()["env_progress"] == {}  # polled, but reported nothing
+    counts = {"groups_sent": 0, "rollout_errors": 24, "context_refusals": 24}
+    client.get("/status-env", params={"env_id": 0, **counts})
+    assert client.get("/status").json()["env_progress"] == {"even_0": counts}
+    refused = client.get("/status-env", params={"env_id": 0, "rollout_errors": -1})
+    assert refused.status_code == 422 and "rollout_errors" in refused.text
+    assert client.get("/status").json()["env_progress"] == {"even_0": counts}

@@ -4,6 +4,7 @@ once per place they were raised, every failure counted."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from types import SimpleNamespace
 
@@ -11,7 +12,11 @@ import httpx
 import openai
 import pytest
 
-from atroposlib.envs.rollout_failures import RolloutFailures, context_refusal
+from atroposlib.envs.rollout_failures import (
+    STUCK_REFUSALS,
+    RolloutFailures,
+    context_refusal,
+)
 
 # Refusals in the words of the servers an env may talk to (the numbers are made up).
 REFUSALS = {
@@ -195,3 +200,25 @@ def test_other_errors_get_one_traceback_per_place_raised(caplog):
     assert len(caplog.records) == 3
     assert env.stats == Counter(rollout_errors=9)
     assert failures.summary() == "9 failed"
+
+
+def test_an_env_whose_every_rollout_is_refused_for_a_while_says_to_stop():
+    env = fake_env()
+    env.config.stop_when_refused_s = STUCK_S = 60.0
+    failures = RolloutFailures(env)
+    refused = REFUSALS["ours, max_tokens"][0]
+    for n in range(STUCK_REFUSALS - 1):
+        failures.record({"n": n}, fail(bad_request(refused)))
+    later = time.monotonic() + STUCK_S
+    assert failures.every_rollout_refused(kept=0, now=later) is None  # not enough of them yet
+    failures.record({"n": 99}, fail(bad_request(refused)))
+    assert failures.every_rollout_refused(kept=0, now=later - STUCK_S / 2) is None  # too soon
+    assert failures.every_rollout_refused(kept=1, now=later) is None  # one fitted
+    stop = failures.every_rollout_refused(kept=0, now=later)
+    assert stop is not None and stop.startswith("gsm8k: a prompt of 342 tokens plus max_tokens")
+    assert f"all {STUCK_REFUSALS} rollouts in " in stop and stop.endswith("so this env stops")
+    env.config.stop_when_refused_s = 0  # never
+    assert failures.every_rollout_refused(kept=0, now=later) is None
+    env.config.stop_when_refused_s = STUCK_S
+    failures.record({"n": 100}, fail(KeyError("answer")))  # another failure: not a setting
+    assert failures.every_rollout_refused(kept=0, now=later) is None

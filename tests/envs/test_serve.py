@@ -128,6 +128,25 @@ def test_user_exceptions_are_logged_counted_and_survived(api_factory, inference_
     assert "rollout of item" in log and len(failed) == 1 and log.count("Traceback") == 1, log
 
 
+def test_an_env_whose_every_rollout_is_refused_stops_with_the_refusals_line(
+    api_factory, inference_server, tmp_path
+):
+    """max_tokens over the engine's 512-token context: the env does not wait for ever at
+    step 0, it exits 2 (which the launcher does not restart) saying what to change."""
+    api = api_factory()
+    with httpx.Client(base_url=api.url, timeout=30) as client:
+        flags = ("--env.max_tokens", "600", "--env.stop_when_refused_s", "2")
+        env = serving(client, api, inference_server, tmp_path, *flags)
+        try:
+            code = env.proc.wait(timeout=120)
+        finally:
+            env.stop()
+    last = env.log().strip().splitlines()[-1]
+    assert code == 2, env.log()
+    assert "plus max_tokens 600 does not fit the model's context of 512 tokens" in last
+    assert "lower --env.max_tokens to " in last and last.endswith("so this env stops")
+
+
 def test_off_policy_bound_stops_generation(api_factory, inference_server, tmp_path):
     api = api_factory()
     with httpx.Client(base_url=api.url, timeout=30) as client:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from atroposlib.utils.ports import free_port
-from example_trainer.api import APIRefused, TrajectoryAPI
+from example_trainer.api import APIRefused, TrajectoryAPI, waiting_cause
 from example_trainer.config import TrainingConfig
 from tests.support.groups import make_group
 
@@ -84,3 +84,25 @@ def test_the_registration_carries_max_staleness_only_when_set(tmp_path):
     client.register(config(tmp_path), starting_step=0)
     assert sent[0]["max_staleness"] == 2
     assert "max_staleness" not in sent[1]
+
+
+def test_the_note_on_a_missing_batch_names_an_env_whose_rollouts_all_fail():
+    status = {
+        "queued_sequences": 0,
+        "env_progress": {
+            "even_0": {"groups_sent": 0, "rollout_errors": 24, "context_refusals": 24},
+            "math_0": {"groups_sent": 5, "rollout_errors": 2, "context_refusals": 0},
+        },
+    }
+    assert waiting_cause(status, 64) == (
+        "even_0 sent 0 groups, and the engine refused all 24 of its failed rollouts for the "
+        "model's context length (its log says what to change); math_0 sent 5 groups, and 2 "
+        "of its rollouts failed (its log has the first traceback); the API holds 0 sequences "
+        "of the 64 a batch needs"
+    )
+    quiet = waiting_cause({"queued_sequences": 3, "blocked_reason": "min share"}, None)
+    assert quiet == (
+        "the API holds 3 sequences; batch blocked: min share; no environment reports its "
+        "progress (none polls, or they are upstream's)"
+    )
+    assert waiting_cause("unreachable (refused)") == "the API is unreachable (refused)"
