@@ -8,16 +8,18 @@ limit) is written once at the top level or chosen by the plan.
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from atroposlib.inference.engines import EngineName
-from atroposlib.utils.sections import Section
+from atroposlib.utils.sections import Section, leaf_fields
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 MAX_COPIES = 256
@@ -203,7 +205,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     try:
         return LaunchConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {describe_errors(exc)}") from exc
+        raise ConfigError(f"{path}: {describe_errors(exc, LaunchConfig)}") from exc
 
 
 SCIENTIFIC = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
@@ -280,12 +282,42 @@ def redacted_text(text: str) -> str:
     return text if clean == data else yaml.safe_dump(clean, sort_keys=False)
 
 
-def describe_errors(exc: ValidationError) -> str:
+def describe_errors(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """Every problem at once; an unknown key of `model` with the closest known one."""
     problems = []
     for error in exc.errors():
         where = ".".join(str(p) for p in error["loc"]) or "(top level)"
         if error["type"] == "extra_forbidden":
-            problems.append(f"unknown key '{where}'")
+            near = closest_key(model, error["loc"]) if model is not None else None
+            problems.append(f"unknown key '{where}'" + (f"; did you mean {near}?" if near else ""))
         else:
             problems.append(f"{where}: {error['msg']}")
     return "; ".join(problems)
+
+
+def closest_key(model: type[BaseModel], loc: tuple[int | str, ...]) -> str | None:
+    """The known key nearest the unknown one at `loc`: a sibling's spelling, or under
+    trainer: the trainer's argument (`trainer.lr` is `trainer.args.lr`)."""
+    parent: type[BaseModel] | None = model
+    for part in loc[:-1]:
+        if isinstance(part, int) or parent is None:
+            continue
+        field = parent.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        inner: list[Any] = [*typing.get_args(annotation), annotation]
+        parent = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    if parent is None:
+        return None
+    key, prefix = str(loc[-1]), ".".join(str(p) for p in loc[:-1])
+    known = list(parent.model_fields)
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return f"{prefix}.{close[0]}" if prefix else close[0]
+    if parent is TrainerSection:
+        from atroposlib.launch.resolving import declared_config
+
+        trainer = declared_config(DEFAULT_TRAINER)
+        names = list(leaf_fields(trainer)) if trainer is not None else []
+        close = difflib.get_close_matches(key, names, n=1)
+        return f"trainer.args.{close[0]}" if close else None
+    return None

@@ -3,6 +3,7 @@ the flags a trainer module declares (`LAUNCH_CONFIG`) with their defaults."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 from typing import Any
@@ -117,9 +118,15 @@ def declared_default(declared: type[BaseModel] | None, name: str, module: str) -
 
 def validated(where: str, values: dict[str, Any], model: type[BaseModel]) -> BaseModel:
     """`values` (flat) as `model`, or a one-line refusal naming the key under `where`."""
-    unknown = sorted(set(values) - set(leaf_fields(model)))
+    known = list(leaf_fields(model))
+    unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ConfigError(f"unknown key '{where}.{unknown[0]}' (not a {model.__name__} field)")
+        said = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {where}.{close[0]}?" if close else ""
+            said.append(f"unknown key '{where}.{key}' (not a {model.__name__} field){hint}")
+        raise ConfigError("; ".join(said))
     try:
         return model.model_validate(values)
     except ValidationError as exc:

@@ -53,6 +53,28 @@ def test_a_set_key_the_config_does_not_have_is_refused_like_one_in_the_file(tmp_
     assert load_config(path, ["trainer.nproc=2", "seed=7"]).seed == 7
 
 
+def test_every_unknown_key_is_named_at_once_with_the_nearest_known_one(tmp_path):
+    from atroposlib.launch.resolving import validated
+    from example_trainer.config import TrainingConfig
+
+    path = write_config(tmp_path / "c.yaml", launch_config(tmp_path / "r"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ["trainer.lr=1e-4", "environments.0.envv.x=1", "sed=3"])
+    said = str(caught.value)
+    assert "unknown key 'trainer.lr'; did you mean trainer.args.lr?" in said
+    assert "unknown key 'environments.0.envv'; did you mean environments.0.env?" in said
+    assert "unknown key 'sed'; did you mean seed?" in said
+    with pytest.raises(ConfigError) as caught:
+        validated("trainer.args", {"training_step": 4, "lrr": 1.0, "zzz": 1}, TrainingConfig)
+    assert str(caught.value).split("; ") == [
+        "unknown key 'trainer.args.lrr' (not a TrainingConfig field)",
+        "did you mean trainer.args.lr?",
+        "unknown key 'trainer.args.training_step' (not a TrainingConfig field)",
+        "did you mean trainer.args.training_steps?",
+        "unknown key 'trainer.args.zzz' (not a TrainingConfig field)",
+    ]
+
+
 def test_the_model_is_a_directory_a_hub_name_or_tiny(tmp_path):
     for fine in ("tiny", "Qwen/Qwen2.5-0.5B-Instruct", "gpt2", str(tmp_path)):
         check_model_name(fine)
