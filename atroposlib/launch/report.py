@@ -12,6 +12,7 @@ import base64
 import html
 import json
 import math
+import shlex
 import shutil
 import statistics
 from pathlib import Path
@@ -21,11 +22,18 @@ from atroposlib.launch.ledger import account
 from atroposlib.launch.plan import Plan
 from atroposlib.launch.report_data import (
     RunReading,
+    final_checkpoint,
     numeric_metrics,
     read_run,
 )
-from atroposlib.launch.report_html import environments_table, facts_list, summary_table
+from atroposlib.launch.report_html import (
+    PAGE_STYLE,
+    environments_table,
+    facts_list,
+    summary_table,
+)
 from atroposlib.launch.report_plots import plot
+from atroposlib.launch.resume import resume_command
 from atroposlib.trainer_contract import (
     EventKind,
     MetricsRow,
@@ -42,6 +50,13 @@ from atroposlib.viewer.render import group_images
 
 SAMPLES_PER_END = 3
 WINDOW = 10  # steps at each end whose mean scores are compared
+REPORT_TOOL = "atropos-report"
+"""The console script that rebuilds a run's report from its directory (cli/report.py)."""
+
+
+def report_command(run_dir: Path) -> str:
+    """The command that writes `run_dir`'s report again, from its files alone."""
+    return f"{REPORT_TOOL} {shlex.quote(str(run_dir))}"
 
 
 def sample_groups(rollouts_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -191,13 +206,33 @@ def environment_line(entry: dict[str, Any]) -> str:
     )
 
 
+def closing_notes(numbers: dict[str, Any], run_dir: Path) -> list[str]:
+    """The closing panel's last lines: what is printed below it whole (the panel is
+    narrow): the command that continues the run, and how to load its final model."""
+    notes = []
+    if numbers.get("resume_command"):
+        notes.append("continue it with the command below")
+    final = numbers.get("final_model")
+    if final:
+        shown = Path(final)
+        if shown.is_relative_to(run_dir):
+            shown = shown.relative_to(run_dir)
+        notes.append(f"final model: {shown} (Hugging Face format; loading it: below)")
+    return notes
+
+
 def run_numbers(
     plan: Plan, restarts: dict[str, int] | None = None, reading: RunReading | None = None
 ) -> dict[str, Any]:
     """The summary of the run: learning verdict (the whole run's, then each
-    environment's), event counts, restarts after crashes, and where every acknowledged
-    group went (`ledger.py`). `reading`: the run's files as `read_run` read them."""
-    numbers = summary(read_metrics(plan.metrics_path))
+    environment's), event counts, restarts after crashes, where every acknowledged
+    group went (`ledger.py`), the final model, and how to continue a run whose trainer
+    did not finish. `reading`: the run's files as `read_run` read them."""
+    rows = read_metrics(plan.metrics_path)
+    numbers = summary(rows)
+    trained = max((row.step for row in rows), default=0)
+    if 0 < trained < plan.training_steps:  # a run that never trained is launched again
+        numbers["resume_command"] = resume_command(plan.run_dir)
     reading = reading or read_run(plan)
     if reading.problem:
         numbers["environments_line"] = f"environments: not read ({reading.problem})"
@@ -207,6 +242,9 @@ def run_numbers(
     events = read_events(plan.events_path)
     numbers.update(event_counts(events))
     numbers["restarts"] = dict(restarts or {})
+    final = final_checkpoint(plan.checkpoints, events)
+    if final is not None:
+        numbers["final_model"] = str(final)
     saved = [e.step for e in events if e.kind is EventKind.CHECKPOINT_SAVED]
     try:
         groups = account(
@@ -243,7 +281,10 @@ def write_report(
     config_text: str,
     numbers: dict[str, Any] | None = None,
     reading: RunReading | None = None,
+    facts: dict[str, Any] | None = None,
 ) -> Path:
+    """summary.json, report.png and report.html in the run directory; the page's path.
+    `facts`: what the score depended on, when not this machine's (a rebuilt report)."""
     run_dir = plan.run_dir
     rows = read_metrics(plan.metrics_path)
     for records in (plan.metrics_path, plan.events_path, groups_path(plan.checkpoints)):
@@ -251,7 +292,7 @@ def write_report(
             shutil.copyfile(records, run_dir / records.name)
     reading = reading or read_run(plan)
     numbers = numbers if numbers is not None else run_numbers(plan, reading=reading)
-    facts = run_facts(plan)
+    facts = facts if facts is not None else run_facts(plan)
     (run_dir / "summary.json").write_text(json.dumps({**numbers, **facts}, indent=2))
     image = ""
     if rows:
@@ -263,13 +304,7 @@ def write_report(
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>atropos run {html.escape(run_dir.name)}</title>
 <style>{ROLLOUT_CSS}</style>
-<style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}
-pre{{white-space:pre-wrap;margin:0}} td,th{{border:1px solid #ccc;padding:4px;
-vertical-align:top}} table{{border-collapse:collapse;width:100%}}
-.verdict{{padding:8px;font-weight:bold}} .ok{{background:#dfd}} .bad{{background:#fdd}}
-.unsure{{background:#ffd}} table.summary th{{text-align:left;width:30%}}
-tr.resume td{{font-family:monospace}} img.picture{{max-width:224px;margin:4px;
-border:1px solid #ccc}}</style></head><body>
+<style>{PAGE_STYLE}</style></head><body>
 <h1>Run {html.escape(run_dir.name)}</h1>
 <p>Policy: <code>{html.escape(plan.model)}</code>; run directory
 <code>{html.escape(str(run_dir))}</code></p>

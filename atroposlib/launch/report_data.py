@@ -23,7 +23,15 @@ from typing import Any
 from atroposlib.envs.eval import EVAL_HISTORY
 from atroposlib.launch.plan import EVALS_DIR, Plan
 from atroposlib.protocol import GROUP_ID_FIELD
-from atroposlib.trainer_contract import groups_path, read_trained_groups
+from atroposlib.trainer_contract import (
+    EventKind,
+    TrainerEvent,
+    groups_path,
+    read_trained_groups,
+)
+
+HF_CONFIG = "config.json"
+"""What makes a checkpoint directory one `from_pretrained` loads (Hugging Face format)."""
 
 
 def environment_labels(plan: Plan) -> dict[str, str]:
@@ -130,3 +138,18 @@ def numeric_metrics(record: dict[str, Any]) -> dict[str, float]:
         for name, value in record["metrics"].items()
         if isinstance(value, int | float) and not isinstance(value, bool)
     }
+
+
+def final_checkpoint(checkpoints: Path, events: list[TrainerEvent]) -> Path | None:
+    """The newest saved checkpoint still on disk in Hugging Face format: the model the run
+    leaves. Its path comes from the trainer's `checkpoint_saved` events (the contract),
+    tried as recorded, then by its name under `checkpoints` (a run directory moved since).
+    None for a trainer whose checkpoints `from_pretrained` cannot load."""
+    for event in reversed(events):
+        recorded = event.detail.get("path")
+        if event.kind is not EventKind.CHECKPOINT_SAVED or not isinstance(recorded, str):
+            continue
+        for candidate in (Path(recorded), checkpoints / Path(recorded).name):
+            if (candidate / HF_CONFIG).is_file():
+                return candidate
+    return None

@@ -9,9 +9,18 @@ come from the run's files.
 from __future__ import annotations
 
 import html
+import json
 from typing import Any
 
 STYLES: dict[bool | None, str] = {True: "ok", False: "bad"}
+PAGE_STYLE = """body{font-family:sans-serif;max-width:1000px;margin:auto}
+pre{white-space:pre-wrap;margin:0} td,th{border:1px solid #ccc;padding:4px;
+vertical-align:top} table{border-collapse:collapse;width:100%}
+.verdict{padding:8px;font-weight:bold} .ok{background:#dfd} .bad{background:#fdd}
+.unsure{background:#ffd} table.summary th{text-align:left;width:30%}
+tr.resume td,tr.code td{font-family:monospace} tr.code td{white-space:pre-wrap}
+img.picture{max-width:224px;margin:4px;border:1px solid #ccc}"""
+"""The CSS of the run report and of the comparison page (compare.py), one look for both."""
 
 
 def _number(value: Any) -> str:
@@ -53,7 +62,19 @@ def summary_table(numbers: dict[str, Any]) -> str:
             pairs.append((label, _number(numbers[key]), ""))
     if numbers.get("resume_command"):
         pairs.append(("Continue this run", numbers["resume_command"], "resume"))
+    if numbers.get("final_model"):
+        pairs.append(("Final model (Hugging Face format)", numbers["final_model"], "resume"))
+        pairs.append(("Load it", "\n".join(loading_lines(numbers["final_model"])), "code"))
     return f'<table class="summary">{_rows(pairs)}</table>'
+
+
+def loading_lines(checkpoint: str) -> list[str]:
+    """Two lines of Python that load the run's final model: what a reader does next."""
+    path = json.dumps(checkpoint, ensure_ascii=False)  # a Python string literal
+    return [
+        "from transformers import AutoModelForCausalLM",
+        f"model = AutoModelForCausalLM.from_pretrained({path})",
+    ]
 
 
 def environments_table(environments: dict[str, dict[str, Any]]) -> str:

@@ -35,17 +35,23 @@ def rolling_mean(values: list[float], window: int) -> list[float]:
     ]
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend: figures drawn to files, no display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot(
     rows: list[MetricsRow],
     out: Path,
     env_scores: dict[str, dict[int, float]] | None = None,
     evals: dict[str, list[dict[str, Any]]] | None = None,
 ) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     env_scores, evals = env_scores or {}, evals or {}
     extras = [row.model_extra or {} for row in rows]
     # a figure logged as zero throughout (KL without a reference) is not drawn

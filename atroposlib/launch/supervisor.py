@@ -41,8 +41,15 @@ from atroposlib.launch.children import Child
 from atroposlib.launch.config import effective_text, redacted_text
 from atroposlib.launch.console import key_line
 from atroposlib.launch.plan import KEY_FILE, Plan
-from atroposlib.launch.report import environment_line, run_numbers, write_report
+from atroposlib.launch.report import (
+    closing_notes,
+    environment_line,
+    report_command,
+    run_numbers,
+    write_report,
+)
 from atroposlib.launch.report_data import read_run
+from atroposlib.launch.report_html import loading_lines
 from atroposlib.launch.resume import LaunchRecord, resume_command, write_record
 from atroposlib.launch.status import StatusReader
 from atroposlib.trainer_contract import FINAL_EXIT_CODE, EventKind, read_events, read_metrics
@@ -351,13 +358,15 @@ class Launcher:
 
     def _finish(self, outcome: Outcome, elapsed: float) -> None:
         reading = read_run(self.plan)  # read once, for the panel and the report
+        # with the resume command when the trainer did not finish, the final model if any
         numbers = run_numbers(self.plan, self.restarts(), reading)
-        unfinished = outcome.code != 0 and not self._trainer_finished()
-        if unfinished:
-            numbers["resume_command"] = resume_command(self.plan.run_dir)
+        unfinished = "resume_command" in numbers
         report = None
         try:
             report = write_report(self.plan, self.config_text, numbers, reading)
+        except KeyboardInterrupt:  # a second Ctrl-C (importing matplotlib, drawing)
+            rebuild = report_command(self.plan.run_dir)
+            self.say(f"report skipped (interrupted); rebuild it: {rebuild}", "bold red")
         except Exception as exc:
             self.say(f"could not write the report: {exc}", "bold red")
         lines = [f"{outcome.message} after {elapsed:.0f}s"]
@@ -381,15 +390,19 @@ class Launcher:
             f"  engine restarts: {numbers['engine_restarts']}; "
             f"checkpoints saved: {numbers['checkpoints_saved']}"
         )
-        if unfinished:
-            lines.append("  continue it with the command below")
+        lines += [f"  {note}" for note in closing_notes(numbers, self.plan.run_dir)]
         style = "green" if outcome.code == 0 and numbers.get("learned") is not False else "red"
         self.console.print(Panel("\n".join(lines), title="atropos-launch", border_style=style))
         if outcome.failed is not None:
             self.say(f"last lines of {outcome.failed.log_path}:", "bold red")
             self.console.print(Text(outcome.failed.tail()), soft_wrap=True)
         if unfinished:
-            self.say(f"continue this run: {numbers['resume_command']}", "bold")
+            self.say(f"continue this run: {resume_command(self.plan.run_dir)}", "bold")
+        final = numbers.get("final_model")
+        if final:
+            self.say(f"final model: {final}")
+            for line in loading_lines(final):
+                self.console.print(Text(line), soft_wrap=True)
         self.say(f"logs: {self.plan.run_dir / 'logs'}")
         if report is not None:
             self.say(f"report: {report}")

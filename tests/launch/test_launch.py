@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from atroposlib.cli.report import main as report_main
+from atroposlib.launch.report_html import loading_lines
 from atroposlib.trainer_contract import read_events, read_metrics
 from tests.support.launch import (
     Finished,
@@ -145,6 +147,24 @@ def test_the_report_shows_the_figure_the_rollouts_and_the_machine(short_run):
     assert f"[launch] report: {run_dir / 'report.html'}" in short_run.output()
 
 
+def test_the_report_rebuilds_from_the_run_directory_and_names_the_final_model(short_run):
+    """`atropos-report RUN_DIR` writes the launcher's report again from the run's files
+    alone; the panel names the final model and prints the two lines that load it. (That
+    they load it: the engine restarted on step-2 above loads a checkpoint of this trainer
+    with the same `AutoModelForCausalLM.from_pretrained`, atroposlib/inference/sampler.py;
+    running the snippet here would cost 8 s of CPU for torch and transformers.)"""
+    run_dir, final = short_run.run_dir, short_run.run_dir / "checkpoints" / "step-4"
+    launched = short_run.numbers()
+    assert launched["final_model"] == str(final)
+    lines = loading_lines(str(final))
+    assert f"[launch] final model: {final}\n" + "\n".join(lines) + "\n" in short_run.output()
+    page = (run_dir / "report.html").read_text()
+    (run_dir / "report.html").unlink()
+    assert report_main([str(run_dir)]) == 0
+    assert short_run.numbers() == launched
+    assert (run_dir / "report.html").read_text() == page
+
+
 def test_the_summary_of_a_short_run_says_it_is_too_short_to_judge(short_run):
     numbers = short_run.numbers()
     assert numbers["steps"] == 4 and numbers["learned"] is None and numbers["seed"] == 0
@@ -215,6 +235,7 @@ def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(flat_r
     numbers = flat_run.numbers()
     assert numbers["steps"] == 20
     assert numbers["engine_restarts"] == 0 and numbers["checkpoints_saved"] == 20
+    assert "final_model" not in numbers and "final model" not in out  # not Hugging Face's
     assert re.search(r"engine restarts: 0; checkpoints saved: 20", re.sub(r"[│\s]+", " ", out))
     assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(1, 21))
     assert (run_dir / "checkpoints" / "step-20" / "state.json").exists()

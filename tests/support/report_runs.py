@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from atroposlib.launch.config import LaunchConfig
 from atroposlib.launch.plan import Plan, ProcessPlan
+from atroposlib.launch.resume import LaunchRecord, write_record
+from atroposlib.trainer_contract import EventKind, RunRecords
 
 STEPS = 20
 GROUP = 4
@@ -18,17 +23,21 @@ def learning_score(step: int) -> float:
     return 0.2 + 0.6 * (step - 1) / (STEPS - 1)
 
 
-def made_up_run(run_dir: Path) -> Plan:
-    """Files as a two-environment launch leaves them; the plan that names them."""
-    config = LaunchConfig.model_validate(
-        {
-            "model": "tiny",
-            "environments": [
-                {"script": "learns.py", "name": "learns", "copies": 2},
-                {"script": "flat.py", "name": "flat<b>"},
-            ],
-        }
-    )
+def made_up_config() -> dict[str, Any]:
+    """The YAML of the made-up run: two environments, one of them in two copies."""
+    return {
+        "model": "tiny",
+        "environments": [
+            {"script": "learns.py", "name": "learns", "copies": 2},
+            {"script": "flat.py", "name": "flat<b>"},
+        ],
+    }
+
+
+def made_up_run(run_dir: Path, data: dict[str, Any] | None = None) -> Plan:
+    """Files as a two-environment launch leaves them; the plan that names them. `data`:
+    the YAML's data (default `made_up_config()`)."""
+    config = LaunchConfig.model_validate(data or made_up_config())
     plan = Plan(
         config=config,
         run_dir=run_dir,
@@ -103,3 +112,32 @@ def made_up_run(run_dir: Path) -> Plan:
 
 def write_lines(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def launched_run(
+    run_dir: Path, data: dict[str, Any] | None = None, training_steps: int = STEPS
+) -> Plan:
+    """`made_up_run` with what the launcher and the trainer leave besides: config.yaml,
+    launch.json and commands.json as the launcher writes them before anything starts,
+    and a checkpoint in Hugging Face format every 10 steps with the trainer's
+    `checkpoint_saved` event. `training_steps`: what the trainer was asked for (more
+    than STEPS: a run stopped before its end)."""
+    data = data or made_up_config()
+    plan = made_up_run(run_dir, data)
+    plan.training_steps = training_steps
+    config_file = run_dir / "config.yaml"
+    config_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    write_record(run_dir, LaunchRecord(config=str(config_file)))
+    plan.trainer.command = [
+        "python", "-m", "example_trainer.grpo", "--model-name", plan.model,
+        "--save-path", str(plan.checkpoints), "--training-steps", str(training_steps),
+    ]  # fmt: skip
+    commands = {process.name: process.command for process in plan.processes}
+    (run_dir / "commands.json").write_text(json.dumps(commands, indent=2))
+    records = RunRecords(plan.checkpoints)
+    for step in range(10, STEPS + 1, 10):
+        checkpoint = plan.checkpoints / f"step-{step}"
+        checkpoint.mkdir()
+        (checkpoint / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        records.event(EventKind.CHECKPOINT_SAVED, step, path=str(checkpoint))
+    return plan
