@@ -24,6 +24,11 @@ class BaseEnvConfig(BaseModel):
     max_eval_workers: int = Field(16, description="Concurrent evaluation workers.")
     max_num_workers_per_node: int = Field(8, description="Workers per inference server.")
     steps_per_eval: int = Field(100, description="Run evaluate() every this many trainer steps.")
+    eval_at_start: bool = Field(
+        False,
+        description="serve: evaluate once before the first step too, when total_steps reaches "
+        "steps_per_eval, so the eval curve has a baseline (atropos-launch turns it on).",
+    )
     max_token_length: int = Field(2048, description="Longest sequence this env produces.")
     eval_handling: EvalHandlingEnum = Field(
         EvalHandlingEnum.STOP_TRAIN, description="STOP_TRAIN, LIMIT_TRAIN or NONE."

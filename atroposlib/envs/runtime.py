@@ -142,6 +142,9 @@ class EnvRuntime:
         await env.get_server_info()
         if config.steps_per_eval > 0:
             self.last_eval_bucket = env.curr_step // config.steps_per_eval
+            if config.eval_at_start and env.curr_step == 0:
+                if config.total_steps >= config.steps_per_eval:  # the run evaluates at all
+                    self.last_eval_bucket = -1  # a baseline first: the curve starts at 0
         if env.checkpoint_interval and env.checkpoint_interval > 0:
             self.last_checkpoint_bucket = env.curr_step // env.checkpoint_interval
         self._restore_backlog()

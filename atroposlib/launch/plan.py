@@ -321,6 +321,7 @@ def _environment_plans(
                 "max_token_length": limit,
                 "use_wandb": False,
                 "include_messages": True,
+                "eval_at_start": True,  # every eval curve starts at a baseline
                 "data_path_to_save_groups": str(shared.run_dir / "rollouts" / f"{name}.jsonl"),
                 "data_dir_to_save_evals": str(shared.run_dir / EVALS_DIR / name),
                 **section.env,

@@ -263,16 +263,25 @@ def assert_evaluation_written(evals: Path) -> None:
 # test_stops_at_total_steps_and_a_stateless_env_writes_no_checkpoint
 @pytest.mark.parametrize("handling", ["LIMIT_TRAIN"])
 def test_evaluations_run_every_steps_per_eval(api_factory, inference_server, tmp_path, handling):
+    """With eval_at_start (the launcher's setting), a baseline at step 0 comes first."""
     api = api_factory()
     evals = tmp_path / "evals"
+    flags = (*evaluating(evals, handling), "--env.eval_at_start", "true")
     with httpx.Client(base_url=api.url, timeout=30) as client:
-        env = serving(client, api, inference_server, tmp_path, *evaluating(evals, handling))
+        env = serving(client, api, inference_server, tmp_path, *flags)
         try:
             pull(client, 3)
-            wait_until((evals / "metrics.json").exists, 60, "no evaluation was written")
+            wait_until((evals / "history.jsonl").exists, 60, "no evaluation was written")
+            wait_until(lambda: len(eval_steps(evals)) >= 2, 60, "one evaluation only")
         finally:
             env.stop()
     assert_evaluation_written(evals)
+    first, second = eval_steps(evals)[:2]  # the second at the step its poll saw: 2 or later
+    assert first == 0 and second >= 2, eval_steps(evals)
+
+
+def eval_steps(evals: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (evals / "history.jsonl").read_text().splitlines()]
 
 
 def test_evaluate_subcommand(inference_server, tmp_path):
