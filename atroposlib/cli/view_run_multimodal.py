@@ -6,24 +6,27 @@ import argparse
 import sys
 
 from atroposlib.utils.flags import add_model_flags, parse_settings
-from atroposlib.viewer.settings import MultimodalViewRunSettings
+from atroposlib.viewer.settings import MultimodalViewRunSettings, add_run_dir_argument
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="view-run-multimodal",
         description="Gradio page that pulls batches from run-api and shows each group's "
-        "images, prompt, completions and scores. It registers as the run's trainer.",
+        "images, prompt, completions and scores. It registers as the run's trainer. With "
+        "RUN_DIR it shows a finished run's groups from its files instead: no API, nothing "
+        "registered.",
     )
+    add_run_dir_argument(parser)
     add_model_flags(parser, MultimodalViewRunSettings)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings, _ = parse_settings(build_parser(), MultimodalViewRunSettings, argv)
-    from atroposlib.viewer.app import serve  # Gradio only when the tool runs
+    settings, args = parse_settings(build_parser(), MultimodalViewRunSettings, argv)
+    from atroposlib.viewer.app import serve_view  # Gradio only when the tool runs
 
-    return serve(settings, multimodal=True)
+    return serve_view(settings, args.run_dir, multimodal=True)
 
 
 if __name__ == "__main__":

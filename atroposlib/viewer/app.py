@@ -1,7 +1,8 @@
 """The Gradio page of `view-run`: a button that pulls one batch and shows its groups.
 
-This is the only viewer module that imports Gradio, and it does so inside functions, so
-`import atroposlib.viewer.app` works without it and the tools say how to install it.
+Gradio is imported only through `import_gradio`, inside functions, so importing the
+viewer works without it and the tools say how to install it. `serve_page` is the start
+both modes share (the RUN_DIR page of a finished run is `browse.py`'s).
 Pulling happens on a click (one `/batch` call each), never in a loop: a page left open
 does not drain the run, and an API that is down or empty is reported at once instead of
 hanging the page. The tokenizer is loaded before the page starts, so a wrong
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from atroposlib.utils import listen
@@ -26,7 +28,7 @@ from atroposlib.utils.request_guard import RequestGuard
 from atroposlib.utils.tokenizers import TokenizerLoadError
 from atroposlib.utils.tokenizers import load_tokenizer as load_named_tokenizer
 from atroposlib.viewer.render import Decoder, render_batch, render_notice, scoped_css
-from atroposlib.viewer.settings import ViewRunSettings
+from atroposlib.viewer.settings import RecordedViewSettings, ViewRunSettings
 from atroposlib.viewer.source import GroupSource
 
 INSTALL_HINT = "view-run needs Gradio: pip install gradio"
@@ -52,7 +54,8 @@ def load_tokenizer(name: str) -> Decoder:
         raise ViewerError(str(error)) from None
 
 
-def _import_gradio() -> Any:
+def import_gradio() -> Any:
+    """Gradio, imported only when a page is built; ViewerError says how to install it."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home
     try:
         import gradio
@@ -65,8 +68,8 @@ def build_app(
     settings: ViewRunSettings, decoder: Decoder, source: GroupSource, multimodal: bool
 ) -> Any:
     """The Gradio Blocks of the page (not launched)."""
-    gr = _import_gradio()
-    title = "view-run-multimodal" if multimodal else "view-run"
+    gr = import_gradio()
+    title = tool_name(multimodal)
     pulled = {"batches": 0}
 
     def grab() -> tuple[Any, Any]:
@@ -95,7 +98,7 @@ def build_app(
 
 def page_app(settings: ViewRunSettings, blocks: Any) -> Any:
     """The FastAPI app that serves `blocks` at /, with /health and the token guard."""
-    gr = _import_gradio()
+    gr = import_gradio()
     from fastapi import FastAPI
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
@@ -119,17 +122,52 @@ def page_app(settings: ViewRunSettings, blocks: Any) -> Any:
     return app
 
 
+def tool_name(multimodal: bool) -> str:
+    return "view-run-multimodal" if multimodal else "view-run"
+
+
+def serve_view(settings: ViewRunSettings, run_dir: str | None, multimodal: bool) -> int:
+    """The tools' entry: a finished run's files when RUN_DIR is given, else the live API."""
+    if run_dir is None:
+        return serve(settings, multimodal)
+    from atroposlib.viewer.browse import serve_recorded
+
+    return serve_recorded(RecordedViewSettings.from_flags(settings, run_dir), multimodal)
+
+
 def serve(settings: ViewRunSettings, multimodal: bool = False) -> int:
     """Check the bind, load the tokenizer, then serve the page until stopped (Ctrl-C: 0)."""
-    tool = "view-run-multimodal" if multimodal else "view-run"
+
+    def prepare(resolved: ViewRunSettings) -> Prepared:
+        # the tokenizer first: a mistyped name fails in a second, not after Gradio
+        decoder = load_tokenizer(resolved.tokenizer)
+        import_gradio()
+        source = GroupSource(resolved.api_url, resolved.batch_size, resolved.max_token_len)
+        return build_app(resolved, decoder, source, multimodal), source.close
+
+    return serve_page(settings, tool_name(multimodal), prepare)
+
+
+Prepared = tuple[Any, Callable[[], None]]
+"""A page's Gradio Blocks, and what to close once it stops."""
+
+
+def serve_page(
+    settings: ViewRunSettings, tool: str, prepare: Callable[[ViewRunSettings], Prepared]
+) -> int:
+    """Both modes' start: the exposure rule, then the port (a busy one is one line and
+    exit 2 before any slow work), then `prepare` (tokenizer, Gradio: a ViewerError is one
+    line and exit 2), then the page behind the guard until stopped (Ctrl-C: 0)."""
     try:
-        return _serve(settings, multimodal, tool)
+        return _serve_page(settings, tool, prepare)
     except KeyboardInterrupt:  # while the tokenizer or Gradio loads
         print(f"{tool}: stopped", file=sys.stderr)
         return 0
 
 
-def _serve(settings: ViewRunSettings, multimodal: bool, tool: str) -> int:
+def _serve_page(
+    settings: ViewRunSettings, tool: str, prepare: Callable[[ViewRunSettings], Prepared]
+) -> int:
     settings = settings.resolved()
     problem = settings.exposure_problem()
     if warning := settings.exposure_warning():
@@ -143,16 +181,14 @@ def _serve(settings: ViewRunSettings, multimodal: bool, tool: str) -> int:
         print(f"{tool}: {error}", file=sys.stderr)
         return 2
     with sock:
-        try:  # the tokenizer first: a mistyped name fails in a second, not after Gradio
-            decoder = load_tokenizer(settings.tokenizer)
-            _import_gradio()
+        try:
+            blocks, close = prepare(settings)
         except ViewerError as error:
             print(f"{tool}: error: {error}", file=sys.stderr)
             return 2
-        source = GroupSource(settings.api_url, settings.batch_size, settings.max_token_len)
-        app = page_app(settings, build_app(settings, decoder, source, multimodal))
-        print(f"{tool}: serving on http://{settings.host}:{settings.port}/", flush=True)
         try:
+            app = page_app(settings, blocks)
+            print(f"{tool}: serving on http://{settings.host}:{settings.port}/", flush=True)
             return listen.serve(
                 app,
                 sock,
@@ -163,4 +199,4 @@ def _serve(settings: ViewRunSettings, multimodal: bool, tool: str) -> int:
                 timeout_graceful_shutdown=5,
             )
         finally:
-            source.close()
+            close()

@@ -221,25 +221,36 @@ def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
     return f'<div class="group" id="group-{index}">{header}{prompt}{"".join(items)}</div>'
 
 
-def _read_groups(path: Path) -> list[dict[str, Any]]:
-    """Parse the jsonl, skipping blank lines and warning about (and skipping) bad ones."""
-    groups = []
-    with path.open(encoding="utf-8") as handle:
+def read_groups(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """The groups of a jsonl file, and (line number, why) for each line skipped.
+
+    A line cut by a crash, bytes that are not UTF-8 or JSON that is not an object are
+    skipped and counted rather than stopping the reader: a run's file may be read while
+    it is written, or after the writer died mid-line. Blank lines are ignored.
+    """
+    groups: list[dict[str, Any]] = []
+    skipped: list[tuple[int, str]] = []
+    with path.open("rb") as handle:
         for line_number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                group = json.loads(line)
-            except json.JSONDecodeError as error:
-                print(f"Warning: skipping line {line_number} of {path}: {error}", file=sys.stderr)
+                group = json.loads(line.decode("utf-8"))
+            except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+                skipped.append((line_number, str(error)))
                 continue
             if not isinstance(group, dict):
-                print(
-                    f"Warning: skipping line {line_number} of {path}: not an object",
-                    file=sys.stderr,
-                )
+                skipped.append((line_number, "not an object"))
                 continue
             groups.append(group)
+    return groups, skipped
+
+
+def _read_groups(path: Path) -> list[dict[str, Any]]:
+    """Parse the jsonl, skipping blank lines and warning about (and skipping) bad ones."""
+    groups, skipped = read_groups(path)
+    for line_number, why in skipped:
+        print(f"Warning: skipping line {line_number} of {path}: {why}", file=sys.stderr)
     return groups
 
 

@@ -27,6 +27,10 @@ MASKED = -100
 
 MASKED_ROLE = "masked (not trained)"
 TRAINED_ROLE = "trained"
+NO_MESSAGES = (
+    "no messages with scores recorded: start the viewer with --tokenizer (the run's "
+    "model) to decode this group's tokens"
+)
 
 SCOPE = ".atropos-view"
 
@@ -38,7 +42,7 @@ _EXTRA_CSS = """
 .note { color: #555; font-style: italic; margin: 0.3em 1em; }
 .notice { padding: 0.6em 1em; border-radius: 4px; margin-bottom: 1em; font-weight: bold; }
 .notice-error { background: #fde2e2; color: #7a1010; }
-.notice-waiting { background: #fff4d6; color: #6b4e00; }
+.notice-waiting, .notice-warning { background: #fff4d6; color: #6b4e00; }
 .notice-ok { background: #e2f5e2; color: #185c18; }
 """
 
@@ -243,8 +247,34 @@ def render_group(group: Any, index: int, decoder: Decoder, show_images: bool = F
         f'<div class="content">{html.escape(prompt) or "(no shared prompt)"}</div></div>'
         f"{_images_html(data, show_images)}{''.join(_note(n) for n in notes)}"
     )
+    return _section(index, body, extras)
+
+
+def _section(index: int, body: str, extras: str) -> str:
     inner = _after_header(body, extras)
     return f'<section class="view-group" id="view-group-{index}">{inner}</section>'
+
+
+def render_recorded_group(group: Any, index: int, show_images: bool = False) -> str:
+    """One group by the `messages` its environment recorded, so no tokenizer is needed:
+    the jsonl viewer draws what every conversation starts with once, then each reply
+    with its score. Images as `render_group` shows them."""
+    data = as_group_dict(group)
+    body = create_html_for_group(data, index)
+    notes = "" if body else _note(NO_MESSAGES)
+    return _section(index, body, _images_html(data, show_images) + notes)
+
+
+def render_recorded(
+    group: Any, index: int, decoder: Decoder | None, show_images: bool = False
+) -> str:
+    """A group from a run's files, in the viewer's scope: its tokens decoded when a
+    tokenizer was given, else the messages its environment recorded."""
+    if decoder is not None:
+        inner = render_group(group, index, decoder, show_images)
+    else:
+        inner = render_recorded_group(group, index, show_images)
+    return f'<div class="{SCOPE[1:]}">{inner}</div>'
 
 
 def _after_header(group_html: str, extras: str) -> str:
@@ -268,7 +298,7 @@ def render_batch(groups: Sequence[Any], decoder: Decoder, show_images: bool = Fa
 
 
 def render_notice(kind: str, message: str) -> str:
-    """A status line: kind is "error", "waiting" or "ok"."""
+    """A status line: kind is "error", "waiting", "warning" or "ok"."""
     return (
         f'<div class="{SCOPE[1:]}"><div class="notice notice-{html.escape(kind)}">'
         f"{html.escape(message)}</div></div>"

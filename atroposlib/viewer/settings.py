@@ -1,6 +1,8 @@
 """The viewers' settings: upstream's four flags plus where the API and the page are.
 
-One pydantic model per tool feeds both `--help` and validation (atroposlib.utils.flags).
+One pydantic model per tool feeds both `--help` and validation (atroposlib.utils.flags);
+`view-run RUN_DIR` (a finished run's files, no API) reuses the page's flags through
+`RecordedViewSettings`, so both modes bind, guard and refuse alike.
 The page binds to loopback unless told otherwise: it shows training data and lets anyone
 who reaches it pull batches off the run (upstream shared it through a public Gradio link).
 A non-loopback --host needs a token (--api-key) or --insecure, as every atroposlib
@@ -9,6 +11,8 @@ listener does (atroposlib.utils.exposure, docs/security.md).
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel, Field
@@ -80,4 +84,51 @@ class MultimodalViewRunSettings(ViewRunSettings):
     tokenizer: str = Field(
         DEFAULT_MULTIMODAL_TOKENIZER,
         description="Tokenizer (Hugging Face name or local path) that decodes the tokens.",
+    )
+
+
+class RecordedViewSettings(ViewRunSettings):
+    """`view-run RUN_DIR`: the same page over the groups a run wrote to its files.
+
+    Nothing is pulled or registered, so the API's flags do nothing here; the page's
+    flags (port, host, token) mean what they mean live. The groups are drawn from the
+    messages their environment recorded unless --tokenizer is given, which decodes their
+    tokens instead (the live default names a hub model that a local run never used).
+    """
+
+    EXPOSURE_RISK: ClassVar[str] = "read the run's rollouts"
+    API_FLAGS: ClassVar[tuple[str, ...]] = ("group_size", "max_token_len", "api_url")
+
+    run_dir: Path = Field(
+        ..., description="A run's directory (its rollouts/*.jsonl) or one .jsonl file."
+    )
+
+    @classmethod
+    def from_flags(cls, settings: ViewRunSettings, run_dir: str) -> RecordedViewSettings:
+        """The flags the user gave (and only those: defaults stay unset) plus RUN_DIR."""
+        given = settings.model_dump(exclude_unset=True)
+        return cls.model_validate({**given, "run_dir": run_dir})
+
+    @property
+    def decode_with(self) -> str | None:
+        """The tokenizer to decode tokens with: only one given by --tokenizer."""
+        return self.tokenizer if "tokenizer" in self.model_fields_set else None
+
+    def unused_flags(self) -> list[str]:
+        """The API's flags the user gave, which a run's files do not need."""
+        given = [name for name in self.API_FLAGS if name in self.model_fields_set]
+        return ["--" + name.replace("_", "-") for name in given]
+
+
+def add_run_dir_argument(parser: argparse.ArgumentParser) -> None:
+    """The tools' optional RUN_DIR: a finished run's files instead of a live API."""
+    parser.add_argument(
+        "run_dir",
+        nargs="?",
+        default=None,
+        metavar="RUN_DIR",
+        help="Show the groups a finished run wrote (RUN_DIR/rollouts/*.jsonl, or one "
+        ".jsonl file) instead of pulling from run-api: no API is needed and nothing is "
+        "registered. They are drawn from the messages their environment recorded, or "
+        "decoded from their tokens when --tokenizer is given.",
     )

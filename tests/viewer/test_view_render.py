@@ -21,13 +21,6 @@ from atroposlib.viewer.render import (
 from tests.support.text_groups import MASKED, png_base64, text_group
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_path)
-
-
 def _items(page: str) -> list[str]:
     return re.findall(r'<div class="item[^"]*" style="background: [^"]*">.*?</div></div>', page)
 
@@ -167,7 +160,7 @@ def test_css_is_scoped_to_the_viewer():
 def test_importing_the_viewer_and_its_tools_does_not_import_gradio():
     code = (
         "import sys; import atroposlib, atroposlib.cli.view_run, "
-        "atroposlib.cli.view_run_multimodal, atroposlib.viewer.app; "
+        "atroposlib.cli.view_run_multimodal, atroposlib.viewer.app, atroposlib.viewer.browse; "
         "assert 'gradio' not in sys.modules, 'gradio imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

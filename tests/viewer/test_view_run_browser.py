@@ -22,7 +22,6 @@ import pytest
 
 from atroposlib.utils.ports import free_port
 from atroposlib.viewer.settings import PAGE_KEY_ENV
-from tests.support.browser import headless_chromium
 from tests.support.groups import register_env
 from tests.support.processes import ApiProcess
 from tests.support.text_groups import png_base64, text_group
@@ -33,19 +32,6 @@ pytestmark = pytest.mark.timeout(300)
 BUTTON = "Grab next batch"
 PAGE_TIMEOUT_MS = 30_000
 QUESTIONS = [f"What is {a} + {b} mod 10?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8)] * 2]
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator:
-    with headless_chromium() as browser:
-        yield browser
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_path)
 
 
 @pytest.fixture(scope="module")
