@@ -484,11 +484,20 @@ class ParallelSection(Section):
 
 
 class LoggingSection(Section):
-    """The console and Weights & Biases."""
+    """The console and the experiment trackers (Weights & Biases, trackio)."""
 
     use_wandb: bool = Field(False, description="Log to Weights & Biases (offline without a key).")
     wandb_project: str = Field("atropos-grpo", description="wandb project.")
     wandb_group: str = Field("grpo", description="wandb group (also sent to the API).")
+    use_trackio: bool = Field(
+        False,
+        description="Log to trackio (pip install trackio): local, under $TRACKIO_DIR (default: "
+        "the Hugging Face cache's trackio/); see it with trackio show.",
+    )
+    trackio_project: str = Field("atropos-grpo", description="trackio project.")
+    run_name: str | None = Field(
+        None, description="The run's name in wandb and trackio (default: one they make up)."
+    )
     log_format: Literal["auto", "rich", "text", "json"] = Field(
         "auto", description="Console logs: rich on a terminal (auto), rich, text or json."
     )

@@ -27,9 +27,12 @@ environments produced), as `score_mean` does.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -37,6 +40,7 @@ from atroposlib.trainer_contract import ENV_SCORE_PREFIX, RunRecords
 from atroposlib.utils.logging import MESSAGE_WIDTH
 from atroposlib.utils.tokenizers import end_token_ids
 from example_trainer.data import Sequence
+from example_trainer.model import require
 
 logger = logging.getLogger("example_trainer")
 
@@ -166,35 +170,80 @@ def step_line(step: int, total: int, metrics: dict[str, float], width: int = MES
     return " ".join(text for text, _ in fields)
 
 
+class Tracker(NamedTuple):
+    """A tracker's run as the step log uses it: wandb's and trackio's differ only in
+    how a run is finished."""
+
+    log: Callable[..., Any]
+    """`log(dict, step=)`."""
+    finish: Callable[[], Any]
+
+
 class StepLog:
     """Where a step's report goes: `metrics.jsonl` (the launcher's contract), the
-    console's one line, and wandb under `train/` when `--use-wandb` (offline without a
-    WANDB_API_KEY: never a login prompt)."""
+    console's one line, and the same numbers under `train/` to each tracker asked for:
+    wandb with `--use-wandb` (offline without a WANDB_API_KEY: never a login prompt),
+    trackio with `--use-trackio` (local, under $TRACKIO_DIR). Each run starts at the
+    first step it logs, so a trainer that fails before one leaves no empty run."""
 
     def __init__(self, records: RunRecords, config: Any) -> None:
-        """`config`: the trainer's (`TrainingConfig`), given whole to wandb."""
+        """`config`: the trainer's (`TrainingConfig`), given whole to each tracker."""
         self.records, self.config = records, config
-        self.wandb_run: Any = None
+        self.trackers: dict[str, Tracker] = {}
+        """The trackers' runs started so far, by name (wandb, trackio)."""
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.records.metrics(step, metrics)
-        if self.config.logging.use_wandb:
-            self._wandb().log({f"train/{k}": v for k, v in metrics.items()}, step=step)
+        tracked = {f"train/{k}": v for k, v in metrics.items()}
+        for tracker in self._started():
+            tracker.log(tracked, step=step)
         logger.info("%s", step_line(step, self.config.optim.training_steps, metrics))
 
-    def _wandb(self) -> Any:
-        if self.wandb_run is None:
-            import wandb
+    def _started(self) -> list[Tracker]:
+        asked = self.config.logging
+        starts = {
+            "wandb": (asked.use_wandb, self._wandb),
+            "trackio": (asked.use_trackio, self._trackio),
+        }
+        for name, (wanted, start) in starts.items():
+            if wanted and name not in self.trackers:
+                self.trackers[name] = start()
+        return list(self.trackers.values())
 
-            self.wandb_run = wandb.init(
-                project=self.config.logging.wandb_project,
-                group=self.config.logging.wandb_group,
-                mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
-                config=self.config.model_dump(),
-                dir=self.config.checkpoint.save_path,
+    def _wandb(self) -> Tracker:
+        wandb = require("wandb", "--use-wandb")
+        run = wandb.init(
+            project=self.config.logging.wandb_project,
+            group=self.config.logging.wandb_group,
+            name=self.config.logging.run_name,
+            mode="online" if os.environ.get("WANDB_API_KEY") else "offline",
+            config=self.config.model_dump(),
+            dir=self.config.checkpoint.save_path,
+        )
+        return Tracker(run.log, run.finish)
+
+    def _trackio(self) -> Tracker:
+        """trackio's run; its banner (half a dozen printed lines, with colour codes) is one
+        log line here, as the console keeps a line per event. `trackio.finish` also forgets
+        the run, which a finish of the run alone leaves for trackio's exit hook to finish
+        (and announce) again."""
+        trackio = require("trackio", "--use-trackio")
+        project = self.config.logging.trackio_project
+        with contextlib.redirect_stdout(io.StringIO()):
+            run = trackio.init(
+                project=project,
+                name=self.config.logging.run_name,
+                config=self.config.model_dump(mode="json"),
             )
-        return self.wandb_run
+        logger.info(
+            "trackio run %s in project %s (trackio show --project %s)", run.name, project, project
+        )
+        return Tracker(run.log, trackio.finish)
 
     def close(self) -> None:
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
+        """Finish every tracker's run (trackio writes its last steps now; its line that
+        it is "uploading" is not shown: it writes to a local file)."""
+        with contextlib.redirect_stdout(io.StringIO()):
+            for tracker in self.trackers.values():
+                tracker.finish()
+        self.trackers.clear()

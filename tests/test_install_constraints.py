@@ -14,7 +14,18 @@ from packaging.utils import canonicalize_name  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 # what scripts/test.sh installs (via dev)
 EXTRAS_INSTALLED = (
-    *("dev", "inference", "trainer", "wandb", "optim", "envs", "viewer", "ifeval", "verifiers"),
+    *(
+        "dev",
+        "inference",
+        "trainer",
+        "wandb",
+        "optim",
+        "envs",
+        "viewer",
+        "ifeval",
+        "verifiers",
+        "trackio",
+    ),
 )
 
 

@@ -67,6 +67,12 @@ class BaseEnvConfig(BaseModel):
     ensure_scores_are_not_same: bool = Field(
         True, description="Drop groups whose scores are all equal (no learning signal)."
     )
+    data_path_to_save_scores: str | None = Field(
+        None,
+        description="serve: one JSON line per scored group, kept or dropped (the trainer step, "
+        "its scores, why it was dropped), so a run is judged on every group it scored "
+        "(atropos-launch sets it).",
+    )
     data_path_to_save_groups: str | None = Field(
         None, description="Also write groups to this jsonl."
     )

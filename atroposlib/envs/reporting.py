@@ -76,9 +76,10 @@ def step_line(step: int, metrics: dict[str, Any]) -> str:
         parts.append(f"{numbers['env/groups_per_minute']:.1f} groups/min,")
     failed = sum(numbers.get(key, 0) for key in FAILURE_STATS)
     parts.append(f"{failed:.0f} failed")
-    dropped = sum(v for key, v in numbers.items() if key.startswith("env/dropped_"))
-    if dropped:
-        parts[-1] += f", {dropped:.0f} dropped"
+    dropped = {k.removeprefix("env/dropped_"): v for k, v in numbers.items() if "/dropped_" in k}
+    if any(dropped.values()):  # counted since the start; why, as sending.DROP_REASONS names
+        why = ", ".join(f"{n:.0f} {reason}" for reason, n in dropped.items() if n)
+        parts[-1] += f", {sum(dropped.values()):.0f} dropped ({why})"
     return " ".join(parts)
 
 

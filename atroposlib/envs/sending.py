@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from atroposlib.protocol import GROUP_ID_FIELD
 from atroposlib.token_limit import exceeds_token_limit
@@ -24,6 +25,16 @@ if TYPE_CHECKING:
     from atroposlib.envs.scored_data import ScoredDataGroup
 
 logger = logging.getLogger("atroposlib.envs")
+
+
+DROP_REASONS = {
+    "same_scores": "all its samples scored the same (ensure_scores_are_not_same: false keeps "
+    "such groups)",
+    "too_long": "a sequence was over the trainer's token limit",
+    "wrong_size": "it did not hold group_size sequences",
+    "none": "the rollout returned no group",
+}
+"""Why a group was dropped, in words: the `dropped_<reason>` counters, the run report."""
 
 
 def drop(env: BaseEnv, reason: str, detail: str = "") -> None:
@@ -58,12 +69,15 @@ async def kept_groups(
 ) -> list[ScoredDataGroup]:
     """The groups to send, each stamped and recorded (lengths, the rollout table)."""
     groups = scored_data if isinstance(scored_data, list) else [scored_data]
-    ready = []
+    ready, scored = [], []
     for group in groups:
         if group is None:
             drop(env, "none")
             continue
         found = problem(env, group, limit_applies)
+        scored.append(
+            {"step": env.curr_step, "scores": group["scores"], "dropped": found and found[0]}
+        )
         if found is not None:
             drop(env, *found)
             continue
@@ -78,13 +92,20 @@ async def kept_groups(
             env.completion_lengths.append(sum(1 for m in masks if m != -100) or len(tokens))
         await env.add_rollouts_for_wandb(group, item)
         ready.append(group)
+    if env.config.data_path_to_save_scores and scored:
+        append_lines(env.config.data_path_to_save_scores, scored)
     return ready
 
 
 def append_groups(path: str, groups: list[ScoredDataGroup]) -> None:
     """`data_path_to_save_groups`: one JSON line per group."""
+    append_lines(path, groups)
+
+
+def append_lines(path: str, records: Sequence[Mapping[str, Any]]) -> None:
+    """One JSON line per record, appended (`data_path_to_save_groups`, `..._scores`)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "a") as out:
-        for group in groups:
-            out.write(json.dumps(group) + "\n")
+        for record in records:
+            out.write(json.dumps(record) + "\n")

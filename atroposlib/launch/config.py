@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from atroposlib.inference.engines import EngineName
 from atroposlib.utils.sections import Section, leaf_fields
@@ -146,6 +146,60 @@ class TrainerSection(Section):
     )
 
 
+Tracker = Literal["wandb", "trackio"]
+
+
+class TrackingSection(Section):
+    """Where the run's metrics go besides its run directory, with one switch (TRL's
+    `report_to`): each tracker named is turned on for the trainer, and wandb for every
+    environment too, in the trainer's wandb group (environments ask the API for it)."""
+
+    report_to: list[Tracker] = Field(
+        default_factory=list,
+        description="Trackers: wandb (the trainer and every environment), trackio (the "
+        "trainer). One name, a list, or none (the default: no tracker).",
+    )
+    project: str | None = Field(
+        None, description="Project in every tracker (default: the trainer's, atropos-grpo)."
+    )
+    run_name: str | None = Field(
+        None,
+        description="The trainer's run name in every tracker, and with wandb the group of "
+        "the trainer's and the environments' runs (default: the run directory's name).",
+    )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_name_or_none(cls, value: Any) -> Any:
+        """TRL's spellings: one name alone, or `none`."""
+        if value is None or value == "none":
+            return []
+        return [value] if isinstance(value, str) else value
+
+    def trainer_args(
+        self, default_name: str, declared: type[BaseModel] | None, module: str
+    ) -> dict[str, Any]:
+        """The trainer flags the trackers need, of those the trainer `declared` takes
+        (`default_name`: the run's name when the YAML gives none). The run name is also
+        the wandb group that ties the environments' runs to the trainer's: the API hands
+        it to them (/wandb_info). A tracker's switch the trainer lacks is refused, a name
+        it lacks left out; a trainer that declares no flags gets them all."""
+        name = self.run_name or default_name
+        values: dict[str, Any] = {}
+        if "wandb" in self.report_to:
+            values |= {"use_wandb": True, "wandb_project": self.project, "wandb_group": name}
+        if "trackio" in self.report_to:
+            values |= {"use_trackio": True, "trackio_project": self.project}
+        if values:
+            values["run_name"] = name
+        known = leaf_fields(declared) if declared is not None else values
+        for key in values.keys() - known.keys():
+            if key.startswith("use_"):
+                flag = key.replace("_", "-")
+                raise ConfigError(f"tracking.report_to: trainer {module} has no --{flag} flag")
+        return {k: v for k, v in values.items() if v is not None and k in known}
+
+
 class LaunchConfig(Section):
     """A whole run: `atropos-launch CONFIG.yaml`."""
 
@@ -165,6 +219,10 @@ class LaunchConfig(Section):
         description="'per_run': a fresh key guards the API and the engine, handed to every "
         "child in its environment and written to <run_dir>/api-key; 'none': no key, for a "
         "trainer that sends none (upstream's).",
+    )
+    tracking: TrackingSection = Field(
+        default_factory=TrackingSection,
+        description="Experiment trackers (wandb, trackio) for the trainer and environments.",
     )
     api: ApiSection = Field(default_factory=ApiSection)
     engine: StandaloneEngineSection | None = Field(None, description="Optional standalone engine.")

@@ -56,6 +56,8 @@ ENGINES_FILE = "engines.yaml"
 """The trainer's engines as an environment's `openai:` list (written with several)."""
 EVALS_DIR = "evals"
 """Each environment's evaluations: <run_dir>/evals/<name>/ (metrics.json, history.jsonl)."""
+SCORES_DIR = "scores"
+"""Every group each environment scored, kept or dropped: <run_dir>/scores/<name>.jsonl."""
 KEY_FILE = "api-key"
 """The run's key in its run directory (mode 0600), for clients such as view-run."""
 LAUNCHER_OWNED = {
@@ -252,6 +254,9 @@ def _trainer_plan(
     declared = declared_config(module)
     for key in LAUNCHER_OWNED.keys() & args.keys():
         raise ConfigError(f"trainer.args.{key}: {LAUNCHER_OWNED[key]}")
+    tracking = config.tracking.trainer_args(shared.run_dir.name, declared, module)
+    for key, value in tracking.items():
+        args.setdefault(key, value)  # a trainer.args entry wins
 
     def chosen(name: str, default: Any) -> Any:
         return args.pop(name, default)
@@ -319,10 +324,11 @@ def _environment_plans(
                 "tokenizer_name": shared.model,
                 "total_steps": settings.training_steps,
                 "max_token_length": limit,
-                "use_wandb": False,
+                "use_wandb": "wandb" in config.tracking.report_to,
                 "include_messages": True,
                 "eval_at_start": True,  # every eval curve starts at a baseline
                 "data_path_to_save_groups": str(shared.run_dir / "rollouts" / f"{name}.jsonl"),
+                "data_path_to_save_scores": str(shared.run_dir / SCORES_DIR / f"{name}.jsonl"),
                 "data_dir_to_save_evals": str(shared.run_dir / EVALS_DIR / name),
                 **section.env,
             }

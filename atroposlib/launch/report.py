@@ -15,13 +15,16 @@ import math
 import shlex
 import shutil
 import statistics
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from atroposlib.envs.sending import DROP_REASONS
 from atroposlib.launch.ledger import account
 from atroposlib.launch.plan import Plan
 from atroposlib.launch.report_data import (
     RunReading,
+    ScoredGroups,
     final_checkpoint,
     numeric_metrics,
     read_run,
@@ -48,6 +51,7 @@ from atroposlib.viewer.jsonl2html import CSS as ROLLOUT_CSS
 from atroposlib.viewer.jsonl2html import create_html_for_group
 from atroposlib.viewer.render import group_images
 
+JUDGED = {True: "rose", False: "did not rise", None: "too few steps to judge"}
 SAMPLES_PER_END = 3
 WINDOW = 10  # steps at each end whose mean scores are compared
 REPORT_TOOL = "atropos-report"
@@ -148,6 +152,48 @@ def summary(rows: list[MetricsRow]) -> dict[str, Any]:
     }
 
 
+def scored_summary(scored: dict[str, ScoredGroups]) -> dict[str, Any]:
+    """A second verdict, over every group the environments scored, kept or dropped (the
+    trainer's covers only the groups they kept), by the trainer step each was scored at;
+    and how many were dropped, why."""
+    sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for entry in scored.values():
+        for step, (total, n) in entry.sums.items():
+            sums[step][0] += total
+            sums[step][1] += n
+    scores = [total / n for _, (total, n) in sorted(sums.items()) if n]
+    if not scores:
+        return {}
+    first, last = window_means(scores)
+    learned, verdict = learning_verdict(scores)
+    groups = sum(entry.groups for entry in scored.values())
+    dropped: dict[str, int] = defaultdict(int)
+    for entry in scored.values():
+        for reason, n in entry.dropped.items():
+            dropped[reason] += n
+    numbers: dict[str, Any] = {
+        "scored": {
+            "groups": groups,
+            "dropped": dict(dropped),
+            "steps": len(scores),
+            "first_10_mean_score": first,
+            "last_10_mean_score": last,
+            "learned": learned,
+            "verdict": verdict,
+        },
+        "scored_line": (
+            f"every scored group, kept or dropped: {first:.3f} -> {last:.3f} over "
+            f"{len(scores)} steps: {JUDGED[learned]}"
+        ),
+    }
+    if dropped:
+        why = "; ".join(f"{n} because {DROP_REASONS.get(r, r)}" for r, n in dropped.items())
+        numbers["dropped_line"] = (
+            f"{sum(dropped.values())} of {groups} scored groups dropped: {why}"
+        )
+    return numbers
+
+
 def off_policy_numbers(rows: list[MetricsRow]) -> dict[str, Any]:
     """How stale the trained samples were, and how many a --max-staleness bound dropped
     (absent when the trainer reported neither)."""
@@ -199,10 +245,9 @@ def environment_line(entry: dict[str, Any]) -> str:
     """One environment's numbers in a short line, for the closing panel."""
     if "first_10_mean_score" not in entry:
         return "no groups trained"
-    judged = {True: "rose", False: "did not rise", None: "too few steps to judge"}
     return (
         f"{entry['first_10_mean_score']:.3f} -> {entry['last_10_mean_score']:.3f} over "
-        f"{entry['steps']} steps: {judged[entry.get('learned')]}"
+        f"{entry['steps']} steps: {JUDGED[entry.get('learned')]}"
     )
 
 
@@ -236,6 +281,8 @@ def run_numbers(
     reading = reading or read_run(plan)
     if reading.problem:
         numbers["environments_line"] = f"environments: not read ({reading.problem})"
+    if reading.scored and set(reading.env_scores) <= set(reading.scored):  # every env's
+        numbers.update(scored_summary(reading.scored))
     per_env = environment_numbers(reading.env_scores, reading.evals)
     if per_env:
         numbers["environments"] = per_env

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.envs.eval import EVAL_HISTORY
-from atroposlib.launch.plan import EVALS_DIR, Plan
+from atroposlib.launch.plan import EVALS_DIR, SCORES_DIR, Plan
 from atroposlib.protocol import GROUP_ID_FIELD
 from atroposlib.trainer_contract import (
     EventKind,
@@ -64,21 +64,62 @@ def _group_scores(rollouts_dir: Path, labels: dict[str, str]) -> dict[str, tuple
 
 
 @dataclass
+class ScoredGroups:
+    """Every group one environment scored, kept or dropped (`scores/<env>.jsonl`): what
+    the run is judged on, since the trainer sees only the groups the env kept."""
+
+    sums: dict[int, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    """Trainer step -> [sum of the scores, how many] of the groups scored at it."""
+    groups: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    """Why groups were dropped (`sending.DROP_REASONS`) -> how many."""
+
+
+@dataclass
 class RunReading:
     """What the report reads from a run's files once, for both its numbers and its figure."""
 
     env_scores: dict[str, dict[int, float]] = field(default_factory=dict)
     evals: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    scored: dict[str, ScoredGroups] = field(default_factory=dict)
     problem: str | None = None
     """Why they could not be read (an OSError's message), or None."""
 
 
 def read_run(plan: Plan) -> RunReading:
-    """Each environment's scores per step and its evaluations, read once."""
+    """Each environment's scores per step, its evaluations and every group it scored,
+    read once."""
     try:
-        return RunReading(run_environment_scores(plan), run_evaluations(plan))
+        labels = environment_labels(plan)
+        return RunReading(
+            run_environment_scores(plan),
+            run_evaluations(plan),
+            scored_groups(plan.run_dir / SCORES_DIR, labels),
+        )
     except OSError as exc:
         return RunReading(problem=str(exc))
+
+
+def scored_groups(scores_dir: Path, labels: dict[str, str]) -> dict[str, ScoredGroups]:
+    """Each environment's scored groups (copies under their section's label)."""
+    found: dict[str, ScoredGroups] = defaultdict(ScoredGroups)
+    for path in sorted(scores_dir.glob("*.jsonl")):
+        entry = found[labels.get(path.stem, path.stem)]
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+                step, scores = int(record["step"]), [float(x) for x in record["scores"]]
+            except (ValueError, TypeError, KeyError):
+                continue  # a line cut by a crash
+            if not scores:
+                continue
+            entry.groups += 1
+            entry.sums[step][0] += sum(scores)
+            entry.sums[step][1] += len(scores)
+            if record.get("dropped"):
+                reason = str(record["dropped"])
+                entry.dropped[reason] = entry.dropped.get(reason, 0) + 1
+    return dict(sorted(found.items()))
 
 
 def run_environment_scores(plan: Plan) -> dict[str, dict[int, float]]:

@@ -49,6 +49,11 @@ def summary_table(numbers: dict[str, Any]) -> str:
         )
     if numbers.get("groups_line"):
         pairs.append(("Groups", numbers["groups_line"], ""))
+    if numbers.get("scored"):
+        scored = numbers["scored"]
+        pairs.append(("Every scored group, kept or dropped", scored["verdict"], ""))
+    if numbers.get("dropped_line"):
+        pairs.append(("Groups the environments dropped", numbers["dropped_line"], ""))
     restarts = {name: n for name, n in numbers.get("restarts", {}).items() if n}
     crashes = ", ".join(f"{name} {n}" for name, n in restarts.items()) or "none"
     pairs.append(("Restarts after crashes", crashes, ""))

@@ -382,6 +382,9 @@ class Launcher:
             lines.append(f"  {numbers['groups_line']}")
         if numbers["steps"]:
             lines.append(f"  steps trained: {numbers['steps']}; {numbers['verdict']}")
+        for key in ("scored_line", "dropped_line"):  # the environments' side of it
+            if numbers.get(key):
+                lines.append(f"  {numbers[key]}")
         environments = numbers.get("environments", {})
         if len(environments) > 1:  # a mixed run: each environment's own verdict
             for label, entry in environments.items():

@@ -60,6 +60,23 @@ def test_sending_rules(env, tmp_path):
     assert len(env.client.sent[-1]) == 2, "several groups go out in one list post"
 
 
+def test_every_scored_group_is_recorded_with_its_step_and_why_it_was_dropped(env, tmp_path):
+    """What the run report judges a run on: the trainer sees only the kept groups."""
+    env.config.data_path_to_save_scores = str(tmp_path / "scores" / "env.jsonl")
+    env.curr_step = 4
+    send(env, None)  # no scores: nothing to judge
+    send(env, [group(scores=(0.5, 0.5)), group(scores=(1.0, 0.0)), group(length=11)])
+    recorded = [
+        json.loads(line) for line in (tmp_path / "scores" / "env.jsonl").read_text().splitlines()
+    ]
+    assert recorded == [
+        {"step": 4, "scores": [0.5, 0.5], "dropped": "same_scores"},
+        {"step": 4, "scores": [1.0, 0.0], "dropped": None},
+        {"step": 4, "scores": [1.0, 0.0], "dropped": "too_long"},
+    ]
+    assert len(env.client.sent[-1]) == 1
+
+
 def test_same_scores_allowed_when_configured_and_messages_and_jsonl(env, tmp_path):
     env.config.ensure_scores_are_not_same = False
     env.config.include_messages = True

@@ -92,7 +92,7 @@ def test_hooks_run_at_upstreams_points_and_the_log_has_upstreams_keys(tiny_model
     assert "np.float64" not in full.getMessage()
     (short,) = [r.getMessage() for r in caplog.records if r.name == "atroposlib.envs"]
     # no groups/min yet: the sends span milliseconds, not the 10 s a rate needs
-    assert short == "step 0: accuracy 0.500, 0 failed, 1 dropped", short
+    assert short == "step 0: accuracy 0.500, 0 failed, 1 dropped (1 same_scores)", short
     assert env.completion_lengths == [] and env.task_duration == []
 
 
@@ -185,7 +185,7 @@ def test_a_step_is_one_short_line_with_plain_numbers():
     assert line == "step 12: percent_correct 0.312, 144.0 groups/min, 3 failed"
     metrics |= {"train/accuracy": 0.75, "env/dropped_same_scores": 4, "env/dropped_none": 1}
     assert step_line(100, metrics) == (
-        "step 100: accuracy 0.750, 144.0 groups/min, 3 failed, 5 dropped"
+        "step 100: accuracy 0.750, 144.0 groups/min, 3 failed, 5 dropped (4 same_scores, 1 none)"
     )
     # an env of its own: a score-like train/ number, else no score at all
     assert step_line(3, {"train/mean_reward": 0.5}) == "step 3: mean_reward 0.500, 0 failed"

@@ -147,6 +147,22 @@ def test_the_report_shows_the_figure_the_rollouts_and_the_machine(short_run):
     assert f"[launch] report: {run_dir / 'report.html'}" in short_run.output()
 
 
+def test_view_run_reads_the_finished_runs_rollouts_with_no_api(short_run):
+    """`view-run RUN_DIR`'s page, built in-process (tests/viewer/ serve it in a browser):
+    the run's groups by environment, the first one's prompt and scored answers."""
+    from atroposlib.viewer.browse import RecordedPage
+    from atroposlib.viewer.recorded import read_run
+
+    run = read_run(short_run.run_dir)
+    sent = (short_run.run_dir / "rollouts" / "arith_env.jsonl").read_text().splitlines()
+    assert list(run.groups) == ["arith_env"] and run.group_count == len(sent)
+    first = json.loads(sent[0])
+    number, status, group = RecordedPage(run, None, False).view("arith_env", 1, "first")
+    assert number == 1 and f"Group 1 of {len(sent)} in arith_env" in status
+    replies = [conversation[-1]["content"] for conversation in first["messages"]]
+    assert "What is" in group and all(html.escape(reply) in group for reply in replies)
+
+
 def test_the_report_rebuilds_from_the_run_directory_and_names_the_final_model(short_run):
     """`atropos-report RUN_DIR` writes the launcher's report again from the run's files
     alone; the panel names the final model and prints the two lines that load it. (That

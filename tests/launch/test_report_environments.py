@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from atroposlib.launch.plan import SCORES_DIR
 from atroposlib.launch.report import environment_line, run_numbers, write_report
 from atroposlib.launch.report_data import run_environment_scores
 from atroposlib.launch.report_html import environments_table, summary_table
@@ -57,3 +58,39 @@ def test_summary_json_keeps_every_environments_numbers(tmp_path):
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert set(saved["environments"]) == {"learns", "flat<b>"}
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_the_verdict_counts_every_scored_group_and_says_why_groups_were_dropped(tmp_path):
+    """The review's custom env: the trainer saw 0.33 -> 0.58 on the groups the env kept,
+    while every group it scored went 0.21 -> 0.49: the report gives both, and the drops."""
+    plan = made_up_run(tmp_path)
+    scores = tmp_path / SCORES_DIR
+    scores.mkdir()
+    with open(scores / "flat<b>.jsonl", "w") as out:
+        for step in range(STEPS):
+            kept = {"step": step, "scores": [1.0, 0.0, 1.0, 0.0], "dropped": None}
+            same = {"step": step, "scores": [0.0] * 4, "dropped": "same_scores"}
+            out.write(json.dumps(kept) + "\n" + json.dumps(same) + "\n")
+        out.write('{"step": 3, "scores": [1.0')  # a line cut by a crash
+    numbers = run_numbers(plan)
+    assert "scored" not in numbers  # it needs every environment's record
+
+    for copy in ("learns-1", "learns-2"):
+        records = [{"step": step, "scores": [0.0] * 4, "dropped": None} for step in range(STEPS)]
+        (scores / f"{copy}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    numbers = run_numbers(plan)
+    assert numbers["learned"] is True  # the trainer's verdict, on the groups it trained
+    scored = numbers["scored"]
+    assert scored["verdict"].startswith("THE SCORE DID NOT RISE")
+    assert scored["first_10_mean_score"] == scored["last_10_mean_score"] == 0.125
+    assert scored["groups"] == 4 * STEPS and scored["steps"] == STEPS  # steps 0 to 19
+    assert scored["dropped"] == {"same_scores": STEPS}
+    assert numbers["scored_line"] == (
+        f"every scored group, kept or dropped: 0.125 -> 0.125 over {STEPS} steps: did not rise"
+    )
+    assert numbers["dropped_line"] == (
+        f"{STEPS} of {4 * STEPS} scored groups dropped: {STEPS} because all its samples "
+        "scored the same (ensure_scores_are_not_same: false keeps such groups)"
+    )
+    table = summary_table(numbers)
+    assert "Groups the environments dropped" in table and "Every scored group" in table

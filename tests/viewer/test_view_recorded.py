@@ -20,7 +20,14 @@ from atroposlib.viewer.browse import RecordedPage, target
 from atroposlib.viewer.recorded import read_run
 from atroposlib.viewer.render import NO_MESSAGES
 from atroposlib.viewer.settings import PAGE_KEY_ENV, RecordedViewSettings, ViewRunSettings
-from tests.support.recorded_runs import ARITHMETIC, BAD_LINES, COUNTING, SYSTEM, ByteDecoder, write_run
+from tests.support.recorded_runs import (
+    ARITHMETIC,
+    BAD_LINES,
+    COUNTING,
+    SYSTEM,
+    ByteDecoder,
+    write_run,
+)
 
 TOOLS = [(view_run, "view-run"), (view_run_multimodal, "view-run-multimodal")]
 

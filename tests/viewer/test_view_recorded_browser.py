@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from atroposlib.utils.waiting import answers_200
+from tests.support.recorded_runs import ARITHMETIC, COUNTING, write_run
 from tests.support.viewer import ViewerProcess
 from tests.support.waiting import wait_until
-from tests.support.recorded_runs import ARITHMETIC, COUNTING, write_run
 
 pytestmark = pytest.mark.timeout(300)
 
