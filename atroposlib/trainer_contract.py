@@ -15,6 +15,11 @@ The contract is three things, all here, so any trainer can satisfy it:
 - Groups out (optional). The `group_id`s of each step's batch, as a
   `TrainedGroups` record in `<save_path>/trained_groups.jsonl`, written before that
   step's checkpoint. The launcher counts them against what environments delivered.
+- Its engine out (optional). How it serves the policy, as the fields of
+  `atroposlib.inference.launcher.EngineConfig` in `<save_path>/engine.json`
+  (`write_engine_recipe`), written when it starts its first engine. The launcher
+  serves the final checkpoint the same way to evaluate it once more at the last step
+  (`launch/final_eval.py`): the trainer's own engine stops with it.
 - A key in. With `keys: per_run` (the default) run-api wants the run's key, which
   the trainer finds in `$ATROPOS_API_KEY` and sends as `Authorization: Bearer KEY`.
   A trainer that sends none (upstream's) runs with `keys: none` in the YAML.
@@ -44,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
 GROUPS_FILE = "trained_groups.jsonl"
+ENGINE_FILE = "engine.json"
 FINAL_EXIT_CODE = 2
 """A trainer's exit code for "a restart would fail the same way"."""
 LAUNCH_CONFIG_ATTRIBUTE = "LAUNCH_CONFIG"
@@ -147,6 +153,28 @@ def events_path(save_path: str | Path) -> Path:
 
 def groups_path(save_path: str | Path) -> Path:
     return Path(save_path) / GROUPS_FILE
+
+
+RECIPE_LEFT_OUT = ("port", "log_path")
+"""What a recipe does not carry: where one engine ran and logged."""
+
+
+def write_engine_recipe(save_path: str | Path, engine: dict[str, Any]) -> None:
+    """`engine.json`: the trainer's engine settings (an `EngineConfig`'s fields, without
+    the weight bridge's flags and keys), so its policy can be served again."""
+    recipe = {k: v for k, v in engine.items() if k not in RECIPE_LEFT_OUT}
+    path = Path(save_path) / ENGINE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(recipe, indent=2))
+
+
+def read_engine_recipe(save_path: str | Path) -> dict[str, Any] | None:
+    """The trainer's engine settings, or None (a trainer that wrote none, or ran none)."""
+    try:
+        recipe = json.loads((Path(save_path) / ENGINE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return recipe if isinstance(recipe, dict) else None
 
 
 class RunRecords:

@@ -22,7 +22,7 @@ from atroposlib.inference.engines import EngineKind, resolve_kind
 from atroposlib.inference.fleet import EngineFleet
 from atroposlib.inference.launcher import EngineConfig
 from atroposlib.inference.supervised import SupervisedEngine
-from atroposlib.trainer_contract import EventKind, RunRecords
+from atroposlib.trainer_contract import EventKind, RunRecords, write_engine_recipe
 from atroposlib.weight_sync.bridge import (
     BridgeSettings,
     ExportFailed,
@@ -131,6 +131,10 @@ class PolicyServing:
             )
             for index in range(config.engine.num_engines)
         ]
+        # how to serve the policy again, without the bridge's flags (launch/final_eval.py)
+        write_engine_recipe(
+            config.checkpoint.save_path, engine_config(config, kind, 0).model_dump()
+        )
         self.fleet = EngineFleet(engines, self.bridge, self.records, config.model.model_name)
         self.fleet.start(model, step)
 

@@ -24,6 +24,13 @@ class BaseEnvConfig(BaseModel):
     max_eval_workers: int = Field(16, description="Concurrent evaluation workers.")
     max_num_workers_per_node: int = Field(8, description="Workers per inference server.")
     steps_per_eval: int = Field(100, description="Run evaluate() every this many trainer steps.")
+    eval_step: int | None = Field(
+        None,
+        ge=0,
+        description="evaluate: the trainer step the evaluated weights stand for; the result "
+        "then joins history.jsonl at that step (atropos-launch's evaluation of the final "
+        "checkpoint).",
+    )
     eval_at_start: bool = Field(
         False,
         description="serve: evaluate once before the first step too, when total_steps reaches "

@@ -269,8 +269,9 @@ async def evaluate_log(
             "evaluation results not saved: set --env.data_dir_to_save_evals DIR to keep them"
         )
         return
-    if serving:  # this run's step
-        append_eval_history(env.config.data_dir_to_save_evals, env.curr_step, task, metrics)
+    step = env.curr_step if serving else getattr(env.config, "eval_step", None)
+    if step is not None:  # a run's step: a served env's, or the one `evaluate` was given
+        append_eval_history(env.config.data_dir_to_save_evals, step, task, metrics)
     if model_name is None:
         model_name = getattr(env.config, "model_name", None)
     if model_name is None and env.server.servers:

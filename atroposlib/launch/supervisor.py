@@ -40,6 +40,7 @@ from rich.text import Text
 from atroposlib.launch.children import Child
 from atroposlib.launch.config import effective_text, redacted_text
 from atroposlib.launch.console import key_line
+from atroposlib.launch.final_eval import final_evaluations
 from atroposlib.launch.plan import KEY_FILE, Plan
 from atroposlib.launch.report import (
     closing_notes,
@@ -48,7 +49,7 @@ from atroposlib.launch.report import (
     run_numbers,
     write_report,
 )
-from atroposlib.launch.report_data import read_run
+from atroposlib.launch.report_data import final_checkpoint, read_run
 from atroposlib.launch.report_html import loading_lines
 from atroposlib.launch.resume import LaunchRecord, resume_command, write_record
 from atroposlib.launch.status import StatusReader
@@ -187,8 +188,18 @@ class Launcher:
             signal.signal(signal.SIGTERM, previous)
             signal.signal(signal.SIGINT, previous_int)
             self.status.close()
+        if outcome.code == 0:
+            self._evaluate_the_final_checkpoint()
         self._finish(outcome, time.monotonic() - started)
         return outcome.code
+
+    def _evaluate_the_final_checkpoint(self) -> None:
+        """The eval curves' last point (launch/final_eval.py); a Ctrl-C skips it."""
+        final = final_checkpoint(self.plan.checkpoints, read_events(self.plan.events_path))
+        try:
+            final_evaluations(self.plan, final, self.say)
+        except KeyboardInterrupt:
+            self.say("the final evaluation was skipped (interrupted)", "bold red")
 
     def _start_all(self) -> None:
         # the api's and an engine's plans always name a health URL (plan._api_plan, _engine_plan)

@@ -285,6 +285,8 @@ def eval_steps(evals: Path) -> list[int]:
 
 
 def test_evaluate_subcommand(inference_server, tmp_path):
+    """With --env.eval_step (the launcher's evaluation of a run's final checkpoint) the
+    result also joins history.jsonl at that step."""
     evals = tmp_path / "evals"
     env = EnvProcess(
         tmp_path,
@@ -293,8 +295,11 @@ def test_evaluate_subcommand(inference_server, tmp_path):
         f"{inference_server.url}/v1",
         "--env.data_dir_to_save_evals",
         str(evals),
+        "--env.eval_step",
+        "7",
     )
     assert env.proc.wait(120) == 0, env.log()
+    assert eval_steps(evals) == [7]
     accuracy = json.loads((evals / "metrics.json").read_text())["results"]["all"]["eval/accuracy"]
     samples = [json.loads(line) for line in (evals / "samples.jsonl").read_text().splitlines()]
     assert samples

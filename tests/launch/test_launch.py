@@ -13,7 +13,7 @@ import pytest
 
 from atroposlib.cli.report import main as report_main
 from atroposlib.launch.report_html import loading_lines
-from atroposlib.trainer_contract import read_events, read_metrics
+from atroposlib.trainer_contract import read_engine_recipe, read_events, read_metrics
 from tests.support.launch import (
     Finished,
     LaunchRun,
@@ -172,6 +172,9 @@ def test_the_report_rebuilds_from_the_run_directory_and_names_the_final_model(sh
     run_dir, final = short_run.run_dir, short_run.run_dir / "checkpoints" / "step-4"
     launched = short_run.numbers()
     assert launched["final_model"] == str(final)
+    # how the trainer served it, for the final checkpoint's evaluation (final_eval.py)
+    recipe = read_engine_recipe(run_dir / "checkpoints")
+    assert recipe is not None and recipe["engine"] == "cpu" and "port" not in recipe
     lines = loading_lines(str(final))
     assert f"[launch] final model: {final}\n" + "\n".join(lines) + "\n" in short_run.output()
     page = (run_dir / "report.html").read_text()

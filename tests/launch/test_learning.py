@@ -47,11 +47,13 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     assert rewards_per_mean == 640 and 0.15 > 5 * chance_sd
     assert numbers["last_10_mean_score"] > numbers["first_10_mean_score"] + 0.15, numbers
     assert numbers["learned"] is True and numbers["verdict"].startswith("the score rose by")
-    # the env's evaluations (a baseline at step 0, then every 20 steps) are kept and
-    # summed up per environment
+    # the env's evaluations (a baseline at step 0, then every 20 steps, and the final
+    # checkpoint's at step 100, after the trainer finished) are kept and summed up per
+    # environment
     history = tmp_path / "run" / "evals" / "mod_arithmetic" / "history.jsonl"
     steps = [json.loads(line)["step"] for line in history.read_text().splitlines()]
-    assert steps[0] == 0 and len(steps) >= 5, steps
+    assert steps[0] == 0 and steps[-1] == 100 and len(steps) >= 6, steps
+    assert "mod_arithmetic: evaluated at step 100" in run.output()
     own = numbers["environments"]["mod_arithmetic"]
     assert own["steps"] == 100 and own["evaluations"] >= 4 and own["learned"] is True
     # the console a new user reads: mostly step and status lines, each env's on one row
