@@ -58,6 +58,17 @@ class EnvTable:
         return [asdict(env) for env in self.records]
 
     def add(self, request: RegisterEnv) -> EnvRecord:
+        """A new record; or the first disconnected one of the same name, taken over: an
+        environment stopped with /disconnect-env and started again (a resumed run) keeps
+        its id and name, and so finds its checkpoints under that name."""
+        for env in self.records:
+            if env.desired_name == request.desired_name and not env.connected:
+                env.max_context_len, env.weight = request.max_token_length, request.weight
+                env.group_size = request.group_size
+                env.min_batch_allocation = request.min_batch_allocation
+                env.connected, env.last_update = True, time.time()
+                self.last_heard[env.registered_id] = time.monotonic()
+                return env
         same_name = sum(1 for env in self.records if env.desired_name == request.desired_name)
         env = EnvRecord(
             registered_id=len(self.records),

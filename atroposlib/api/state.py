@@ -25,6 +25,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from atroposlib.api.batches import BatchServer
@@ -213,11 +214,12 @@ class RunState:
     def register_env(self, request: RegisterEnv) -> dict[str, Any]:
         if not self.batches.started or self.registration is None:
             return {"status": "wait for trainer to start"}
+        before = [replace(record) for record in self.envs.records]
         env = self.envs.add(request)
         try:
             self.batches.persist(envs=self.envs.as_json())
         except StoreWriteError:  # not stored, so not known: the env registers again
-            self.envs.records.pop()
+            self.envs.records[:] = before
             self.envs.last_heard.pop(env.registered_id, None)
             raise
         self.batches.version += 1

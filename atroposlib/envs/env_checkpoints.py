@@ -27,7 +27,9 @@ def write_state(folder: Path, step: int, data: dict[str, Any]) -> None:
 def read_state(folder: Path, step: int) -> dict[str, Any] | None:
     path = folder / f"step-{step}.json"
     if not path.exists():
-        logger.info("no env checkpoint for step %d at %s", step, path)
+        # a stop between the trainer's checkpoints: the env goes on from its backlog
+        logger.info("no env checkpoint at the trainer's step %d; starting from its backlog", step)
+        logger.debug("no env checkpoint at %s", path)
         return None
     data = json.loads(path.read_text())
     logger.warning("restored env checkpoint %s (step %d): %s", path, step, sorted(data))

@@ -36,6 +36,9 @@ command_logger = logging.getLogger(COMMAND_LOGGER)
 """An engine's whole command, at DEBUG: some 280 characters, on every (re)start."""
 
 
+DEFAULT_SERVED_NAME = "default"
+
+
 class EngineError(RuntimeError):
     """The engine failed to start or died; the message quotes its last log lines."""
 
@@ -46,7 +49,7 @@ class EngineConfig(BaseModel):
         description="A registered engine kind (cpu, vllm; transformers is cpu), or auto: "
         "vllm when CUDA and vllm are available to the engine's python, else cpu.",
     )
-    served_model_name: str = Field("default", description="Name clients send as 'model'.")
+    served_model_name: str = Field(DEFAULT_SERVED_NAME, description="Name clients send as 'model'.")
     host: str = Field("127.0.0.1", description="Address the engine binds.")
     port: int = Field(9001, ge=1, le=65535, description="Port the engine listens on.")
     python: str = Field(sys.executable, description="Python executable that runs the engine.")
@@ -91,12 +94,19 @@ def with_fresh_seed(command: list[str]) -> list[str]:
     return [*command, "--seed", str(secrets.randbits(31))]
 
 
-def start_line(engine: str, port: int, model_path: str) -> str:
-    """The console's line for an engine start: its kind, port and model, a local one
-    (a checkpoint) by its directory's name, cut to fit beside the launcher's prefix. The whole
-    command is in the engine's log file and at DEBUG on `COMMAND_LOGGER`."""
+def start_line(engine: str, port: int, model_path: str, served: str | None = None) -> str:
+    """The console's line for an engine start: its kind, port and model, a local one (a
+    checkpoint) by its directory's name after the name it is served as (`tiny
+    (step-120)`; a built tiny model, whose directory is its cache key, by that name
+    alone), cut to fit beside the launcher's prefix. The whole command is in the
+    engine's log file and at DEBUG on `COMMAND_LOGGER`."""
+    from atroposlib.utils.tiny_model import read_build_record
+
     local = Path(model_path).is_absolute() or os.path.exists(model_path)  # else a hub id
     model = Path(model_path).name if local else model_path
+    if local and served and served not in (model, DEFAULT_SERVED_NAME):
+        built = read_build_record(model_path) is not None
+        model = served if built else f"{served} ({model})"
     head = f"starting {engine} engine on port {port}: "
     return head + shorten(model, MESSAGE_WIDTH - len(head))
 
@@ -137,7 +147,8 @@ class EngineProcess:
             self.log_path = Path(name)
         command = with_fresh_seed(self.kind.command(self.config, self.model_path))
         self._wait_port_free()
-        logger.info("%s", start_line(self.engine, self.config.port, self.model_path))
+        served = self.config.served_model_name
+        logger.info("%s", start_line(self.engine, self.config.port, self.model_path, served))
         whole = shlex.join(command)
         command_logger.debug("engine command: %s", whole)
         env = {**self.kind.launch_env(), **os.environ, **self.config.env}

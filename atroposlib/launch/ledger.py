@@ -67,9 +67,10 @@ class GroupAccount:
         unknown = "unknown (ephemeral API)"
         queued = numbers["queued_at_end"]
         lost = numbers["lost"]
+        # under 76 characters: one line of the closing panel in an 80-column terminal
         return (
-            f"groups acknowledged {numbers['delivered']}, trained {numbers['trained']}, "
-            f"still queued {unknown if queued is None else queued}, "
+            f"groups: {numbers['delivered']} acknowledged, {numbers['trained']} trained, "
+            f"{unknown if queued is None else queued} queued, "
             f"lost {unknown if lost is None else lost}, trained twice {numbers['duplicated']}"
             + (f", skipped as untrainable {numbers['skipped']}" if numbers["skipped"] else "")
         )

@@ -36,7 +36,7 @@ from atroposlib.launch.report_html import (
     summary_table,
 )
 from atroposlib.launch.report_plots import plot
-from atroposlib.launch.resume import resume_command
+from atroposlib.launch.resume import read_resumes, resume_command
 from atroposlib.trainer_contract import (
     EventKind,
     MetricsRow,
@@ -289,6 +289,9 @@ def run_numbers(
     events = read_events(plan.events_path)
     numbers.update(event_counts(events))
     numbers["restarts"] = dict(restarts or {})
+    resumes = read_resumes(plan.run_dir)
+    if resumes:
+        numbers["resumed_at"] = resumes
     final = final_checkpoint(plan.checkpoints, events)
     if final is not None:
         numbers["final_model"] = str(final)
@@ -306,6 +309,12 @@ def run_numbers(
         numbers["groups"] = groups.numbers()
         numbers["groups_line"] = groups.line()
     return numbers
+
+
+def policy_name(plan: Plan) -> str:
+    """The policy as the YAML names it (`tiny`), with the directory it resolved to."""
+    named = plan.config.model
+    return named if named == plan.model else f"{named} ({plan.model})"
 
 
 def run_facts(plan: Plan) -> dict[str, Any]:
@@ -343,7 +352,8 @@ def write_report(
     (run_dir / "summary.json").write_text(json.dumps({**numbers, **facts}, indent=2))
     image = ""
     if rows:
-        png = plot(rows, run_dir / "report.png", reading.env_scores, reading.evals)
+        resumes = numbers.get("resumed_at", [])
+        png = plot(rows, run_dir / "report.png", reading.env_scores, reading.evals, resumes)
         encoded = base64.b64encode(png.read_bytes()).decode()
         alt = "score, loss and what else was logged, per step"
         image = f'<img alt="{alt}" src="data:image/png;base64,{encoded}">'
@@ -353,7 +363,7 @@ def write_report(
 <style>{ROLLOUT_CSS}</style>
 <style>{PAGE_STYLE}</style></head><body>
 <h1>Run {html.escape(run_dir.name)}</h1>
-<p>Policy: <code>{html.escape(plan.model)}</code>; run directory
+<p>Policy: <code>{html.escape(policy_name(plan))}</code>; run directory
 <code>{html.escape(str(run_dir))}</code></p>
 {summary_table(numbers)}
 {environments_table(numbers.get("environments", {}))}

@@ -54,6 +54,9 @@ def summary_table(numbers: dict[str, Any]) -> str:
         pairs.append(("Every scored group, kept or dropped", scored["verdict"], ""))
     if numbers.get("dropped_line"):
         pairs.append(("Groups the environments dropped", numbers["dropped_line"], ""))
+    if numbers.get("resumed_at"):
+        steps = ", ".join(str(step) for step in numbers["resumed_at"])
+        pairs.append(("Resumed (dashed lines in the figure)", f"at step {steps}", ""))
     restarts = {name: n for name, n in numbers.get("restarts", {}).items() if n}
     crashes = ", ".join(f"{name} {n}" for name, n in restarts.items()) or "none"
     pairs.append(("Restarts after crashes", crashes, ""))

@@ -50,7 +50,9 @@ def plot(
     out: Path,
     env_scores: dict[str, dict[int, float]] | None = None,
     evals: dict[str, list[dict[str, Any]]] | None = None,
+    resumed_at: list[int] | None = None,
 ) -> Path:
+    """The report's figure; a dashed line where the run was resumed, on every panel."""
     plt = pyplot()
     env_scores, evals = env_scores or {}, evals or {}
     extras = [row.model_extra or {} for row in rows]
@@ -96,11 +98,16 @@ def plot(
                 panel.plot([s for s, _ in points], [v for _, v in points], "o-", label=label)
         panel.set_title("evaluations")
         panel.legend(loc="best", fontsize="small")
+        shown_values = [v for line in panel.get_lines() for v in line.get_ydata()]
+        if shown_values and all(0 <= v <= 1 for v in shown_values):  # accuracies, shares
+            panel.set_ylim(-0.02, 1.02)
 
     for panel in axes.flat:
         if panel.has_data():
             panel.grid(alpha=0.3)
             panel.set_xlabel("trainer step")
+            for step in resumed_at or []:
+                panel.axvline(step, color="tab:blue", linestyle="--", linewidth=1)
         else:
             panel.set_visible(False)
     fig.tight_layout()

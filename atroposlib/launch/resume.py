@@ -35,6 +35,10 @@ class LaunchRecord(BaseModel):
 
     config: str = Field(..., description="The launch YAML's absolute path.")
     sets: list[str] = Field(default_factory=list, description="Its --set overrides, in order.")
+    resumed_at: list[int] = Field(
+        default_factory=list,
+        description="The trainer step each --resume went on from (the report marks them).",
+    )
 
 
 def resume_command(run_dir: Path) -> str:
@@ -65,7 +69,11 @@ def resume_target(run_dir: Path, config: str | None, sets: list[str]) -> LaunchR
     path = run_dir / RECORD_FILE
     if config is not None:
         earlier = _read_record(path) if path.exists() else LaunchRecord(config=config)
-        return LaunchRecord(config=str(Path(config).resolve()), sets=[*earlier.sets, *sets])
+        return LaunchRecord(
+            config=str(Path(config).resolve()),
+            sets=[*earlier.sets, *sets],
+            resumed_at=earlier.resumed_at,
+        )
     if not path.exists():
         raise ConfigError(
             f"--resume {run_dir}: it has no {RECORD_FILE}, so it was not started by this "
@@ -77,7 +85,17 @@ def resume_target(run_dir: Path, config: str | None, sets: list[str]) -> LaunchR
             f"--resume {run_dir}: its config {record.config} is gone; give it again: "
             "atropos-launch CONFIG --resume RUN_DIR"
         )
-    return LaunchRecord(config=record.config, sets=[*record.sets, *sets])
+    return LaunchRecord(
+        config=record.config, sets=[*record.sets, *sets], resumed_at=record.resumed_at
+    )
+
+
+def read_resumes(run_dir: Path) -> list[int]:
+    """The steps the run was resumed at, from its record ([] without one)."""
+    try:
+        return _read_record(run_dir / RECORD_FILE).resumed_at
+    except ConfigError:
+        return []
 
 
 def _read_record(path: Path) -> LaunchRecord:

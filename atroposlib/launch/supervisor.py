@@ -158,6 +158,8 @@ class Launcher:
         self.plan.run_dir.mkdir(parents=True, exist_ok=True)
         self.plan.run_dir.chmod(0o700)
         (self.plan.run_dir / "config.yaml").write_text(self.config_text)
+        if self.plan.resumed:  # the report marks where the run went on
+            self.record.resumed_at.append(self._trained_steps())
         write_record(self.plan.run_dir, self.record)
         for name, text in self.plan.files.items():
             (self.plan.run_dir / name).write_text(text)

@@ -490,3 +490,16 @@ def test_an_envs_counters_from_its_poll_reach_status_by_its_name(client):
     refused = client.get("/status-env", params={"env_id": 0, "rollout_errors": -1})
     assert refused.status_code == 422 and "rollout_errors" in refused.text
     assert client.get("/status").json()["env_progress"] == {"even_0": counts}
+
+
+def test_an_env_that_disconnected_and_registers_again_keeps_its_id_and_name(client):
+    """A resumed run's environment finds its checkpoints under the name it had; one
+    that never disconnected (still running, or killed) does not give its record away."""
+    start_trainer(client, batch_size=8)
+    first = register_env(client, group_size=4, desired_name="math")
+    assert register_env(client, group_size=4, desired_name="math")["wandb_name"] == "math_1"
+    client.post("/disconnect-env", json={"env_id": first["env_id"]})
+    again = register_env(client, group_size=8, desired_name="math", weight=2.0)
+    assert (again["env_id"], again["wandb_name"]) == (0, "math_0")
+    assert client.get("/status-env", params={"env_id": 0}).json()["env_weight"] > 0.5
+    assert register_env(client, group_size=4, desired_name="math")["wandb_name"] == "math_2"

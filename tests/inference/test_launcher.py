@@ -135,6 +135,13 @@ def test_an_engine_start_is_one_short_line(tmp_path):
     assert cut == "starting cpu engine on port 65535: tiny-v3-0-512-96-2-256-51..."
     assert len(cut) == MESSAGE_WIDTH
     assert len("trainer        | " + cut) <= 80  # beside the quickstart's launcher prefix
+    # by the name it is served as: a checkpoint's after it, a built tiny model's alone
+    assert start_line("cpu", 9001, str(checkpoint), "tiny") == (
+        "starting cpu engine on port 9001: tiny (step-120)"
+    )
+    (tiny / "atropos_tiny_model.json").write_text("{}")
+    assert start_line("cpu", 9001, str(tiny), "tiny") == "starting cpu engine on port 9001: tiny"
+    assert start_line("cpu", 9001, str(checkpoint), "default").endswith(": step-120")
 
 
 @pytest.mark.integration

@@ -93,7 +93,7 @@ def test_each_engine_start_is_one_console_line_and_its_command_is_in_the_log(sho
     nothing."""
     out = short_run.output()
     starts = [line for line in out.splitlines() if "| starting cpu engine on" in line]
-    assert len(starts) == 2 and starts[1].endswith(": step-2"), starts
+    assert len(starts) == 2 and starts[1].endswith(("step-2", "(step-2)")), starts
     assert all(console_rows(line) == 1 for line in starts), starts
     trainer_log = short_run.log("trainer")
     assert trainer_log.count("DEBUG atroposlib.inference.command: engine command: ") == 2
@@ -353,6 +353,13 @@ def test_ctrl_c_stops_everything_then_resume_finishes_one_run(launch, tmp_path):
     # one verdict over the whole run: its first steps are the interrupted launch's
     first = sum(row.score_mean for row in rows[:10]) / 10
     assert numbers["first_10_mean_score"] == pytest.approx(first)
+    assert numbers["resumed_at"] == [stopped_at]  # the report marks it, in words and lines
+    assert f"at step {stopped_at}" in (run_dir / "report.html").read_text()
+    # the environment took its registration back (disconnected at the stop): same name
+    registered = re.findall(
+        r"registered as (\S+) \(env_id (\d+)\)", (run_dir / "logs" / "arith_env.log").read_text()
+    )
+    assert registered and set(registered) == {registered[0]}, registered
     assert resumed.leftovers() == []
 
     # a finished run is not started again: one line says how to train on

@@ -107,6 +107,7 @@ def test_a_black_box_agent_learns_through_the_proxy(launch, tmp_path):
     assert rise > 0.15 and t > 4, (rise, t, scores)
     assert numbers["learned"] is True
     assert "Traceback" not in finished.output(), "the env's proxy must stop cleanly"
+    assert "Uvicorn running" not in finished.output()  # the env says where its proxy is
     assert finished.leftovers == []
 
 

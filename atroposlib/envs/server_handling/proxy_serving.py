@@ -69,6 +69,7 @@ async def serve_in_process(
         host="127.0.0.1",
         port=port,
         log_config=None,
+        log_level="warning",  # its "Uvicorn running on ..." is noise in an env's console
         access_log=False,
         lifespan="off",
         timeout_keep_alive=KEEP_ALIVE_S,

@@ -427,8 +427,11 @@ class APIServer(ABC):
                     self.attempts_failed += 1
                     if is_unreachable(exc) and self.config.health_check:
                         if self.server_healthy:  # once per outage, not once per request
-                            # the manager warns when no server is left to route to
-                            logger.info("inference server %s unreachable", self.address)
+                            # the manager warns when no server is left to route to; before
+                            # any answer it is an engine still starting, no news
+                            answered = self.request_timings or self.eval_request_timings
+                            level = logging.INFO if answered else logging.DEBUG
+                            logger.log(level, "inference server %s unreachable", self.address)
                             outage_logger.debug(
                                 "inference server %s unreachable: %s", self.endpoint_url, exc
                             )

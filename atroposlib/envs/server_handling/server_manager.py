@@ -191,7 +191,10 @@ class ServerManager:
             if self.unavailable_timeout_s is None
             else f"up to {self.unavailable_timeout_s:g}s"
         )
-        logger.warning("waiting for an inference server")  # fits the launcher's console
+        if any(s.request_timings or s.eval_request_timings for s in self.servers):
+            logger.warning("waiting for an inference server")  # fits the launcher's console
+        else:  # none has answered yet: an engine still starting (a run's first minute)
+            logger.info("waiting for the inference server to start")
         outage_logger.debug(
             "no inference server reachable (%s); requests are waiting for one to come back "
             "(%s; an engine restart from a new checkpoint can take minutes)",
