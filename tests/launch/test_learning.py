@@ -54,6 +54,16 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     steps = [json.loads(line)["step"] for line in history.read_text().splitlines()]
     assert steps[0] == 0 and steps[-1] == 100 and len(steps) >= 6, steps
     assert "mod_arithmetic: evaluated at step 100" in run.output()
+    # `view-run RUN_DIR`'s page reads the finished run, no API running (in-process here;
+    # tests/viewer/test_view_recorded_browser.py serves one to a browser)
+    from atroposlib.viewer.browse import RecordedPage
+    from atroposlib.viewer.recorded import read_run
+
+    recorded = read_run(tmp_path / "run")
+    assert recorded.group_count >= numbers["groups"]["trained"] > 0
+    _, status, group = RecordedPage(recorded, None, False).view("mod_arithmetic", 1, "last")
+    assert f"Group {recorded.group_count} of {recorded.group_count}" in status
+    assert "mod 10" in group
     own = numbers["environments"]["mod_arithmetic"]
     assert own["steps"] == 100 and own["evaluations"] >= 4 and own["learned"] is True
     # the console a new user reads: mostly step and status lines, each env's on one row
