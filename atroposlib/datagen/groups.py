@@ -86,8 +86,9 @@ def check_group(group: Any, messages: bool) -> tuple[list[list[int]], list[float
         chats = scored.messages
         if not chats:
             raise GroupProblem(
-                "the group carries no messages (--save-messages needs an environment that "
-                "sends them, e.g. --env.include_messages true)"
+                "the group carries no messages (records of messages need an environment "
+                "that sends them, e.g. --env.include_messages true; --save-messages false "
+                "writes decoded text)"
             )
     return scored.tokens, [float(s) for s in scored.scores]
 
@@ -122,6 +123,11 @@ def message_sequences(group: Any) -> list[Scored]:
     return [
         Scored(score, chat[:cut], chat[cut:]) for chat, score in zip(chats, scores, strict=True)
     ]
+
+
+def carries_messages(group: Any) -> bool:
+    """Whether the group holds chat messages: the records' form when --save-messages is unset."""
+    return bool(_field(group, "messages"))
 
 
 def sequences(group: Any, tokenizer: Decoder | None, messages: bool) -> list[Scored]:

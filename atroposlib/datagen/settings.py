@@ -8,7 +8,7 @@ optional true/false value: `switches_first` rewrites such a switch to `--flag=tr
 
 from __future__ import annotations
 
-from typing import Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -19,6 +19,22 @@ BOOL_WORDS = frozenset({"true", "false", "1", "0", "yes", "no", "on", "off"})
 class GenSettings(BaseModel):
     """Flags shared by both tools."""
 
+    API_FLAGS: ClassVar[tuple[str, ...]] = (
+        "api_url",
+        "group_size",
+        "tasks_per_step",
+        "max_token_len",
+    )
+    """What only a live API needs: --from-run reads whole groups from files."""
+
+    from_run: str | None = Field(
+        None,
+        description="Read a finished run's groups instead of pulling from run-api: an "
+        "atropos-launch run directory (its rollouts/*.jsonl), that rollouts folder, or one "
+        ".jsonl file of groups. No API is used; the tokenizer is the run's model (its "
+        "config.yaml) unless --tokenizer is given; every group is used unless "
+        "--num-seqs-to-save is given.",
+    )
     api_url: str = Field("http://localhost:8000", description="URL of the running run-api.")
     group_size: int = Field(2, gt=0, description="Sequences per group the environments send.")
     max_token_len: int = Field(
@@ -29,10 +45,12 @@ class GenSettings(BaseModel):
         description="Tokenizer (Hugging Face name or local path) that decodes the tokens; "
         "not loaded with --save-messages.",
     )
-    save_messages: bool = Field(
-        False,
-        description="Write the groups' chat messages instead of decoded text (the "
-        "environment must send messages, e.g. --env.include_messages true).",
+    save_messages: bool | None = Field(
+        None,
+        description="Write the groups' chat messages (TRL's conversational records) "
+        "instead of decoded text. Unset: messages when the first group carries them "
+        "(an atropos-launch run's always do), else text; false: decoded text "
+        "(the chat template's tokens included) whatever the groups carry.",
     )
     num_seqs_to_save: int = Field(100, gt=0, description="Stop after writing this many records.")
     allow_negative_scores: bool = Field(False, description="Also keep sequences scored 0 or below.")
@@ -41,11 +59,29 @@ class GenSettings(BaseModel):
         description="Append to FILEPATH if it exists (without it, an existing file is "
         "refused, never overwritten).",
     )
+    keep_duplicates: bool = Field(
+        False,
+        description="Write identical records again (by default a record equal to one "
+        "already in FILEPATH, its score aside, is dropped and counted).",
+    )
     format: Literal["trl", "atropos"] = Field(
         "trl",
         description="Record keys: 'trl' writes what TRL's trainers read; 'atropos' writes "
         "upstream Atropos's keys (with the score).",
     )
+
+    def unused_flags(self) -> list[str]:
+        """The live API's flags the user gave, which --from-run does not need."""
+        given = [name for name in self.API_FLAGS if name in self.model_fields_set]
+        return ["--" + name.replace("_", "-") for name in given]
+
+    @property
+    def goal(self) -> int | None:
+        """How many records to write: --num-seqs-to-save, or every one --from-run yields
+        when the flag is not given (a finished run's file is used whole)."""
+        if self.from_run and "num_seqs_to_save" not in self.model_fields_set:
+            return None
+        return self.num_seqs_to_save
 
 
 class SftGenSettings(GenSettings):
@@ -120,7 +156,12 @@ def tool_main(
     add_model_flags(parser, settings_cls)
     argv = switches_first(
         sys.argv[1:] if argv is None else argv,
-        {"--save-messages", "--allow-negative-scores", "--append-to-previous"},
+        {
+            "--save-messages",
+            "--allow-negative-scores",
+            "--append-to-previous",
+            "--keep-duplicates",
+        },
     )
     settings, args = parse_settings(parser, settings_cls, argv)
     return settings, args.filepath

@@ -4,8 +4,11 @@ Upstream's rejection sampling, rule for rule: sort by score, best first (ties ke
 their order); drop scores of 0 or below unless negative scores are allowed; with a
 minimum difference d > 0, keep only scores more than d above the group's lowest score
 (the lowest of all its sequences, dropped ones included); keep the first N. The
-records default to TRL's SFT formats (prompt/completion strings, or a `messages`
-conversation); the 'atropos' format writes upstream's keys with the score.
+records default to TRL's prompt-completion format, as strings or as message lists (its
+conversational form): either way TRL's SFTTrainer computes the loss on the completion
+only, the part the environment scored and its masks train, where a `messages` record
+would train the system prompt and the question too. The 'atropos' format writes
+upstream's keys with the score (`messages` for a conversation).
 """
 
 from __future__ import annotations
@@ -37,6 +40,4 @@ def sft_record(seq: Scored, messages: bool, style: str = "trl") -> dict[str, Any
         if messages:
             return {"messages": seq.whole, "score": seq.score}
         return {"prefix": seq.prompt, "completion": seq.completion, "score": seq.score}
-    if messages:
-        return {"messages": seq.whole}
     return {"prompt": seq.prompt, "completion": seq.completion}

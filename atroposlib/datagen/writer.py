@@ -7,10 +7,16 @@ interrupting it. The output directory is never created: a typo in the path shoul
 the tool before it registers, not leave data in an unexpected place. An existing file is
 only ever appended to (`--append-to-previous`), never truncated; a new file is created
 exclusively, so a file appearing in between is not overwritten either.
+
+A record equal to one already in the file (its score aside) is dropped and counted,
+unless duplicates are asked for: the best sequences of a group are often the same
+completion, and an SFT set that repeats it N times only weights it N times. "Already in
+the file" includes the lines an appended-to file held before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -36,19 +42,42 @@ def check_output(path: Path, append: bool) -> None:
         )
 
 
-class JsonlWriter:
-    """Appends records to a jsonl file, one flushed line per record."""
+def record_key(record: Any) -> bytes:
+    """What makes two records the same: everything but the score (upstream's format
+    carries it), compared as canonical JSON."""
+    if isinstance(record, dict):
+        record = {key: value for key, value in record.items() if key != "score"}
+    canonical = json.dumps(record, sort_keys=True, ensure_ascii=False, allow_nan=True)
+    return hashlib.blake2b(canonical.encode(), digest_size=16).digest()
 
-    def __init__(self, path: Path, append: bool) -> None:
+
+class JsonlWriter:
+    """Appends records to a jsonl file, one flushed line per record, each distinct record
+    once unless `keep_duplicates`."""
+
+    def __init__(self, path: Path, append: bool, keep_duplicates: bool = False) -> None:
         self.path = path
         self.count = 0
+        self.duplicates = 0
+        """Records not written because the file already held an equal one."""
         self.busy = False
+        self._seen: set[bytes] | None = None if keep_duplicates else set()
         self._file = open(path, "ab" if append else "xb")
-        if append and self._file.tell() > 0 and not _ends_with_newline(path):
-            self._file.write(b"\n")  # finish a line someone else left open
-            self._file.flush()
+        if append and self._file.tell() > 0:
+            if self._seen is not None:
+                self._seen.update(_existing_keys(path))
+            if not _ends_with_newline(path):
+                self._file.write(b"\n")  # finish a line someone else left open
+                self._file.flush()
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> bool:
+        """Write `record` as one line; False (and counted) when it is a duplicate."""
+        if self._seen is not None:
+            key = record_key(record)
+            if key in self._seen:
+                self.duplicates += 1
+                return False
+            self._seen.add(key)
         line = json.dumps(record, ensure_ascii=False, allow_nan=False).encode() + b"\n"
         self.busy = True
         try:
@@ -57,6 +86,7 @@ class JsonlWriter:
         finally:
             self.busy = False
         self.count += 1
+        return True
 
     def close(self) -> None:
         self._file.close()
@@ -72,3 +102,15 @@ def _ends_with_newline(path: Path) -> bool:
     with open(path, "rb") as existing:
         existing.seek(-1, 2)
         return existing.read(1) == b"\n"
+
+
+def _existing_keys(path: Path) -> set[bytes]:
+    """The keys of the records an appended-to file already holds (unreadable lines aside)."""
+    keys = set()
+    with open(path, "rb") as existing:
+        for line in existing:
+            try:
+                keys.add(record_key(json.loads(line)))
+            except ValueError:  # a cut or foreign line: nothing to compare with
+                continue
+    return keys

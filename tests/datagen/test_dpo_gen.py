@@ -8,7 +8,15 @@ import pytest
 
 from atroposlib.datagen.dpo import dpo_record, pair_up
 from atroposlib.datagen.groups import Scored
-from tests.support.datagen import DataTool, post_groups, read_jsonl, trl_dpo_dataset
+from tests.support.datagen import (
+    SYSTEM,
+    DataTool,
+    chat_group,
+    finished_run,
+    post_groups,
+    read_jsonl,
+    trl_dpo_dataset,
+)
 from tests.support.text_groups import text_group
 
 PROMPT = "Question: what is 3 + 4?\nAnswer:"
@@ -145,3 +153,46 @@ def test_message_pairs_feed_trls_dpo_trainer(api, wire_client, tmp_path, tiny_mo
     (upstream,) = read_jsonl(upstream_out)
     assert set(upstream) == {"pos", "neg", "score"} and upstream["score"] == 1.0
     assert upstream["pos"] == group["messages"][0] and upstream["neg"] in group["messages"][1:]
+
+
+def test_pairs_from_a_finished_run_feed_trls_dpo_trainer(tmp_path, tiny_model_path, capsys):
+    """A run directory's groups as message pairs: the same pair twice in a group and
+    again in another environment is written once, and counted."""
+    from atroposlib.cli.dpo import main
+    from atroposlib.utils.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_model_path))
+    first, second = "What is 3 + 4 mod 10?", "What is 1 + 1 mod 10?"
+    run = finished_run(
+        tmp_path / "run",
+        {
+            "arith": [
+                chat_group(tok, first, ["7", "6"], [1.0, 0.0], "a"),
+                chat_group(tok, second, ["2", "2", "5", "5"], [1.0, 1.0, 0.0, 0.0], "b"),
+            ],
+            "mod": [chat_group(tok, first, ["7", "6"], [1.0, 0.0], "c")],
+        },
+    )
+    out = tmp_path / "dpo.jsonl"
+    assert main([str(out), "--from-run", str(run / "rollouts")]) == 0
+    said = capsys.readouterr().err
+
+    def pair(question: str, good: str, bad: str) -> dict[str, list[dict[str, str]]]:
+        return {
+            "prompt": [SYSTEM, {"role": "user", "content": question}],
+            "chosen": [{"role": "assistant", "content": good}],
+            "rejected": [{"role": "assistant", "content": bad}],
+        }
+
+    assert read_jsonl(out) == [pair(first, "7", "6"), pair(second, "2", "5")]
+    assert "wrote 2 pairs" in said and "2 identical duplicate pairs dropped" in said, said
+    prepared = trl_dpo_dataset(out, tiny_model_path, tmp_path / "trl")
+    assert first in tok.decode(prepared[0]["prompt_ids"])
+    assert tok.decode(prepared[0]["chosen_ids"]).startswith("7")
+    assert tok.decode(prepared[0]["rejected_ids"]).startswith("6")
+
+    text = tmp_path / "text.jsonl"  # decoded by the run's model, found from rollouts/
+    assert main([str(text), "--from-run", str(run / "rollouts"), "--save-messages", "false"]) == 0
+    records = read_jsonl(text)
+    assert [(r["chosen"][:1], r["rejected"][:1]) for r in records] == [("7", "6"), ("2", "5")]
+    assert all(r["prompt"].startswith("<|im_start|>system") for r in records)

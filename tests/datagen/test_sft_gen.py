@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 
 import httpx
@@ -10,9 +11,19 @@ import pytest
 from atroposlib.datagen.groups import GroupProblem, Scored, sequences, text_sequences
 from atroposlib.datagen.pull import BatchPuller
 from atroposlib.datagen.sft import keep_best, sft_record
+from atroposlib.datagen.writer import JsonlWriter
 from atroposlib.utils.ports import free_port
 from atroposlib.utils.tiny_model_training import SYSTEM_PROMPT
-from tests.support.datagen import DataTool, post_groups, read_jsonl, trl_sft_dataset
+from tests.support.datagen import (
+    SYSTEM,
+    DataTool,
+    chat_group,
+    finished_run,
+    post_groups,
+    read_jsonl,
+    trained_text,
+    trl_sft_dataset,
+)
 from tests.support.processes import ApiProcess, EnvProcess, serve_args
 from tests.support.text_groups import text_group
 from tests.support.waiting import wait_until
@@ -47,7 +58,8 @@ def test_records_in_trl_and_atropos_keys():
     assert sft_record(seq, messages=False) == {"prompt": "Q:", "completion": " A"}
     assert sft_record(seq, False, "atropos") == {"prefix": "Q:", "completion": " A", "score": 2.0}
     chat = Scored(1.0, [{"role": "user", "content": "q"}], [{"role": "assistant", "content": "a"}])
-    assert sft_record(chat, messages=True) == {"messages": chat.prompt + chat.completion}
+    # conversational prompt/completion: TRL's loss is on the completion, as for text
+    assert sft_record(chat, messages=True) == {"prompt": chat.prompt, "completion": chat.completion}
     assert sft_record(chat, True, "atropos") == {"messages": chat.whole, "score": 1.0}
 
 
@@ -102,8 +114,9 @@ def test_text_records_follow_the_rules_and_feed_trls_sft_trainer(
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     out = tmp_path / "sft.jsonl"
     # an earlier run's file, its last line without a newline: --append-to-previous keeps
-    # it (a tool process costs about 4 s of CPU, so this run asks that too)
-    out.write_text('{"prompt": "old", "completion": " line"}')
+    # it, and the new record equal to it is dropped as a duplicate (a tool process costs
+    # about 4 s of CPU, so this run asks that too)
+    out.write_text(json.dumps({"prompt": PROMPT, "completion": " 3"}))
     tool = sft_tool(
         tmp_path,
         out,
@@ -112,7 +125,7 @@ def test_text_records_follow_the_rules_and_feed_trls_sft_trainer(
         "--tokenizer",
         tiny_model_path,
         "--num-seqs-to-save",
-        "4",
+        "3",
     )
     try:
         post_groups(wire_client, [text_group(tok, PROMPT, ANSWERS, SCORES)])
@@ -129,21 +142,17 @@ def test_text_records_follow_the_rules_and_feed_trls_sft_trainer(
         tool.stop()
     records = read_jsonl(out)
     assert records == [
-        {"prompt": "old", "completion": " line"},
         {"prompt": PROMPT, "completion": " 3"},
         {"prompt": PROMPT, "completion": " 2"},
         {"prompt": PROMPT, "completion": " 1"},
         {"prompt": "Say hi:", "completion": " yo"},
     ]
-    assert "wrote 4 seqs" in tool.log()
+    assert "wrote 3 seqs" in tool.log()
+    assert "1 identical duplicate seqs dropped" in tool.log()
     prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
-    assert len(prepared) == 5
-    first = prepared[1]
-    trained = [
-        t for t, label in zip(first["input_ids"], first["labels"], strict=True) if label != -100
-    ]
-    assert tok.decode(trained).startswith(" 3")
-    assert tok.decode(first["input_ids"]).startswith(PROMPT)
+    assert len(prepared) == 4
+    assert trained_text(tok, prepared[1]).startswith(" 2")
+    assert tok.decode(prepared[1]["input_ids"]).startswith(PROMPT)
 
 
 def test_messages_and_atropos_keys(api, wire_client, tmp_path, tiny_model_path):
@@ -169,10 +178,15 @@ def test_messages_and_atropos_keys(api, wire_client, tmp_path, tiny_model_path):
         assert tool.wait() == 0, tool.log()
     finally:
         tool.stop()
-    assert [r["messages"][-1]["content"] for r in read_jsonl(out)] == ["3", "2", "1"]
-    assert all(set(r) == {"messages"} and r["messages"][0] == question[0] for r in read_jsonl(out))
+    assert [r["completion"] for r in read_jsonl(out)] == [
+        [{"role": "assistant", "content": a}] for a in "321"
+    ]
+    assert all(r["prompt"] == question for r in read_jsonl(out))
     prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
-    assert len(prepared) == 3 and all(len(row["input_ids"]) > 5 for row in prepared)
+    assert len(prepared) == 3
+    for row, answer in zip(prepared, "321", strict=True):  # trained: the answer alone
+        trained = trained_text(tok, row)
+        assert trained.startswith(answer) and "3 + 4?" not in trained
 
     tool = sft_tool(
         tmp_path,
@@ -180,6 +194,8 @@ def test_messages_and_atropos_keys(api, wire_client, tmp_path, tiny_model_path):
         api.url,
         "--format",
         "atropos",
+        "--save-messages",
+        "false",  # the group carries messages: decoded text only when asked
         "--tokenizer",
         tiny_model_path,
         "--num-seqs-to-save",
@@ -249,6 +265,7 @@ def test_ctrl_c_leaves_whole_lines_and_a_summary(api, wire_client, tmp_path, tin
         "--save-top-n-per-group",
         "5",
         "--allow-negative-scores",
+        "--keep-duplicates",  # the same group three times: 15 lines
         "--num-seqs-to-save",
         "1000",
     )
@@ -275,7 +292,7 @@ def test_ctrl_c_leaves_whole_lines_and_a_summary(api, wire_client, tmp_path, tin
                 "--group-size": "2",
                 "--max-token-len": "2048",
                 "--tokenizer": "'NousResearch/DeepHermes-3-Llama-3-8B-Preview'",
-                "--save-messages": "False",
+                # --save-messages: unset by default (messages when the groups carry them)
                 "--save-top-n-per-group": "3",
                 "--num-seqs-to-save": "100",
                 "--allow-negative-scores": "False",
@@ -382,12 +399,108 @@ def test_run_api_restarted_under_a_serving_env_and_the_tool_stalls_neither(
     assert "registered again as env_id" in env.log()
     records = read_jsonl(out)
     assert len(records) == 48 and all(set(r) == {"prompt", "completion"} for r in records)
-    assert all(r["completion"] for r in records)
-    # the two best of each group, together: a pair shares its prompt
-    assert all(r["prompt"] == records[2 * (i // 2)]["prompt"] for i, r in enumerate(records))
-    assert all(
-        SYSTEM_PROMPT in r["prompt"] and SYSTEM_PROMPT not in r["completion"] for r in records
-    )
+    # the env sends messages, so by default the records are conversations, each once
+    assert "the groups carry chat messages, so the records are messages" in tool.log()
+    system = {"role": "system", "content": SYSTEM_PROMPT}
+    assert all(r["prompt"][0] == system for r in records)
+    assert all([m["role"] for m in r["completion"]] == ["assistant"] for r in records)
+    assert len({json.dumps(r, sort_keys=True) for r in records}) == 48
     prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
-    assert len(prepared) == 48
-    assert all(any(label != -100 for label in row["labels"]) for row in prepared)
+    assert len(prepared) == 48  # the prompt masked, the answer trained
+    assert all(row["labels"][0] == -100 and row["labels"][-1] != -100 for row in prepared)
+
+
+def test_identical_records_are_written_once_unless_asked(tmp_path):
+    out = tmp_path / "sft.jsonl"
+    out.write_text('{"prefix": "Q", "completion": " A", "score": 1.0}\n')  # an earlier run's
+    with JsonlWriter(out, append=True) as writer:
+        assert not writer.write({"prefix": "Q", "completion": " A", "score": 2.0})  # score aside
+        assert writer.write({"completion": " B", "prefix": "Q"})
+        assert not writer.write({"prefix": "Q", "completion": " B"})  # key order aside
+        assert (writer.count, writer.duplicates) == (1, 2)
+    with JsonlWriter(out, append=True, keep_duplicates=True) as writer:
+        assert writer.write({"prefix": "Q", "completion": " B"})
+    assert [r["completion"] for r in read_jsonl(out)] == [" A", " B", " B"]
+
+
+def test_a_run_that_cannot_be_read_is_one_line_and_exit_2(tmp_path, capsys):
+    from atroposlib.cli.dpo import main as dpo_main
+    from atroposlib.cli.sft import main
+
+    no_messages = {"tokens": [[5, 1], [5, 2]], "masks": [[-100, 1], [-100, 2]], "scores": [1, 0]}
+    (tmp_path / "empty").mkdir()
+    loose = tmp_path / "groups.jsonl"  # groups outside a run directory: no config.yaml
+    loose.write_text(json.dumps(no_messages) + "\n")
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(b'{"tokens": [[5\n\xff\xfe\n[1, 2]\n')
+    cases = [
+        (tmp_path / "missing", f"{tmp_path / 'missing'} does not exist"),
+        (tmp_path / "empty", "holds no rollouts: no rollouts/*.jsonl"),
+        (cut, f"{cut} holds no groups yet, 3 unreadable line(s) skipped"),
+        (loose, "so the tokenizer that decodes its tokens is unknown: pass --tokenizer"),
+        (finished_run(tmp_path / "run", {"env": [no_messages]}, model=None), "names no model"),
+    ]
+    out = tmp_path / "out.jsonl"
+    for source, said in cases:
+        assert main([str(out), "--from-run", str(source)]) == 2, source
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+        assert len(errors) == 1 and said in errors[0], (source, errors)
+        assert errors[0].startswith("atropos-sft-gen: error: ")
+        assert not out.exists()
+    assert dpo_main([str(out), "--from-run", str(tmp_path / "missing")]) == 2
+    assert "atropos-dpo-gen: error: " in capsys.readouterr().err
+
+
+def test_a_finished_runs_groups_feed_trls_sft_trainer(tmp_path, tiny_model_path, capsys):
+    """A run directory as atropos-launch leaves it: two environments, groups of different
+    sizes, the same best answer three times in a group and again in another environment,
+    an unusable group and a line cut by a crash; no API, no --tokenizer, no --group-size."""
+    from atroposlib.cli.sft import main
+    from atroposlib.utils.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_model_path))
+    first, second = "What is 3 + 9 mod 10?", "What is 1 + 1 mod 10?"
+    unusable = chat_group(tok, "What is 4 + 4 mod 10?", ["8", "9"], [1.0, 0.0], "c")
+    run = finished_run(
+        tmp_path / "run",
+        {
+            "arith": [
+                chat_group(tok, first, ["2", "2", "2", "5"], [1.0, 1.0, 1.0, 0.0], "a"),
+                chat_group(tok, second, ["2", "3"], [1.0, 0.0], "b"),
+            ],
+            "mod": [{**unusable, "scores": [1.0]}, chat_group(tok, first, ["2"], [1.0], "d")],
+        },
+        tail='{"tokens": [[1, 2',
+    )
+    out = tmp_path / "sft.jsonl"
+    assert main([str(out), "--from-run", str(run), "--group-size", "8"]) == 0
+    said = capsys.readouterr().err
+    answer = [{"role": "assistant", "content": "2"}]
+    assert read_jsonl(out) == [
+        {"prompt": [SYSTEM, {"role": "user", "content": q}], "completion": answer}
+        for q in (first, second)
+    ]
+    for line in (
+        "--group-size ignored",
+        "the groups carry chat messages, so the records are messages",
+        "arith.jsonl: skipped 1 unreadable line(s) (line 3",
+        f"wrote 2 seqs to {out} from 4 of 4 groups in {run} (2 environments); 1 groups "
+        "skipped as unusable; 3 identical duplicate seqs dropped; 2 unreadable lines skipped",
+    ):
+        assert line in said, said
+    prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
+    assert [first in tok.decode(row["input_ids"]) for row in prepared] == [True, False]
+    for row in prepared:  # TRL's loss: on the answer, not the system prompt or question
+        assert trained_text(tok, row).startswith("2<|im_end|>")
+
+    text = tmp_path / "text.jsonl"  # the old form: decoded by the run's model (config.yaml)
+    flags = ["--save-messages", "false", "--num-seqs-to-save", "1"]
+    assert main([str(text), "--from-run", str(run), *flags]) == 0
+    (record,) = read_jsonl(text)
+    assert record["prompt"].startswith("<|im_start|>system") and first in record["prompt"]
+    assert record["completion"].startswith("2")
+
+    before = out.read_text()  # again onto the same file: every record is there already
+    assert main([str(out), "--from-run", str(run), "--append-to-previous"]) == 0
+    assert out.read_text() == before
+    assert "wrote 0 seqs" in (said := capsys.readouterr().err) and "5 identical" in said, said

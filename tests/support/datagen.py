@@ -1,4 +1,5 @@
-"""The data tools as real subprocesses, groups posted as an env would, and TRL's preparation."""
+"""The data tools as real subprocesses, groups posted as an env would, a finished run's
+directory as an env leaves it, and TRL's preparation."""
 
 from __future__ import annotations
 
@@ -75,6 +76,46 @@ def _registered_env(client: httpx.Client, group_size: int) -> dict[str, Any] | N
     return answer if "env_id" in answer else None
 
 
+SYSTEM = {"role": "system", "content": "Answer with one digit."}
+
+
+def chat_group(
+    tokenizer: Any, question: str, answers: list[str], scores: list[float], group_id: str
+) -> dict[str, Any]:
+    """A group as an environment sends and records it (include_messages, as atropos-launch
+    sets): the chat template's tokens with the prompt masked, each conversation, the ids."""
+    from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+
+    chats = [
+        [SYSTEM, {"role": "user", "content": question}, {"role": "assistant", "content": a}]
+        for a in answers
+    ]
+    tokenized = [tokenize_for_trainer(tokenizer, chat) for chat in chats]
+    return {
+        "tokens": [t["tokens"] for t in tokenized],
+        "masks": [t["masks"] for t in tokenized],
+        "scores": scores,
+        "messages": chats,
+        "group_id": group_id,
+        "env_id": 0,
+    }
+
+
+def finished_run(
+    run_dir: Path, rollouts: dict[str, list[Any]], model: str | None = "tiny", tail: str = ""
+) -> Path:
+    """A run directory as atropos-launch leaves it, as far as the data tools read it:
+    config.yaml naming the model, and rollouts/<env>.jsonl with one JSON line per group
+    (atroposlib.envs.sending.append_lines' format); `tail` ends every file (a cut line)."""
+    (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
+    config = {"model": model} if model is not None else {"seed": 0}
+    (run_dir / "config.yaml").write_text(json.dumps(config) + "\n")  # JSON is YAML
+    for env, groups in rollouts.items():
+        lines = "".join(json.dumps(group) + "\n" for group in groups)
+        (run_dir / "rollouts" / f"{env}.jsonl").write_text(lines + tail)
+    return run_dir
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     text = path.read_text()
     assert text == "" or text.endswith("\n"), "the file ends in a half line"
@@ -95,6 +136,12 @@ def trl_sft_dataset(path: Path, model_path: Any, out_dir: Path) -> Any:
         processing_class=AutoTokenizer.from_pretrained(str(model_path)),
     )
     return trainer.train_dataset
+
+
+def trained_text(tokenizer: Any, row: dict[str, Any]) -> str:
+    """The tokens of a row TRL prepared that its loss is computed on, decoded."""
+    labels = zip(row["input_ids"], row["labels"], strict=True)
+    return tokenizer.decode([token for token, label in labels if label != -100])
 
 
 def trl_dpo_dataset(path: Path, model_path: Any, out_dir: Path) -> Any:
