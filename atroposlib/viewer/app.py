@@ -31,7 +31,7 @@ from atroposlib.viewer.render import Decoder, render_batch, render_notice, scope
 from atroposlib.viewer.settings import RecordedViewSettings, ViewRunSettings
 from atroposlib.viewer.source import GroupSource
 
-INSTALL_HINT = "view-run needs Gradio: pip install gradio"
+INSTALL_HINT = "view-run needs Gradio: pip install '.[viewer]' (in a checkout) or gradio"
 PULL_BUTTON = "Grab next batch"
 OPEN_PATHS = frozenset({"/health"})
 MAX_BODY_BYTES = 1 << 20
