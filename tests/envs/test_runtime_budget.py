@@ -26,8 +26,8 @@ class LateDeliveryClient(TrajectoryClient):
 
     polls = 0
 
-    async def status_env(self, env_id: int) -> dict:
-        status = await super().status_env(env_id)
+    async def status_env(self, env_id: int, progress: dict | None = None) -> dict:
+        status = await super().status_env(env_id, progress)
         await self.flush()
         self.polls += 1
         return status

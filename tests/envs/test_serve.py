@@ -391,5 +391,6 @@ def test_interrupted_items_go_to_the_backlog_and_come_back(api_factory, inferenc
     assert code == 0, second.log()
     assert f"restored {len(saved)} backlog items" in second.log()
     assert took_the_file, "the restored backlog file was left behind for a third run"
-    # one batch of 4: one group of 4, from the second run (registered as env 1)
-    assert [(group["env_id"], len(group["tokens"])) for group in groups] == [(1, 4)]
+    # one batch of 4: one group of 4, from the second run, which took the registration
+    # the first gave up at its stop (/disconnect-env) back: env 0 again
+    assert [(group["env_id"], len(group["tokens"])) for group in groups] == [(0, 4)]

@@ -157,7 +157,7 @@ def test_a_failing_engine_quotes_its_log(tmp_path, caplog):
     # one short line at INFO; the whole command at DEBUG and atop the engine's log
     shown = [r for r in caplog.records if r.levelname == "INFO"]
     assert [r.getMessage() for r in shown] == [
-        f"starting cpu engine on port {engine.config.port}: no-such-model"
+        f"starting cpu engine on port {engine.config.port}: policy (no-such-model)"
     ]
     command = engine_command(engine.config, "transformers", str(tmp_path / "no-such-model"))
     (debug,) = [r for r in caplog.records if r.levelname == "DEBUG"]
