@@ -30,6 +30,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 
 GRACE_S = 1.0  # how much longer the judge waits than the solution's own timer
@@ -108,9 +109,17 @@ def case_flags(statements: list[ast.stmt]) -> list[bool]:
     return flags
 
 
+PARSING = threading.Lock()
+"""The grader judges answers in threads, and two `ast.parse` calls at once can raise
+SystemError ("AST constructor recursion depth mismatch") on CPython before 3.11.8 and
+3.12.1 (gh-106905): one parse at a time."""
+
+
 def check_function(tests: str) -> ast.FunctionDef:
     """The last `def check(candidate)` of the tests."""
-    checks = [n for n in ast.parse(tests).body if isinstance(n, ast.FunctionDef)]
+    with PARSING:
+        tree = ast.parse(tests)
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
     checks = [n for n in checks if n.name == "check" and n.args.args]
     if not checks:
         raise ValueError("the tests define no check(candidate)")

@@ -23,6 +23,7 @@ import ast
 import functools
 import importlib.util
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,11 @@ TOKENIZER_FLAG = "--env.tokenizer_name (atropos-launch: the model)"
 
 GENERIC_CLASS = "TokenizersBackend"
 """transformers 5's class for a tokenizer that `tokenizer.json` describes whole."""
+
+PARSING = threading.Lock()
+"""Two `ast.parse` calls at once, in two threads, can raise SystemError ("AST
+constructor recursion depth mismatch") on CPython before 3.11.8 and 3.12.1
+(gh-106905): this module parses one at a time."""
 
 # AutoTokenizer's module, by its path in the transformers package: finding it by name
 # (importlib.util.find_spec) would import `transformers.models`, whose __init__ scans
@@ -133,7 +139,10 @@ def auto_tokenizer_tables() -> tuple[dict[str, set[str | None]], frozenset[str]]
     if not source.is_file():
         return None
     assigned: dict[str, ast.expr] = {}
-    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+    text = source.read_text(encoding="utf-8")
+    with PARSING:  # a tokenizer may first load in a thread; see PARSING
+        tree = ast.parse(text)
+    for node in tree.body:
         if isinstance(node, ast.AnnAssign | ast.Assign) and node.value is not None:
             target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
             if isinstance(target, ast.Name):

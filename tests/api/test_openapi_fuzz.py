@@ -26,6 +26,12 @@ from typing import Any
 
 import pytest
 import schemathesis
+
+# `.specs.openapi.schemas`: what `from_asgi` imports lazily, imported at collection. On
+# CPython before 3.11.8 two `ast.parse` calls at once can raise SystemError
+# (gh-106905), and pytest's rewriting of this plugin's module on a test's first call
+# raced another thread's parse in a worker (a fresh clone of 7b1fde9)
+import schemathesis.specs.openapi.schemas
 from schemathesis import GenerationMode
 from schemathesis.engine import Status, events, from_schema
 from schemathesis.python import asgi
