@@ -35,6 +35,7 @@ Design decisions:
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 from dataclasses import dataclass, field
@@ -145,6 +146,12 @@ class TransformersSampler:
         self.processed_logprobs = logprobs_mode == "processed_logprobs"
         self.model = model
         self.processor = processor
+        # a VLM never samples a picture's placeholder: it is a prompt's, not a reply's
+        self.unsampled_ids: list[int] = []
+        if processor is not None:
+            from atroposlib.utils.image_messages import picture_token_ids
+
+            self.unsampled_ids = picture_token_ids(processor)
         self.device = next(model.parameters()).device
         self.weight_version = weight_version
         self.tokenizer = tokenizer
@@ -337,10 +344,14 @@ class TransformersSampler:
             if finish[i] is not None:
                 continue
             params = job.params
+            row = logits[i]
+            if self.unsampled_ids:  # drawn without them; the raw logprobs keep them
+                row = row.clone()
+                row[self.unsampled_ids] = -math.inf
             if params.temperature <= 0:
-                chosen[i] = int(logits[i].argmax())
+                chosen[i] = int(row.argmax())
                 continue
-            probs = torch.softmax(logits[i] / params.temperature, dim=-1)
+            probs = torch.softmax(row / params.temperature, dim=-1)
             if params.min_p > 0:
                 probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
             if 0 < params.top_k < probs.shape[-1]:

@@ -42,6 +42,24 @@ def vision_processor(source: str) -> Any:
     return AutoProcessor.from_pretrained(source)
 
 
+PICTURE_TOKEN_ATTRIBUTES = ("image_token", "fake_image_token", "global_image_tag", "video_token")
+"""A processor's placeholder strings for pictures (Idefics3, Qwen2-VL, LLaVA name them so)."""
+
+
+def picture_token_ids(processor: Any) -> list[int]:
+    """The ids that stand for pictures in a prompt: a reply must never hold one (the
+    trainer would feed pixels to it, and refuses the group instead)."""
+    tokenizer = processor.tokenizer
+    ids = set()
+    for attribute in PICTURE_TOKEN_ATTRIBUTES:
+        token = getattr(processor, attribute, None)
+        if isinstance(token, str) and token:
+            found = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(found, int) and found != tokenizer.unk_token_id:
+                ids.add(found)
+    return sorted(ids)
+
+
 def decode_picture(data: str) -> Any:
     """A base64 picture (plain or a `data:` URL) as an RGB PIL image; ValueError if not one."""
     from PIL import Image, UnidentifiedImageError

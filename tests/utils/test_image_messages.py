@@ -67,3 +67,30 @@ def test_what_is_not_a_base64_picture_is_a_value_error_that_says_so(data, says):
 def test_an_image_part_without_data_is_refused_by_its_type(part):
     with pytest.raises(ValueError, match=f"an {part['type']} part holds no image data"):
         part_data(part)
+
+
+@pytest.mark.integration
+def test_a_vlm_never_samples_a_pictures_placeholder(quick_vlm_path):
+    """A reply holding `<image>` would be refused by the trainer (its image tokens no
+    longer match its pictures): the CPU engine draws without the processor's picture
+    tokens, even where they are the likeliest, greedy or sampled; its raw logprobs are
+    the model's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from atroposlib.inference.sampler import SamplingParams, TransformersSampler
+    from atroposlib.utils.image_messages import picture_token_ids, vision_processor
+
+    processor = vision_processor(str(quick_vlm_path))
+    banned = picture_token_ids(processor)
+    assert processor.tokenizer.convert_tokens_to_ids(processor.image_token) in banned
+    logits = torch.zeros(3, len(processor.tokenizer))
+    logits[:, banned] = 50.0  # the placeholders are by far the likeliest
+    jobs = [SimpleNamespace(params=SamplingParams(temperature=t)) for t in (0.0, 1.0, 1.0)]
+    rows = [(job, None) for job in jobs]
+    draws = {id(job): torch.Generator().manual_seed(seed) for seed, job in enumerate(jobs)}
+    engine = SimpleNamespace(unsampled_ids=banned, processed_logprobs=False)
+    chosen, _ = TransformersSampler._choose(engine, logits, rows, [None] * 3, draws)
+    assert not set(chosen) & set(banned)
+    assert logits[0, banned[0]] == 50.0  # the row the raw logprobs come from is untouched
