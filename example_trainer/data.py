@@ -383,17 +383,26 @@ def drop_stale(
 ) -> tuple[list[Sequence], int]:
     """The sequences sampled at most `max_staleness` versions before `version` (the
     weights the trainer holds when it trains them), and how many were older. A sequence
-    without a version is kept: nothing says how old it is."""
+    of unknown age is kept: one without a version, or one whose version is ahead of the
+    trainer's (another run's later weights: a replayed group, `atropos-rollouts replay`)."""
     if max_staleness is None:
         return sequences, 0
-    kept = [s for s in sequences if s.version is None or version - s.version <= max_staleness]
+    kept = [s for s in sequences if (lag := _lag(s, version)) is None or lag <= max_staleness]
     return kept, len(sequences) - len(kept)
 
 
 def staleness(sequences: list[Sequence], version: int) -> dict[str, float]:
     """How many versions behind `version` the weights that sampled `sequences` were;
-    empty when no sequence carries a version (an engine that labels nothing)."""
-    lags = [version - s.version for s in sequences if s.version is not None]
+    empty when no sequence's age is known (an engine that labels nothing)."""
+    lags = [lag for s in sequences if (lag := _lag(s, version)) is not None]
     if not lags:
         return {}
     return {"staleness_mean": sum(lags) / len(lags), "staleness_max": float(max(lags))}
+
+
+def _lag(sequence: Sequence, version: int) -> int | None:
+    """How many versions behind `version` the sequence's weights were; None when unknown
+    (no label, or a label from weights this trainer has not reached)."""
+    if sequence.version is None or sequence.version > version:
+        return None
+    return version - sequence.version

@@ -88,6 +88,10 @@ class LossSettings:
     """Weight of the distillation term (its metrics are computed whenever a teacher is)."""
     distill_mode: DistillMode = "reverse_kl"
 
+    def __post_init__(self) -> None:
+        if self.kind.ratio_level == "sequence":  # the loss is defined on it (GSPO)
+            self.importance_sampling_level = "sequence"
+
     @property
     def eps_high(self) -> float:
         return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high

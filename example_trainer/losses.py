@@ -93,6 +93,11 @@ class LossKind:
     """`--clip-eps-high` is an absolute cap on a weight (at least 1), not a clip range."""
     default_clip_eps_high: float | None = None
     """`--clip-eps-high`'s default under this loss."""
+    default_clip_eps: float | None = None
+    """`--clip-eps`'s default under this loss (None: the flag's own)."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """"sequence": the loss is defined on each sequence's ratio, whatever
+    `--importance-sampling-level` says (GSPO)."""
 
 
 LOSSES: dict[str, LossKind] = {}
@@ -107,6 +112,8 @@ def register_loss(
     scale_advantages: Literal["group", "none"] = "group",
     clip_eps_high_is_cap: bool = False,
     default_clip_eps_high: float | None = None,
+    default_clip_eps: float | None = None,
+    ratio_level: Literal["token", "sequence"] = "token",
 ) -> Callable[[LossFunction], LossFunction]:
     """Register the decorated function as the loss `name` (a name is taken once)."""
 
@@ -122,6 +129,8 @@ def register_loss(
             scale_advantages,
             clip_eps_high_is_cap,
             default_clip_eps_high,
+            default_clip_eps,
+            ratio_level,
         )
         return function
 
@@ -137,6 +146,21 @@ def loss_kind(name: str) -> LossKind:
             "(a loss of your own: --loss-import-path module:function)"
         )
     return kind
+
+
+def ratio_level(
+    kind: LossKind, level: Literal["token", "sequence"], given: bool
+) -> Literal["token", "sequence"]:
+    """The ratio level a loss trains with: the flag's, unless the loss is defined on one
+    (GSPO on each sequence's), which a contrary flag cannot change."""
+    if kind.ratio_level == "token":
+        return level
+    if given and level != kind.ratio_level:
+        raise ValueError(
+            f"--loss-type {kind.name} is defined on each sequence's ratio; drop "
+            f"--importance-sampling-level {level}"
+        )
+    return kind.ratio_level
 
 
 def _known_loss(name: str) -> str:
@@ -199,6 +223,18 @@ register_loss("grpo", trl="grpo", normaliser="sequence")(clipped_surrogate)
 register_loss("dr_grpo", trl="dr_grpo", normaliser="constant", scale_advantages="none")(
     clipped_surrogate
 )
+
+# GSPO (arXiv:2507.18071): the clipped surrogate on each sequence's ratio, the geometric
+# mean of its token ratios, averaged per sequence; its clip ranges are the paper's (and
+# TRL's recipe: loss_type grpo, importance_sampling_level sequence, epsilon 3e-4/4e-4).
+register_loss(
+    "gspo",
+    trl="grpo",
+    normaliser="sequence",
+    ratio_level="sequence",
+    default_clip_eps=3e-4,
+    default_clip_eps_high=4e-4,
+)(clipped_surrogate)
 
 CISPO_DEFAULT_CAP = 5.0
 """--loss-type cispo's IS weight cap without --clip-eps-high (ScaleRL, arXiv:2510.13786)."""

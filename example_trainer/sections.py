@@ -19,7 +19,14 @@ from atroposlib.inference.engines import engine_name
 from atroposlib.utils.exposure import engine_args_problem
 from atroposlib.utils.sections import Section
 from atroposlib.weight_sync.modes import RESTART_MODES, WeightBridgeMode
-from example_trainer.losses import LOSSES, DistillMode, LossType, load_loss, loss_kind
+from example_trainer.losses import (
+    LOSSES,
+    DistillMode,
+    LossType,
+    load_loss,
+    loss_kind,
+    ratio_level,
+)
 
 UPSTREAM_LOSS_NORMALIZATION = {"token": "dapo", "sequence": "grpo"}
 """Upstream's --loss-normalization values, which are --loss-type's by another name."""
@@ -185,7 +192,8 @@ class LossSection(Section):
         "trained tokens of the batch), grpo (each sequence's mean, averaged over sequences), "
         "dr_grpo (summed, divided by sequences x --seq-len; no std scaling by default), cispo "
         "(a clipped, stop-gradient IS weight on the log-likelihood, capped at --clip-eps-high, "
-        "default 5). See docs/trainer.md, The loss. "
+        "default 5), gspo (grpo on each sequence's ratio, clipped at 3e-4/4e-4 by default). "
+        "See docs/trainer.md, The loss. "
         f"Registered: {', '.join(sorted(LOSSES))}. Upstream's --loss-normalization token "
         "is dapo, sequence is grpo.",
     )
@@ -311,6 +319,10 @@ class LossSection(Section):
                 "gradient; give a cap of at least 1"
                 + (f" (default {kind.default_clip_eps_high})" if kind.default_clip_eps_high else "")
             )
+        if kind.default_clip_eps is not None and "clip_eps" not in self.model_fields_set:
+            self.clip_eps = kind.default_clip_eps
+        given = "importance_sampling_level" in self.model_fields_set
+        self.importance_sampling_level = ratio_level(kind, self.importance_sampling_level, given)
         self._check_correction()
         if self.kl_reference == "model" and self.kl_coef == 0:
             raise ValueError("--kl-reference model computes a reference for a KL: set --kl-coef")

@@ -290,7 +290,7 @@ class BaseEnv(ABC):
         if not ready:
             return
         if self.config.data_path_to_save_groups:
-            append_groups(self.config.data_path_to_save_groups, ready)
+            append_groups(self.config.data_path_to_save_groups, ready, item)
         self.stats["groups_sent"] += len(ready)
         self.groups_rate.add(time.monotonic(), self.stats["groups_sent"])
         self.items_sent_this_step += len(ready)

@@ -97,9 +97,18 @@ async def kept_groups(
     return ready
 
 
-def append_groups(path: str, groups: list[ScoredDataGroup]) -> None:
-    """`data_path_to_save_groups`: one JSON line per group."""
-    append_lines(path, groups)
+def append_groups(path: str, groups: list[ScoredDataGroup], item: Item = None) -> None:
+    """`data_path_to_save_groups`: one JSON line per group, with the `item` it was rolled
+    out from when that is JSON (so `atropos-rollouts rescore` can score it again; the
+    API is not sent it)."""
+    try:
+        json.dumps(item)
+    except (TypeError, ValueError):
+        item = None
+    if item is None:
+        append_lines(path, groups)
+        return
+    append_lines(path, [group if "item" in group else {**group, "item": item} for group in groups])
 
 
 def append_lines(path: str, records: Sequence[Mapping[str, Any]]) -> None:

@@ -10,6 +10,8 @@ come from (`train_items`, `eval_items` in setup); everything else is an optional
 - `score_sample(sample, item)`: scoring that needs more than the text: a `Sample`
   carries the finish reason (`sample.truncated`), the completion's token ids and, in
   evaluation, the API's message (its parsed `tool_calls`);
+- `reward` (a config field, no code): score training samples with a registered reward
+  or a plain function instead (`envs/reward_spec.py`); evaluation keeps `score_sample`;
 - `sampling_for(item, split)`: per-item sampling arguments (`tools=`, `top_p=`...);
 - `finish_group(group, samples)`: reshape a scored group (a length penalty);
   `zero_truncated_advantage()` masks completions cut off at `max_tokens`;
@@ -37,6 +39,7 @@ from typing import Any
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, maybe_await
+from atroposlib.envs.reward_spec import load_reward
 from atroposlib.envs.scored_data import ScoredDataGroup, group_from_chat
 from atroposlib.type_definitions import Item
 
@@ -48,6 +51,13 @@ class SingleTurnConfig(BaseEnvConfig):
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature for rollouts.")
     eval_size: int = Field(200, ge=1, description="Most items in one evaluation.")
     seed: int = Field(0, description="Seed for shuffling or generating training items.")
+    reward: str | None = Field(
+        None,
+        description="Score training samples with this reward instead of the environment's "
+        "`score_sample` (evaluation keeps its own): a registered reward name, "
+        "module:function or path/to/file.py:function (TRL's signature: completions, "
+        "prompts and the item's fields as lists); see docs/rollouts.md.",
+    )
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,8 @@ class SingleTurnEnv(BaseEnv):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.train_scores: list[list[float]] = []  # raw group scores since the last log
+        # loaded at start, so a reward that cannot load stops the env with its line
+        self.configured_reward = load_reward(self.config.reward) if self.config.reward else None
 
     # ------------------------------------------------------------------ the task
     @abstractmethod
@@ -90,6 +102,13 @@ class SingleTurnEnv(BaseEnv):
     def score_sample(self, sample: Sample, item: Item) -> float | Awaitable[float]:
         """One sample's reward; override to use its finish reason, tokens or message."""
         return self.score(sample.text, item)
+
+    def training_reward(self, sample: Sample, item: Item) -> float | Awaitable[float]:
+        """A training sample's reward: the config's `reward` when set, else `score_sample`
+        (evaluation always scores with the environment's own `score_sample`)."""
+        if self.configured_reward is not None:
+            return self.configured_reward.score(sample.text, self.messages_for(item), item)
+        return self.score_sample(sample, item)
 
     def sampling_for(self, item: Item, split: str) -> dict[str, Any]:
         """Extra sampling arguments for this item ("train" or "eval"): tools=, top_p=..."""
@@ -162,7 +181,7 @@ class SingleTurnEnv(BaseEnv):
             **self.sampling_for(item, "train"),
         )
         samples = [self.sample_from(c, n) for c, n in zip(choices, nodes, strict=True)]
-        outcomes = [maybe_await(self.score_sample(s, item)) for s in samples]
+        outcomes = [maybe_await(self.training_reward(s, item)) for s in samples]
         scores = [float(value) for value in await asyncio.gather(*outcomes)]
         self.train_scores.append(scores)
         group = group_from_chat(messages, [s.text for s in samples], nodes, scores)

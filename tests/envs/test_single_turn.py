@@ -216,3 +216,34 @@ class SingleTurnEnvWithoutDefaults(SingleTurnEnv):
 
     def score(self, completion: str, item: dict) -> float:
         return 0.0
+
+
+def test_a_configured_reward_scores_instead_and_the_saved_group_keeps_its_item(
+    capitals, scripted, tiny_model_path, tmp_path
+):
+    """`reward:` (TRL's signature: completions, prompts, the item's fields as columns)
+    replaces `score`; the rollouts file keeps the item, which the API is not sent."""
+    from atroposlib.envs.reward_spec import RewardSpecError
+
+    rewards = tmp_path / "rewards.py"
+    rewards.write_text(
+        "def starts_with_l(completions, prompts, country, capital, **_):\n"
+        "    assert country[0] in prompts[0][-1]['content'] and capital[0]\n"
+        "    return [1.0 if completions[0].startswith('L') else 0.0]\n"
+    )
+    saved = tmp_path / "groups.jsonl"
+    env = make_env(
+        capitals.CapitalsEnv,
+        tiny_model_path,
+        scripted.url,
+        reward=f"{rewards}:starts_with_l",
+        data_path_to_save_groups=str(saved),
+    )
+    item = asyncio.run(env.get_next_item())
+    group, _ = asyncio.run(env.collect_trajectories(item))
+    assert group["scores"] == [0.0, 0.0, 1.0, 0.0]  # "Lyon" alone starts with an L
+    asyncio.run(env.handle_send_to_api(group, item, do_send_to_api=False))
+    line = json.loads(saved.read_text())
+    assert line["item"] == item and line["scores"] == group["scores"] and "item" not in group
+    with pytest.raises(RewardSpecError, match="'no_such' is not registered"):
+        make_env(capitals.CapitalsEnv, tiny_model_path, scripted.url, reward="no_such")

@@ -262,6 +262,19 @@ def test_drop_stale_keeps_what_is_at_most_k_versions_old():
     assert drop_stale(batch, 7, 0)[1] == 3
 
 
+def test_a_version_ahead_of_the_trainer_is_of_unknown_age_not_a_negative_lag():
+    """A replayed group from another run's later weights (atropos-rollouts replay)."""
+
+    def at(version):
+        return Sequence([1, 2], [-100, 2], 0.0, [0.0, 0.0], None, None, version=version)
+
+    batch = [at(40), at(3), at(2)]
+    kept, dropped = drop_stale(batch, 3, 0)
+    assert [s.version for s in kept] == [40, 3] and dropped == 1
+    assert staleness(batch, 3) == {"staleness_mean": 0.5, "staleness_max": 1.0}
+    assert staleness([at(40)], 3) == {}
+
+
 # ----------------------------------------------------------- flags
 def config(**fields) -> TrainingConfig:
     return TrainingConfig(model_name="m", **fields)
@@ -275,6 +288,15 @@ def test_the_flags_resolve_their_defaults_from_the_loss():
     assert chosen.loss.scale_advantages == "group"
     assert config(loss_normalization="sequence").loss.loss_type == "grpo"
     assert config(loss_type="cispo").loss.clip_eps_high == 5.0
+    gspo = config(loss_type="gspo").loss  # GSPO's paper: per-sequence ratio, tiny clips
+    assert (gspo.clip_eps, gspo.clip_eps_high, gspo.importance_sampling_level) == (
+        3e-4,
+        4e-4,
+        "sequence",
+    )
+    assert config(loss_type="gspo", clip_eps=0.1).loss.clip_eps == 0.1
+    with pytest.raises(ValueError, match="defined on each sequence's ratio"):
+        config(loss_type="gspo", importance_sampling_level="token")
     assert config().loss.ratio_reference == "inference"
     assert config(vllm_importance_sampling_correction=True).loss.ratio_reference == "trainer"
 
