@@ -67,7 +67,13 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def flags_of(parser: argparse.ArgumentParser) -> set[str]:
-    return {flag for action in parser._actions for flag in action.option_strings}
+    """The parser's flags and its subcommands' (`atropos-rollouts list --json`)."""
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                flags |= flags_of(subparser)
+    return flags
 
 
 def command_lines(text: str) -> Iterator[str]:

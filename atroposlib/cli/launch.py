@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from atroposlib.launch.checks import preflight
+from atroposlib.launch.checks import preflight, print_dry_run
 from atroposlib.launch.config import ConfigError, load_config
 from atroposlib.launch.needs import Finding
 from atroposlib.launch.plan import Plan, plan
@@ -63,24 +63,17 @@ def resolve(args: argparse.Namespace) -> tuple[Plan, LaunchRecord, list[Finding]
     config = load_config(record.config, record.sets)
     if args.resume or args.run_dir:
         config = config.model_copy(update={"run_dir": args.resume or args.run_dir})
-    resolved = plan(config, record.config, resume=bool(args.resume))
+    parent = record.parent  # a fork keeps its lineage: its trainer's first checkpoint
+    resolved = plan(
+        config,
+        record.config,
+        resume=bool(args.resume),
+        start_from=Path(parent.checkpoint) if parent else None,
+        start_step=parent.step if parent else 0,
+    )
     if args.resume:
         refuse_a_finished_run(resolved)
     return resolved, record, preflight(resolved, dry_run=args.dry_run)
-
-
-def print_dry_run(resolved: Plan, findings: list[Finding]) -> None:
-    """The commands, then what was checked, skipped, and found missing on this machine."""
-    for process in resolved.processes:
-        print(f"{process.name}: {' '.join(process.command)}")
-    passed = [f.check for f in findings if not f.problem and not f.skipped]
-    print(f"checked: {', '.join(passed) or 'nothing'}")
-    for finding in findings:
-        if finding.skipped:
-            print(f"skipped: {finding.check}: {finding.skipped}")
-    for finding in findings:
-        if finding.problem:  # only this machine's needs get here in a dry run
-            print(f"not on this machine (a launch here is refused): {finding.problem}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,10 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=300.0, help="seconds to keep retrying an API that is down"
     )
 
-    fork = commands.add_parser("fork", help="a new run from a checkpoint of this one")
-    fork.add_argument("run_dir", metavar="RUN_DIR")
+    fork = commands.add_parser(
+        "fork",
+        help="a new run from a checkpoint of this one",
+        usage="%(prog)s RUN_DIR --from-step N [CONFIG.yaml] [options]",
+    )
+    # one list of paths, with `main` adding a CONFIG given after the options: argparse
+    # matches positionals only in runs, so `RUN --from-step N CONFIG` leaves CONFIG over
+    fork.add_argument(
+        "paths",
+        nargs="+",
+        metavar="RUN_DIR [CONFIG.yaml]",
+        help="the run to fork, then a launch YAML (default: the parent's own)",
+    )
     fork.add_argument("--from-step", type=int, required=True, help="a step with a checkpoint")
-    fork.add_argument("config", nargs="?", help="launch YAML (default: the parent's own)")
     fork.add_argument("--run-dir", dest="new_run_dir", help="the fork's run directory")
     fork.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     fork.add_argument("--loss-type", help="shorthand for --set trainer.args.loss_type=...")
@@ -82,7 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "fork" and extra and not any(e.startswith("-") for e in extra):
+        args.paths += extra  # CONFIG.yaml after --from-step N (see build_parser)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return COMMANDS[args.command](args)
     except StoreError as error:
@@ -163,7 +178,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from atroposlib.rollouts.replay import replay
+    from atroposlib.rollouts.replay import ledger_in, replay
     from atroposlib.utils.exposure import API_KEY_ENVIRONMENT
 
     store = read_store(args.run_dir)
@@ -171,7 +186,8 @@ def _replay(args: argparse.Namespace) -> int:
     key = os.environ.get(API_KEY_ENVIRONMENT) or None
     source = "re-scored " if args.rescored else ""
     print(f"replaying {len(groups)} {source}groups of {store.run_dir} into {args.into}")
-    outcome = replay(groups, store.run_dir, args.into, key, args.timeout)
+    ledger = ledger_in(os.environ.get("ATROPOS_ENV_STATE_DIR"))
+    outcome = replay(groups, store.run_dir, args.into, key, args.timeout, ledger=ledger)
     print(
         f"replayed {outcome.posted} groups ({outcome.sequences} sequences) into {args.into}"
         + (
@@ -186,12 +202,13 @@ def _replay(args: argparse.Namespace) -> int:
 def _fork(args: argparse.Namespace) -> int:
     from atroposlib.launch.lineage import fork_run
 
+    if len(args.paths) > 2:
+        raise StoreError(f"fork takes RUN_DIR and at most one CONFIG.yaml, not {args.paths}")
+    run_dir, config = args.paths[0], (args.paths[1] if len(args.paths) == 2 else None)
     sets = list(args.sets)
     if args.loss_type:
         sets.append(f"trainer.args.loss_type={args.loss_type}")
-    return fork_run(
-        Path(args.run_dir), args.from_step, args.config, sets, args.new_run_dir, args.dry_run
-    )
+    return fork_run(Path(run_dir), args.from_step, config, sets, args.new_run_dir, args.dry_run)
 
 
 def _decoder(store: RunStore) -> Callable[[list[int]], str]:

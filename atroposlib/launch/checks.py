@@ -181,3 +181,18 @@ def as_yaml_keys(line: str, section: int | None) -> str:
         return line
     keys = re.sub(r"--(env|openai)\.", rf"environments.{section}.\1.", line)
     return keys.replace("unknown flag environments.", "unknown key environments.")
+
+
+def print_dry_run(resolved: Plan, findings: list[Finding]) -> None:
+    """The commands, then what was checked, skipped, and found missing on this machine."""
+    for process in resolved.processes:
+        when = " (after the trainer finishes)" if process.evaluate_only else ""
+        print(f"{process.name}{when}: {' '.join(process.command)}")
+    passed = [f.check for f in findings if not f.problem and not f.skipped]
+    print(f"checked: {', '.join(passed) or 'nothing'}")
+    for finding in findings:
+        if finding.skipped:
+            print(f"skipped: {finding.check}: {finding.skipped}")
+    for finding in findings:
+        if finding.problem:  # only this machine's needs get here in a dry run
+            print(f"not on this machine (a launch here is refused): {finding.problem}")

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from atroposlib.inference.engines import EngineName
 from atroposlib.utils.sections import Section, leaf_fields
@@ -109,21 +117,36 @@ class TeacherSection(StandaloneEngineSection):
     )
 
 
+EnvSubcommand = Literal["serve", "process", "evaluate"]
+ENV_SUBCOMMANDS: tuple[str, ...] = typing.get_args(EnvSubcommand)
+"""An environment CLI's subcommands (atroposlib/envs/cli.py), which follow its entry."""
+
+
 class EnvironmentSection(RawFlagsSection):
     """One environment script or module, run as `copies` processes."""
 
     name: str | None = Field(None, description="Log prefix (default: the script's stem).")
     script: str | None = Field(None, description="Path of the env script (relative to the YAML).")
     module: str | None = Field(None, description="Or a module run with python -m.")
-    subcommand: Literal["serve", "process", "evaluate"] = Field(
-        "serve", description="Env subcommand."
-    )
+    subcommand: EnvSubcommand = Field("serve", description="Env subcommand.")
     copies: int = Field(
         1, ge=1, le=MAX_COPIES, description="How many processes of this environment."
     )
     env: dict[str, Any] = Field(default_factory=dict, description="--env.* overrides.")
     openai: dict[str, Any] = Field(default_factory=dict, description="--openai.* overrides.")
     max_restarts: int = Field(3, ge=0, description="Restarts after a crash before giving up.")
+    evaluate_only: bool = Field(
+        False,
+        description="Samples nothing for training: the launcher evaluates the model the "
+        "trainer starts from and the final checkpoint with this environment's own "
+        "`evaluate`, after the trainer finishes; for a run trained only on replayed groups.",
+    )
+
+    @model_validator(mode="after")
+    def _evaluated_once(self) -> EnvironmentSection:
+        if self.evaluate_only and self.copies > 1:
+            raise ValueError("an evaluate_only environment is evaluated once; drop copies")
+        return self
 
     @property
     def label(self) -> str:
@@ -200,6 +223,41 @@ class TrackingSection(Section):
         return {k: v for k, v in values.items() if v is not None and k in known}
 
 
+STEP_RANGE = re.compile(r"^(\d+):(\d+)$")
+
+
+class ReplaySection(Section):
+    """Groups another run stored, posted into this run's API by `atropos-rollouts replay`
+    (a supervised child named `replay`), to train on them again, re-scored or not."""
+
+    run: str = Field(
+        ...,
+        description="The run directory whose stored groups are posted (relative to the "
+        "YAML, like scripts).",
+    )
+    rescored: str | None = Field(
+        None,
+        description="A directory `atropos-rollouts rescore` wrote: its groups instead of "
+        "the run's (relative to the YAML).",
+    )
+    steps: str | None = Field(
+        None, description="'A:B': only the groups the run trained at steps A to B."
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="Restarts after a crash (posting again is idempotent)."
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _a_step_range(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        found = STEP_RANGE.match(str(value).strip())
+        if found is None or int(found[1]) > int(found[2]):
+            raise ValueError(f"give steps as A:B with A <= B (e.g. 1:20), not {value!r}")
+        return f"{int(found[1])}:{int(found[2])}"
+
+
 class LaunchConfig(Section):
     """A whole run: `atropos-launch CONFIG.yaml`."""
 
@@ -229,8 +287,32 @@ class LaunchConfig(Section):
     teacher: TeacherSection | None = Field(
         None, description="Optional distillation teacher (docs/trainer.md, Distillation)."
     )
-    environments: list[EnvironmentSection] = Field(..., min_length=1)
+    replay: ReplaySection | None = Field(
+        None, description="Optional: post a stored run's groups into this run's API."
+    )
+    environments: list[EnvironmentSection] = Field(
+        default_factory=list,
+        validate_default=True,
+        description="The environments; may be empty with a replay: section.",
+    )
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+
+    @field_validator("environments")
+    @classmethod
+    def _something_feeds_the_trainer(
+        cls, value: list[EnvironmentSection], info: ValidationInfo
+    ) -> list[EnvironmentSection]:
+        """Groups come from an environment that serves, or from a replay: (checked after
+        `replay`, declared before this field)."""
+        replay = info.data.get("replay", "failed")  # a replay: in error is named by itself
+        if replay is not None or any(not e.evaluate_only for e in value):
+            return value
+        what = "every environment is evaluate_only" if value else "Field required"
+        raise PydanticCustomError(
+            "nothing_feeds_the_trainer",
+            f"{what}: give an environment that samples for training, or a replay: "
+            "section whose groups the trainer trains on",
+        )
 
 
 def read_config_data(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Any:

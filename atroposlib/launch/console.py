@@ -57,6 +57,10 @@ def key_line(path: Path, cwd: Path | None = None) -> str:
     """Where the run's key is, for clients that read it from `API_KEY_ENVIRONMENT`. The
     launcher prints the run directory whole; this line names it from the working
     directory, as `runs/<run>/api-key`, so that it fits the console."""
+    return f"{API_KEY_ENVIRONMENT} is in {shown_path(path, cwd)}"
+
+
+def shown_path(path: Path, cwd: Path | None = None) -> Path:
+    """`path` from the working directory when it is under it (shorter on the console)."""
     cwd = Path.cwd() if cwd is None else cwd
-    shown = path.relative_to(cwd) if path.is_relative_to(cwd) else path
-    return f"{API_KEY_ENVIRONMENT} is in {shown}"
+    return path.relative_to(cwd) if path.is_relative_to(cwd) else path

@@ -31,7 +31,13 @@ from atroposlib.launch.config import (
     LaunchConfig,
     describe_errors,
 )
-from atroposlib.launch.processes import ProcessPlan, Shared, engine_plan, teacher_plan
+from atroposlib.launch.processes import (
+    ProcessPlan,
+    Shared,
+    engine_plan,
+    replay_plan,
+    teacher_plan,
+)
 from atroposlib.launch.resolving import (
     declared_config,
     declared_default,
@@ -98,12 +104,23 @@ class Plan:
     """The policy engine's context (max_model_len): what a prompt and its completion share."""
     engine_context_key: str = "trainer.args.seq_len"
     """The YAML key that set `engine_context`."""
+    replay: ProcessPlan | None = None
+    """`atropos-rollouts replay` of another run's groups (the YAML's `replay:`), if any."""
+    start_from: Path | None = None
+    """A fork's parent checkpoint, which the trainer resumes (None: it starts from `model`)."""
+    start_step: int = 0
+    """The step the trainer starts from: 0, or a fork's parent step."""
 
     @property
     def processes(self) -> list[ProcessPlan]:
-        """Every process, in start order."""
+        """Every process, in start order (an evaluate-only environment's after the run)."""
         every = [self.api, self.engine, self.teacher, self.trainer, *self.environments]
-        return [p for p in every if p is not None]
+        return [p for p in [*every, self.replay] if p is not None]
+
+    @property
+    def starting_model(self) -> str:
+        """The weights the trainer starts from: the fork's parent checkpoint, or the policy."""
+        return str(self.start_from) if self.start_from is not None else self.model
 
     @property
     def checkpoints(self) -> Path:
@@ -123,11 +140,19 @@ class Plan:
         return self.run_dir / "rollouts"
 
 
-def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) -> Plan:
+def plan(
+    config: LaunchConfig,
+    config_path: str | Path,
+    resume: bool = False,
+    start_from: Path | None = None,
+    start_step: int = 0,
+) -> Plan:
     """Resolve paths and ports once, check what can be checked, and build every command.
 
     `resume`: the run directory holds an earlier run of this config, which goes on
-    (`atropos-launch --resume RUN_DIR`); otherwise it must be new or empty."""
+    (`atropos-launch --resume RUN_DIR`); otherwise it must be new or empty.
+    `start_from`: a fork's parent checkpoint (of `start_step`), which the trainer is
+    given as `--resume` (lineage.py)."""
     base = Path(config_path).resolve().parent
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(config.run_dir or f"runs/{Path(config_path).stem}-{stamp}").resolve()
@@ -165,6 +190,12 @@ def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) ->
         teacher_port=pick_port(config.teacher.port, "teacher", taken) if config.teacher else None,
     )
     api = _api_plan(config, shared, api_port)
+    if start_from is not None:
+        if "resume" in trainer_args:
+            raise ConfigError(
+                "trainer.args.resume: a fork's trainer resumes its parent's checkpoint; drop it"
+            )
+        trainer_args["resume"] = str(start_from)
     trainer, settings = _trainer_plan(config, shared, trainer_args)
     engine = engine_plan(config, shared, settings)
     teacher = teacher_plan(config, shared, settings)
@@ -186,8 +217,11 @@ def plan(config: LaunchConfig, config_path: str | Path, resume: bool = False) ->
         engine=engine,
         teacher=teacher,
         environments=environments,
+        replay=replay_plan(config, shared, base),
         key=shared.key,
         resumed=resume,
+        start_from=start_from,
+        start_step=start_step,
     )
 
 
@@ -362,7 +396,7 @@ def _environment_plans(
                     [
                         shared.python,
                         *entry,
-                        section.subcommand,
+                        "evaluate" if section.evaluate_only else section.subcommand,
                         *flags(env_values, "--env.", dashes=False),
                         *flags(openai_values, "--openai.", dashes=False),
                         *flags(teacher_values, "--teacher.", dashes=False),
@@ -372,6 +406,8 @@ def _environment_plans(
                     max_restarts=section.max_restarts,
                     env=key_env,
                     section=index,
+                    evaluate_only=section.evaluate_only,
+                    done_at_exit_0=True,  # it finished its share
                 )
             )
     return environments

@@ -1,6 +1,7 @@
-"""What each process of a run is (`ProcessPlan`), the values they share (`Shared`), and
-the engines the launcher runs itself: a standalone policy engine and a distillation
-teacher. `plan.py` builds the rest of the run from these."""
+"""What each process of a run is (`ProcessPlan`), the values they share (`Shared`), the
+engines the launcher runs itself (a standalone policy engine and a distillation
+teacher), and the replay of a stored run's groups. `plan.py` builds the rest of the
+run from these."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from atroposlib.launch.config import (
 )
 from atroposlib.launch.resolving import resolve_model
 from atroposlib.trainer_contract import LaunchSettings
-from atroposlib.utils.exposure import ENGINE_KEY_ENVIRONMENT
+from atroposlib.utils.exposure import API_KEY_ENVIRONMENT, ENGINE_KEY_ENVIRONMENT
+
+REPLAY_MODULE = "atroposlib.cli.rollouts"
+"""`atropos-rollouts`, whose `replay` posts a stored run's groups into an API."""
 
 
 @dataclass
@@ -37,6 +41,12 @@ class ProcessPlan:
     fresh_seed: bool = False
     """Each start adds a `--seed` of its own unless the command names one: an engine's
     sampling stream, which vLLM otherwise seeds with 0 at every (re)start (RNG-1)."""
+    evaluate_only: bool = False
+    """An environment that is not started during the run: its `evaluate` command runs
+    after the trainer finished (final_eval.py), on the starting and the final model."""
+    done_at_exit_0: bool = False
+    """Exit 0 means its work is done (an environment's share, a replay's last post): it
+    is not restarted, and the run goes on."""
 
 
 @dataclass
@@ -158,3 +168,44 @@ def standalone_engine(
         fresh_seed=True,
         env=shared.key_env(*ENGINE_KEY_ENVIRONMENT, role="engine"),
     )
+
+
+def replay_plan(config: LaunchConfig, shared: Shared, base: Path) -> ProcessPlan | None:
+    """`atropos-rollouts replay RUN --into API`: posts the stored groups of another run
+    (or their re-scored copy) into this run's API with an environment's key, as an
+    environment would. Posting is idempotent (the groups keep their ids), so a crash is
+    restarted; exit 0 means every group was posted."""
+    section = config.replay
+    if section is None:
+        return None
+    command = [
+        shared.python,
+        *("-m", REPLAY_MODULE, "replay"),
+        str(found_dir(section.run, base, "replay.run")),
+        *("--into", shared.api_url),
+    ]
+    if section.rescored is not None:
+        command += ["--rescored", str(found_dir(section.rescored, base, "replay.rescored"))]
+    if section.steps is not None:
+        command += ["--steps", section.steps]
+    return ProcessPlan(
+        "replay",
+        command,
+        max_restarts=section.max_restarts,
+        env={
+            **shared.key_env(API_KEY_ENVIRONMENT, role="env"),  # as an environment's
+            "ATROPOS_ENV_STATE_DIR": str(shared.run_dir / "env-state" / "replay"),
+        },
+        done_at_exit_0=True,
+    )
+
+
+def found_dir(given: str, base: Path, key: str) -> Path:
+    """A directory the YAML names: relative to the YAML's folder, else to the working
+    directory (as scripts are found); ConfigError naming `key` when there is none."""
+    path = Path(given).expanduser()
+    candidates = [path] if path.is_absolute() else [base / path, Path.cwd() / path]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate.resolve()
+    raise ConfigError(f"{key}: no directory {given} (relative to the YAML's folder {base})")

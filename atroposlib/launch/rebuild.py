@@ -22,11 +22,12 @@ from atroposlib.launch.config import ConfigError, LaunchConfig, load_config
 from atroposlib.launch.plan import Plan, ProcessPlan
 from atroposlib.launch.report import run_facts, run_numbers, write_report
 from atroposlib.launch.report_data import RunReading, read_run
+from atroposlib.launch.resume import read_parent
 
 CONFIG_FILE = "config.yaml"
 COMMANDS_FILE = "commands.json"
 SUMMARY_FILE = "summary.json"
-NOT_ENVIRONMENTS = ("api", "engine", "teacher", "trainer")
+NOT_ENVIRONMENTS = ("api", "engine", "teacher", "trainer", "replay")
 """The processes of commands.json that are not environments (plan.Plan.processes)."""
 KEPT_FACTS = ("machine", "tiny_model")
 """What the score depended on that an earlier summary.json knows better than this
@@ -70,6 +71,7 @@ def read_back(run_dir: Path) -> RunOnDisk:
         raise NotARun(f"{run_dir} is not a run directory of this launcher: {exc}") from None
     commands = _commands(run_dir / COMMANDS_FILE)
     trainer = commands.get("trainer", [])
+    parent = read_parent(run_dir)  # a fork: its steps go on from its parent's
     plan = Plan(
         config=config,
         run_dir=run_dir,
@@ -82,6 +84,8 @@ def read_back(run_dir: Path) -> RunOnDisk:
         environments=_environments(commands, config),
         api_state_dir=_api_state_dir(run_dir, config, commands.get("api", [])),
         resumed=True,
+        start_from=Path(parent.checkpoint) if parent else None,
+        start_step=parent.step if parent else 0,
     )
     earlier = _recorded(run_dir / SUMMARY_FILE)
     return RunOnDisk(plan, config_file.read_text(encoding="utf-8"), earlier)
@@ -152,7 +156,9 @@ def _environments(commands: dict[str, list[str]], config: LaunchConfig) -> list[
     if len(names) != len(sections):
         return [ProcessPlan(name, commands[name]) for name in names]
     return [
-        ProcessPlan(name, commands[name], section=at)
+        ProcessPlan(
+            name, commands[name], section=at, evaluate_only=config.environments[at].evaluate_only
+        )
         for name, at in zip(names, sections, strict=True)
     ]
 

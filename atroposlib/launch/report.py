@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.envs.sending import DROP_REASONS
+from atroposlib.launch.console import shown_path
 from atroposlib.launch.ledger import account
 from atroposlib.launch.plan import Plan
 from atroposlib.launch.report_data import (
@@ -36,7 +37,7 @@ from atroposlib.launch.report_html import (
     summary_table,
 )
 from atroposlib.launch.report_plots import plot
-from atroposlib.launch.resume import read_resumes, resume_command
+from atroposlib.launch.resume import read_parent, read_resumes, resume_command
 from atroposlib.trainer_contract import (
     EventKind,
     MetricsRow,
@@ -219,12 +220,15 @@ def event_counts(events: list[TrainerEvent]) -> dict[str, int]:
 
 
 def environment_numbers(
-    env_scores: dict[str, dict[int, float]], evals: dict[str, list[dict[str, Any]]]
+    env_scores: dict[str, dict[int, float]],
+    evals: dict[str, list[dict[str, Any]]],
+    evaluate_only: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, dict[str, Any]]:
-    """Each environment's own verdict over the steps it had groups in, and its last
-    evaluation's numbers."""
+    """Each environment's own verdict over the steps it had groups in, and its first and
+    last evaluations' numbers. `evaluate_only`: the labels of the environments that only
+    evaluated (listed even before they did)."""
     numbers: dict[str, dict[str, Any]] = {}
-    for label in sorted(set(env_scores) | set(evals)):
+    for label in sorted(set(env_scores) | set(evals) | set(evaluate_only)):
         scores = list(env_scores.get(label, {}).values())
         entry: dict[str, Any] = {"steps": len(scores)}
         if scores:
@@ -233,22 +237,57 @@ def environment_numbers(
             entry.update(
                 first_10_mean_score=first, last_10_mean_score=last, learned=learned, verdict=verdict
             )
-        if label in evals:
-            latest = evals[label][-1]
+        if label in evaluate_only:
+            entry["evaluate_only"] = True
+        if evals.get(label):
+            earliest, latest = evals[label][0], evals[label][-1]
             entry["evaluations"] = len(evals[label])
+            if len(evals[label]) > 1:
+                entry["first_evaluation"] = {"step": earliest["step"], **numeric_metrics(earliest)}
             entry["last_evaluation"] = {"step": latest["step"], **numeric_metrics(latest)}
         numbers[label] = entry
     return numbers
 
 
+def evaluation_change(entry: dict[str, Any]) -> str:
+    """An environment's first and last evaluation, for its line: `accuracy 0.300 at step
+    0 -> 0.450 at step 20` (its first metric), or the one evaluation there was."""
+    latest, first = entry.get("last_evaluation"), entry.get("first_evaluation")
+    if not latest:
+        return "not evaluated"
+    name = next((k for k in latest if k != "step"), None)
+    if name is None:
+        return f"evaluated at step {latest['step']}"
+    end = f"{latest[name]:.3f} at step {latest['step']}"
+    if first is None or name not in first:
+        return f"{name} {end}"
+    return f"{name} {first[name]:.3f} at step {first['step']} -> {end}"
+
+
 def environment_line(entry: dict[str, Any]) -> str:
     """One environment's numbers in a short line, for the closing panel."""
+    if entry.get("evaluate_only"):
+        return f"evaluated only: {evaluation_change(entry)}"
     if "first_10_mean_score" not in entry:
         return "no groups trained"
     return (
         f"{entry['first_10_mean_score']:.3f} -> {entry['last_10_mean_score']:.3f} over "
         f"{entry['steps']} steps: {JUDGED[entry.get('learned')]}"
     )
+
+
+def forked_from(run_dir: Path) -> dict[str, Any] | None:
+    """summary.json's `forked_from`: the parent run and step of a fork (None otherwise)."""
+    parent = read_parent(run_dir)
+    if parent is None:
+        return None
+    return {"run_dir": parent.run_dir, "step": parent.step, "checkpoint": parent.checkpoint}
+
+
+def forked_from_line(forked: dict[str, Any], cwd: Path | None = None) -> str:
+    """The closing panel's line for a fork: its parent (from the working directory)."""
+    parent = shown_path(Path(forked["run_dir"]), cwd)
+    return f"forked from {parent} at step {forked['step']}"
 
 
 def closing_notes(numbers: dict[str, Any], run_dir: Path) -> list[str]:
@@ -264,6 +303,29 @@ def closing_notes(numbers: dict[str, Any], run_dir: Path) -> list[str]:
             shown = shown.relative_to(run_dir)
         notes.append(f"final model: {shown} (Hugging Face format; loading it: below)")
     return notes
+
+
+def panel_lines(numbers: dict[str, Any], run_dir: Path) -> list[str]:
+    """The closing panel's lines after the processes': restarts, groups, the verdicts
+    (each environment's when there are several, or one only evaluated), the trainer's
+    events and the notes on what is printed below the panel."""
+    restarts = {name: n for name, n in numbers.get("restarts", {}).items() if n}
+    crashes = ", ".join(f"{name} {n}" for name, n in restarts.items()) or "none"
+    lines = [f"restarts after crashes: {crashes}"]
+    if numbers.get("groups_line"):
+        lines.append(numbers["groups_line"])
+    if numbers["steps"]:
+        lines.append(f"steps trained: {numbers['steps']}; {numbers['verdict']}")
+    lines += [numbers[key] for key in ("scored_line", "dropped_line") if numbers.get(key)]
+    environments = numbers.get("environments", {})
+    evaluated_only = any(entry.get("evaluate_only") for entry in environments.values())
+    if len(environments) > 1 or evaluated_only:  # each environment's own verdict
+        lines += [f"{label}: {environment_line(entry)}" for label, entry in environments.items()]
+    lines.append(
+        f"engine restarts: {numbers['engine_restarts']}; "
+        f"checkpoints saved: {numbers['checkpoints_saved']}"
+    )
+    return lines + closing_notes(numbers, run_dir)
 
 
 def run_numbers(
@@ -283,7 +345,8 @@ def run_numbers(
         numbers["environments_line"] = f"environments: not read ({reading.problem})"
     if reading.scored and set(reading.env_scores) <= set(reading.scored):  # every env's
         numbers.update(scored_summary(reading.scored))
-    per_env = environment_numbers(reading.env_scores, reading.evals)
+    only = {section.label for section in plan.config.environments if section.evaluate_only}
+    per_env = environment_numbers(reading.env_scores, reading.evals, only)
     if per_env:
         numbers["environments"] = per_env
     events = read_events(plan.events_path)
@@ -292,6 +355,9 @@ def run_numbers(
     resumes = read_resumes(plan.run_dir)
     if resumes:
         numbers["resumed_at"] = resumes
+    forked = forked_from(plan.run_dir)
+    if forked is not None:
+        numbers["forked_from"] = forked
     final = final_checkpoint(plan.checkpoints, events)
     if final is not None:
         numbers["final_model"] = str(final)

@@ -38,6 +38,10 @@ def summary_table(numbers: dict[str, Any]) -> str:
     """The run at a glance: verdict, steps, scores, groups, restarts, how to go on."""
     style = STYLES.get(numbers.get("learned"), "unsure")
     pairs = [("Verdict", numbers.get("verdict", "no steps were trained"), f"verdict {style}")]
+    forked = numbers.get("forked_from")
+    if forked:  # its steps go on from the parent's
+        where = f"{forked['run_dir']} at step {forked['step']}"
+        pairs.append(("Forked from", where, "resume"))
     if numbers.get("steps"):
         pairs.append(("Steps trained", str(numbers["steps"]), ""))
         pairs.append(
@@ -86,12 +90,14 @@ def loading_lines(checkpoint: str) -> list[str]:
 
 
 def environments_table(environments: dict[str, dict[str, Any]]) -> str:
-    """One row per environment: its own score rise and verdict, and its last evaluation."""
+    """One row per environment: its own score rise and verdict, and its first and last
+    evaluations."""
     if not environments:
         return ""
     head = (
         "<tr><th>environment</th><th>steps with its groups</th>"
-        "<th>mean score, first 10 -> last 10</th><th>verdict</th><th>last evaluation</th></tr>"
+        "<th>mean score, first 10 -> last 10</th><th>verdict</th>"
+        "<th>evaluations, first and last</th></tr>"
     )
     body = []
     for label, entry in environments.items():
@@ -101,14 +107,14 @@ def environments_table(environments: dict[str, dict[str, Any]]) -> str:
             if "first_10_mean_score" in entry
             else "-"
         )
-        latest = entry.get("last_evaluation")
-        shown = (
-            f"step {latest['step']}: "
-            + ", ".join(f"{k} {_number(v)}" for k, v in latest.items() if k != "step")
-            if latest
-            else "none"
+        shown = "; ".join(
+            f"step {record['step']}: "
+            + ", ".join(f"{k} {_number(v)}" for k, v in record.items() if k != "step")
+            for record in (entry.get("first_evaluation"), entry.get("last_evaluation"))
+            if record
         )
-        cells = [label, str(entry.get("steps", 0)), rise, entry.get("verdict", "-"), shown]
+        verdict = "evaluated only" if entry.get("evaluate_only") else entry.get("verdict", "-")
+        cells = [label, str(entry.get("steps", 0)), rise, verdict, shown or "none"]
         body.append(
             f'<tr class="env {style}">'
             + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)

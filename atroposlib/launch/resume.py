@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 RECORD_FILE = "launch.json"
 
 
+class ParentRun(BaseModel):
+    """The run a fork started from (`lineage.fork_run`): its trainer began on this
+    checkpoint of that run, at that step."""
+
+    run_dir: str = Field(..., description="The parent run's directory (absolute).")
+    step: int = Field(..., ge=0, description="The parent's step the fork went on from.")
+    checkpoint: str = Field(..., description="The checkpoint the fork's trainer resumed.")
+
+
 class LaunchRecord(BaseModel):
     """How a run was launched: enough to launch it again on its own directory."""
 
@@ -38,6 +47,9 @@ class LaunchRecord(BaseModel):
     resumed_at: list[int] = Field(
         default_factory=list,
         description="The trainer step each --resume went on from (the report marks them).",
+    )
+    parent: ParentRun | None = Field(
+        None, description="A fork's parent run and step (None: a run of its own)."
     )
 
 
@@ -73,6 +85,7 @@ def resume_target(run_dir: Path, config: str | None, sets: list[str]) -> LaunchR
             config=str(Path(config).resolve()),
             sets=[*earlier.sets, *sets],
             resumed_at=earlier.resumed_at,
+            parent=earlier.parent,
         )
     if not path.exists():
         raise ConfigError(
@@ -85,9 +98,7 @@ def resume_target(run_dir: Path, config: str | None, sets: list[str]) -> LaunchR
             f"--resume {run_dir}: its config {record.config} is gone; give it again: "
             "atropos-launch CONFIG --resume RUN_DIR"
         )
-    return LaunchRecord(
-        config=record.config, sets=[*record.sets, *sets], resumed_at=record.resumed_at
-    )
+    return record.model_copy(update={"sets": [*record.sets, *sets]})
 
 
 def read_resumes(run_dir: Path) -> list[int]:
@@ -96,6 +107,14 @@ def read_resumes(run_dir: Path) -> list[int]:
         return _read_record(run_dir / RECORD_FILE).resumed_at
     except ConfigError:
         return []
+
+
+def read_parent(run_dir: Path) -> ParentRun | None:
+    """The run `run_dir` was forked from, from its record (None: not a fork, or no record)."""
+    try:
+        return _read_record(run_dir / RECORD_FILE).parent
+    except ConfigError:
+        return None
 
 
 def _read_record(path: Path) -> LaunchRecord:

@@ -1,7 +1,8 @@
 """Run a resolved `Plan`: start in dependency order, supervise, stop, report.
 
 Order: API (wait for /health) -> standalone engine if any (wait) -> trainer
-(wait for the /health of the engine it starts) -> environments. While the run
+(wait for the /health of the engine it starts) -> environments, and a replay of a
+stored run's groups (`replay:`), which is done when it exits 0. While the run
 goes, every child that dies is started again after a back-off, up to its
 `max_restarts`, and each restart is announced and counted:
 
@@ -43,8 +44,8 @@ from atroposlib.launch.console import key_line
 from atroposlib.launch.final_eval import final_evaluations
 from atroposlib.launch.plan import KEY_FILE, Plan
 from atroposlib.launch.report import (
-    closing_notes,
-    environment_line,
+    forked_from_line,
+    panel_lines,
     report_command,
     run_numbers,
     write_report,
@@ -89,6 +90,17 @@ def ended(child: Child) -> str:
     return f"exit code {code}"
 
 
+CAUSE_WIDTH = 200
+
+
+def last_line(text: str) -> str:
+    """The last line a process printed (not the launcher's `--- start:` line), shortened:
+    what a refusal said, for the run's cause."""
+    said = [line.strip() for line in text.splitlines() if line.strip()]
+    said = [line for line in said if not line.startswith("--- start: ")]
+    return said[-1][:CAUSE_WIDTH] if said else ""
+
+
 def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -111,7 +123,9 @@ class Launcher:
         self.engine = make(plan.engine) if plan.engine else None
         self.teacher = make(plan.teacher) if plan.teacher else None
         self.trainer = make(plan.trainer)
-        self.environments = [make(p) for p in plan.environments]
+        # an evaluate-only environment runs after the trainer (final_eval.py), not as a child
+        self.environments = [make(p) for p in plan.environments if not p.evaluate_only]
+        self.replay = make(plan.replay) if plan.replay else None
         self.width = max(len(c.name) for c in self.children)
         self.status = StatusReader(
             plan.api_url, plan.metrics_path, plan.events_path, plan.training_steps, plan.key
@@ -120,7 +134,7 @@ class Launcher:
     @property
     def children(self) -> list[Child]:
         every = (self.api, self.engine, self.teacher, self.trainer, *self.environments)
-        return [c for c in every if c]
+        return [c for c in (*every, self.replay) if c]
 
     def _write_key(self) -> None:
         """The run's key, readable by its owner only: for view-run and other clients."""
@@ -164,7 +178,8 @@ class Launcher:
         for name, text in self.plan.files.items():
             (self.plan.run_dir / name).write_text(text)
         self._write_key()
-        commands = {c.name: c.plan.command for c in self.children}
+        # the evaluate-only environments' too (their `evaluate` runs after the trainer)
+        commands = {p.name: p.command for p in self.plan.processes}
         (self.plan.run_dir / "commands.json").write_text(json.dumps(commands, indent=2))
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         # SIGINT too: a launch started in the background from a script inherits it
@@ -218,12 +233,16 @@ class Launcher:
             self.say(f"the trainer resumes from {checkpoint or 'step 0 (no checkpoint yet)'}")
             self._start(self.trainer, command)
         else:
+            if self.plan.start_from is not None:
+                self.say(f"the trainer starts from {self.plan.start_from} (a fork)")
             self._start(self.trainer)
         # environments start beside the trainer: their start-up (imports, tokenizer) overlaps
         # the trainer's and its engine's, and they sample nothing before the trainer's first
         # /batch, which comes after its engine is up
         for env in self.environments:
             self._start(env)
+        if self.replay is not None:  # posts into the API as an environment does
+            self._start(self.replay)
         if self.trainer.plan.health_url:
             self.say("waiting for the trainer's inference engine")
             self._wait_healthy("the trainer's engine", self.trainer.plan.health_url, self.trainer)
@@ -284,10 +303,15 @@ class Launcher:
         if child.next_restart_at is not None:
             return  # waiting out the back-off
         code = child.returncode
-        if code == 0 and child in self.environments:
+        if code == 0 and child.plan.done_at_exit_0:
             return  # finished its share on its own
         if code == FINAL_EXIT_CODE:
-            raise RunFailed(child, f"exited with code {code}: a restart would fail the same way")
+            cause = last_line(child.tail(5))
+            raise RunFailed(
+                child,
+                f"exited with code {code}: a restart would fail the same way"
+                + (f" ({cause})" if cause else ""),
+            )
         if child.plan.not_restartable:
             raise RunFailed(child, f"exited with code {code}; {child.plan.not_restartable}")
         progress = self._trained_since_start(child)
@@ -309,7 +333,7 @@ class Launcher:
 
     def _trained_steps(self) -> int:
         rows = read_metrics(self.plan.metrics_path)
-        return max((row.step for row in rows), default=0)
+        return max((row.step for row in rows), default=self.plan.start_step)
 
     def _trainer_finished(self) -> bool:
         """Exit 0 ends the run only after the last step: a trainer stopped by a signal
@@ -361,7 +385,7 @@ class Launcher:
     # ------------------------------------------------------------------ stop
     def _stop_all(self) -> None:
         grace = self.plan.config.stop_grace_s
-        for env in self.environments:
+        for env in [*self.environments, *([self.replay] if self.replay else [])]:
             env.stop(10, signal.SIGINT)
         self.trainer.stop(grace, signal.SIGINT)
         for engine in (self.engine, self.teacher):
@@ -383,30 +407,12 @@ class Launcher:
         except Exception as exc:
             self.say(f"could not write the report: {exc}", "bold red")
         lines = [f"{outcome.message} after {elapsed:.0f}s"]
+        if numbers.get("forked_from"):
+            lines.append(f"  {forked_from_line(numbers['forked_from'])}")
         for child in self.children:
             restarted = f", {child.restarts} restarts" if child.restarts else ""
             lines.append(f"  {child.name}: {ended(child)}{restarted}")
-        restarts = {name: n for name, n in numbers.get("restarts", {}).items() if n}
-        lines.append(
-            "  restarts after crashes: "
-            + (", ".join(f"{name} {n}" for name, n in restarts.items()) or "none")
-        )
-        if numbers.get("groups_line"):
-            lines.append(f"  {numbers['groups_line']}")
-        if numbers["steps"]:
-            lines.append(f"  steps trained: {numbers['steps']}; {numbers['verdict']}")
-        for key in ("scored_line", "dropped_line"):  # the environments' side of it
-            if numbers.get(key):
-                lines.append(f"  {numbers[key]}")
-        environments = numbers.get("environments", {})
-        if len(environments) > 1:  # a mixed run: each environment's own verdict
-            for label, entry in environments.items():
-                lines.append(f"  {label}: {environment_line(entry)}")
-        lines.append(
-            f"  engine restarts: {numbers['engine_restarts']}; "
-            f"checkpoints saved: {numbers['checkpoints_saved']}"
-        )
-        lines += [f"  {note}" for note in closing_notes(numbers, self.plan.run_dir)]
+        lines += [f"  {line}" for line in panel_lines(numbers, self.plan.run_dir)]
         style = "green" if outcome.code == 0 and numbers.get("learned") is not False else "red"
         self.console.print(Panel("\n".join(lines), title="atropos-launch", border_style=style))
         if outcome.failed is not None:

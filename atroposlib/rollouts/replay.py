@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from atroposlib.delivery_ledger import DELIVERED_LEDGER, record_delivered
 from atroposlib.protocol import GROUP_ID_FIELD
 from atroposlib.rollouts.rescore import FAILED_FILE, MARK
 from atroposlib.rollouts.store import RunStore, StoredGroup, StoreError
@@ -99,8 +100,11 @@ def replay(
     timeout_s: float = 300.0,
     say: Callable[[str], None] = print,
     client: httpx.Client | None = None,
+    ledger: Path | None = None,
 ) -> ReplayOutcome:
-    """Post each group once; what was posted and refused (`client`: an API in-process)."""
+    """Post each group once; what was posted and refused (`client`: an API in-process).
+    Each acknowledged group goes to `ledger` (a delivery ledger, as an environment's
+    client writes), so a launched run's account counts the replayed groups too."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     outcome = ReplayOutcome()
     opened = (
@@ -115,11 +119,22 @@ def replay(
             if refusal:
                 outcome.refused.append(f"group {group.group_id}: {refusal}")
             else:
+                if ledger is not None:
+                    record_delivered(ledger, data[GROUP_ID_FIELD], [data[GROUP_ID_FIELD]])
                 outcome.posted += 1
                 outcome.sequences += len(group.scores)
             if index % 200 == 0:
                 say(f"replayed {index} of {len(groups)} groups")
     return outcome
+
+
+def ledger_in(state_dir: str | None) -> Path | None:
+    """The delivery ledger in a launched run's state directory for this process
+    (`ATROPOS_ENV_STATE_DIR`), or None outside a launch."""
+    if not state_dir:
+        return None
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    return Path(state_dir) / DELIVERED_LEDGER
 
 
 def _post(http: httpx.Client, data: dict[str, Any], timeout_s: float) -> str | None:

@@ -7,6 +7,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -258,6 +260,42 @@ def test_a_second_trainer_that_keeps_the_contract_runs_under_the_launcher(flat_r
     assert re.search(r"engine restarts: 0; checkpoints saved: 20", re.sub(r"[│\s]+", " ", out))
     assert [r.step for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(1, 21))
     assert (run_dir / "checkpoints" / "step-20" / "state.json").exists()
+
+
+def test_a_fork_trains_on_from_its_parents_checkpoint_and_names_its_parent(flat_run, tmp_path):
+    """`atropos-rollouts fork` of the flat run at step 18: a run of its own (API, engine,
+    environment), whose trainer resumes the parent's checkpoint and trains steps 19 and
+    20, and whose report names the parent and step."""
+    parent, fork = flat_run.run_dir, tmp_path / "fork"
+    checkpoint = parent / "checkpoints" / "step-18"
+    with open(tmp_path / "fork.out", "wb") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "atroposlib.cli.rollouts", "fork", str(parent)]
+            + ["--from-step", "18", "--run-dir", str(fork)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            timeout=300,
+        )
+    said = (tmp_path / "fork.out").read_text(errors="replace")
+    assert done.returncode == 0, said[-4000:]
+    assert f"the trainer starts from {checkpoint} (a fork)" in said
+    assert f"forkedfrom{parent}atstep18" in re.sub(r"[│\s]+", "", said)  # the panel wraps
+    trainer = json.loads((fork / "commands.json").read_text())["trainer"]
+    assert trainer[trainer.index("--resume") + 1] == str(checkpoint)
+    assert trainer[trainer.index("--save-path") + 1] == str(fork / "checkpoints")
+    assert [row.step for row in read_metrics(fork / "metrics.jsonl")] == [19, 20]
+    numbers = json.loads((fork / "summary.json").read_text())
+    assert numbers["forked_from"] == {
+        "run_dir": str(parent),
+        "step": 18,
+        "checkpoint": str(checkpoint),
+    }
+    assert numbers["steps"] == 2 and numbers["first_10_mean_score"] == pytest.approx(0.5)
+    assert json.loads((fork / "launch.json").read_text())["parent"]["step"] == 18
+    assert "Forked from" in (fork / "report.html").read_text()
+    assert [r.step for r in read_metrics(parent / "metrics.jsonl")][-1] == 20  # untouched
 
 
 def test_a_killed_ephemeral_api_stops_the_run_with_the_cause(launch, tmp_path):

@@ -13,8 +13,16 @@ import re
 
 import pytest
 
-from atroposlib.trainer_contract import read_events, read_metrics
-from tests.support.launch import check_the_console, finish, role_key, shipped, trend
+from atroposlib.trainer_contract import read_events, read_metrics, read_trained_groups
+from tests.support.datagen import trl_sft_dataset
+from tests.support.launch import (
+    Finished,
+    check_the_console,
+    finish,
+    role_key,
+    shipped,
+    trend,
+)
 from tests.support.source import REPO
 from tests.support.token_script_server import TokenScriptServer
 
@@ -27,15 +35,24 @@ def run_dir_flag(tmp_path) -> tuple[str, str]:
     return ("--run-dir", str(tmp_path / "run"))
 
 
+@pytest.fixture(scope="module")
+def quickstart(module_launch) -> Finished:
+    """configs/quickstart_cpu.yaml as shipped (seed 0), run to its end: one launch that
+    the learning test and the rollout store's test both read."""
+    run_dir = module_launch.base / "quickstart"
+    run = module_launch(
+        None, str(REPO / "configs" / "quickstart_cpu.yaml"), "--run-dir", str(run_dir)
+    )
+    return finish(run, run_dir, steps=100)
+
+
 @pytest.mark.learning
-def test_the_cpu_quickstart_learns(launch, tmp_path):
+def test_the_cpu_quickstart_learns(quickstart):
     """configs/quickstart_cpu.yaml as shipped (seed 0): the late mean score beats the early one."""
     config = shipped("quickstart_cpu.yaml")
-    run = launch(None, str(REPO / "configs" / "quickstart_cpu.yaml"), *run_dir_flag(tmp_path))
-    finished = finish(run, tmp_path / "run", steps=100)
-    run = finished.run
+    finished, run, run_dir = quickstart, quickstart.run, quickstart.run_dir
     assert finished.code == 0, run.output()[-4000:]
-    numbers = json.loads((tmp_path / "run" / "summary.json").read_text())
+    numbers = finished.numbers()
     assert numbers["steps"] == config["trainer"]["args"]["training_steps"]
     # The margin rules out chance, not a speed: each 10-step mean averages 10 x 64
     # rewards of 0 or 1, so without learning it has a standard deviation of at most
@@ -50,7 +67,7 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     # the env's evaluations (a baseline at step 0, then every 20 steps, and the final
     # checkpoint's at step 100, after the trainer finished) are kept and summed up per
     # environment
-    history = tmp_path / "run" / "evals" / "mod_arithmetic" / "history.jsonl"
+    history = run_dir / "evals" / "mod_arithmetic" / "history.jsonl"
     steps = [json.loads(line)["step"] for line in history.read_text().splitlines()]
     assert steps[0] == 0 and steps[-1] == 100 and len(steps) >= 6, steps
     assert "mod_arithmetic: evaluated at step 100" in run.output()
@@ -59,7 +76,7 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     from atroposlib.viewer.browse import RecordedPage
     from atroposlib.viewer.recorded import read_run
 
-    recorded = read_run(tmp_path / "run")
+    recorded = read_run(run_dir)
     assert recorded.group_count >= numbers["groups"]["trained"] > 0
     _, status, group = RecordedPage(recorded, None, False).view("mod_arithmetic", 1, "last")
     assert f"Group {recorded.group_count} of {recorded.group_count}" in status
@@ -69,6 +86,52 @@ def test_the_cpu_quickstart_learns(launch, tmp_path):
     # the console a new user reads: mostly step and status lines, each env's on one row
     share = check_the_console(run.output(), "mod_arithmetic", steps=100)
     assert share >= 0.8, (share, run.output()[-4000:])
+    assert finished.leftovers == []
+
+
+def test_a_quickstart_runs_groups_are_listed_exported_and_replayed_into_a_fresh_run(
+    quickstart, launch, tmp_path, tiny_model_path, capsys
+):
+    """The rollout store on the quickstart's own run directory (docs/rollouts.md): `list
+    --json` counts what the trainer trained, `export --format sft` feeds TRL's SFTTrainer,
+    and configs/replay_cpu.yaml as shipped trains a fresh policy on the groups of its
+    first two steps, sampling nothing, evaluated at its start and its end."""
+    from atroposlib.cli.rollouts import main
+
+    source = quickstart.run_dir
+    assert quickstart.code == 0, quickstart.output()[-4000:]
+    assert main(["list", str(source), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    trained = read_trained_groups(source / "checkpoints" / "trained_groups.jsonl")
+    assert listed["trained_steps"] == 100 == len(trained)
+    assert listed["trained_groups"] == sum(len(r.group_ids) for r in trained)
+    assert [row["step"] for row in listed["rows"][:3]] == [1, 2, 3]
+    sft = tmp_path / "sft.jsonl"
+    assert (
+        main(["export", str(source), "--format", "sft", "--out", str(sft), "--steps", "91:100"])
+        == 0
+    )
+    records = [json.loads(line) for line in sft.read_text().splitlines()]
+    assert records and all(r["messages"][-1]["role"] == "assistant" for r in records)
+    prepared = trl_sft_dataset(sft, tiny_model_path, tmp_path / "trl")
+    assert len(prepared) == len(records)
+
+    replayed = tmp_path / "replay"
+    run = launch(
+        None,
+        str(REPO / "configs" / "replay_cpu.yaml"),
+        *("--run-dir", str(replayed), "--set", f"replay.run={source}"),
+        *("--set", "replay.steps=1:2", "--set", "trainer.args.training_steps=2"),
+    )
+    finished = finish(run, replayed, steps=2)
+    assert finished.code == 0, run.output()[-4000:]
+    steps = read_trained_groups(replayed / "checkpoints" / "trained_groups.jsonl")
+    ids = [gid for record in steps for gid in record.group_ids]
+    assert len(steps) == 2 and len(ids) == 16 and all(i.startswith("replay-") for i in ids)
+    assert not list((replayed / "rollouts").glob("*.jsonl"))  # nothing sampled for training
+    own = finished.numbers()["environments"]["mod_arithmetic"]
+    assert own["evaluate_only"] is True
+    assert (own["first_evaluation"]["step"], own["last_evaluation"]["step"]) == (0, 2)
     assert finished.leftovers == []
 
 

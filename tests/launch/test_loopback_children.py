@@ -108,6 +108,8 @@ def test_every_shipped_config_binds_loopback(path, tmp_path, tiny_model_path):
         update["teacher"] = config.teacher.model_copy(update={"model": "tiny"})
     if config.model == TINY_VLM_NAME:  # the same commands, without tiny-vl's 100 s build
         update["model"] = "tiny"
+    if config.replay is not None:  # its run to replay is a placeholder, set with --set
+        update["replay"] = config.replay.model_copy(update={"run": str(tmp_path)})
     assert_loopback_only(plan(config.model_copy(update=update), path))
 
 

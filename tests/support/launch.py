@@ -46,10 +46,12 @@ LAUNCHED_AS_SHIPPED = (
     "distill_cpu.yaml",
     "verifiers_cpu.yaml",
     "multimodal_cpu.yaml",
+    "replay_cpu.yaml",
 )
 """The configs in configs/ that e2e tests launch from their files, as a user does
 (tests/launch/test_learning.py, test_mix_config.py, test_integrations.py,
-test_multimodal.py): the launcher's checks included."""
+test_multimodal.py; replay_cpu.yaml on the quickstart's run, in test_learning.py): the
+launcher's checks included."""
 
 
 def shipped(name: str) -> dict[str, Any]:
