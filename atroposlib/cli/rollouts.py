@@ -67,6 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--rescored", help="a rescore folder: post its groups and new scores")
     replay.add_argument("--steps", help="only groups trained at steps A:B")
     replay.add_argument(
+        "--keep-uniform",
+        action="store_true",
+        help="also post groups whose samples all scored the same (no GRPO advantage)",
+    )
+    replay.add_argument(
+        "--fill",
+        type=int,
+        metavar="SEQUENCES",
+        help="post the groups pass after pass until this many sequences (a run that "
+        "samples nothing: its remaining steps x its batch size; the launcher sets it)",
+    )
+    replay.add_argument(
         "--timeout", type=float, default=300.0, help="seconds to keep retrying an API that is down"
     )
 
@@ -178,25 +190,34 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from atroposlib.rollouts.replay import ledger_in, replay
+    from atroposlib.rollouts.replay import informative, ledger_in, passes, replay
     from atroposlib.utils.exposure import API_KEY_ENVIRONMENT
 
     store = read_store(args.run_dir)
     groups = _chosen(args, store)
-    key = os.environ.get(API_KEY_ENVIRONMENT) or None
     source = "re-scored " if args.rescored else ""
-    print(f"replaying {len(groups)} {source}groups of {store.run_dir} into {args.into}")
+    if not args.keep_uniform:
+        groups, uniform = informative(groups)
+        if uniform:
+            print(
+                f"left out {uniform} groups whose samples all scored the same (no GRPO "
+                "advantage; --keep-uniform posts them)"
+            )
+        if not groups:
+            raise StoreError("every chosen group scores all its samples the same")
+    plan = passes(groups, args.fill)
+    rounds = plan[-1][0] + 1
+    over = f" in {rounds} passes, to fill {args.fill} sequences" if rounds > 1 else ""
+    print(f"replaying {len(groups)} {source}groups of {store.run_dir} into {args.into}{over}")
+    key = os.environ.get(API_KEY_ENVIRONMENT) or None
     ledger = ledger_in(os.environ.get("ATROPOS_ENV_STATE_DIR"))
-    outcome = replay(groups, store.run_dir, args.into, key, args.timeout, ledger=ledger)
+    outcome = replay(plan, store.run_dir, args.into, key, args.timeout, ledger=ledger)
+    refused = outcome.refused
     print(
         f"replayed {outcome.posted} groups ({outcome.sequences} sequences) into {args.into}"
-        + (
-            f"; the API refused {len(outcome.refused)}: {outcome.refused[0]}"
-            if outcome.refused
-            else ""
-        )
+        + (f"; the API refused {len(refused)}: {refused[0]}" if refused else "")
     )
-    return 1 if outcome.refused and not outcome.posted else 0
+    return 1 if refused and not outcome.posted else 0
 
 
 def _fork(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ reward cannot stop a rollout, re-scoring must never turn a crash into a silent 0
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -47,8 +48,10 @@ class Reward:
         return float(value)
 
 
+@functools.lru_cache(maxsize=32)
 def load_reward(spec: str) -> Reward:
-    """The reward `spec` names (see the module docstring)."""
+    """The reward `spec` names (see the module docstring); loaded once per process (the
+    config's check and the environment use the same one)."""
     spec = spec.strip()
     if not spec:
         raise RewardSpecError("an empty reward: name one, module:function, or an env file")

@@ -36,7 +36,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, maybe_await
 from atroposlib.envs.reward_spec import load_reward
@@ -58,6 +58,15 @@ class SingleTurnConfig(BaseEnvConfig):
         "module:function or path/to/file.py:function (TRL's signature: completions, "
         "prompts and the item's fields as lists); see docs/rollouts.md.",
     )
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_loads(cls, spec: str | None) -> str | None:
+        """A reward that cannot load is refused with the config, before anything starts
+        (the launcher's checks parse each environment's config)."""
+        if spec:
+            load_reward(spec)
+        return spec
 
 
 @dataclass(frozen=True)

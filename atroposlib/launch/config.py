@@ -243,6 +243,11 @@ class ReplaySection(Section):
     steps: str | None = Field(
         None, description="'A:B': only the groups the run trained at steps A to B."
     )
+    keep_uniform: bool = Field(
+        False,
+        description="Also post groups whose samples all scored the same (left out by "
+        "default: no GRPO advantage, only a smaller step).",
+    )
     max_restarts: int = Field(
         3, ge=0, description="Restarts after a crash (posting again is idempotent)."
     )

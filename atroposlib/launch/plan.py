@@ -217,12 +217,32 @@ def plan(
         engine=engine,
         teacher=teacher,
         environments=environments,
-        replay=replay_plan(config, shared, base),
+        replay=replay_plan(
+            config, shared, base, _replay_fill(config, settings, environments, start_step)
+        ),
         key=shared.key,
         resumed=resume,
         start_from=start_from,
         start_step=start_step,
     )
+
+
+def _replay_fill(
+    config: LaunchConfig,
+    settings: LaunchSettings,
+    environments: list[ProcessPlan],
+    start_step: int,
+) -> int | None:
+    """The sequences a replay must post when no environment samples: every remaining
+    step's batch (the groups are posted again, pass after pass, to make them up)."""
+    if config.replay is None or any(not e.evaluate_only for e in environments):
+        return None
+    args = {k.replace("-", "_"): v for k, v in config.trainer.args.items()}
+    module = config.trainer.module
+    batch = args.get("batch_size") or declared_default(
+        declared_config(module), "batch_size", module
+    )
+    return (settings.training_steps - start_step) * int(batch)
 
 
 def _engine_context(

@@ -170,11 +170,14 @@ def standalone_engine(
     )
 
 
-def replay_plan(config: LaunchConfig, shared: Shared, base: Path) -> ProcessPlan | None:
+def replay_plan(
+    config: LaunchConfig, shared: Shared, base: Path, fill: int | None = None
+) -> ProcessPlan | None:
     """`atropos-rollouts replay RUN --into API`: posts the stored groups of another run
     (or their re-scored copy) into this run's API with an environment's key, as an
     environment would. Posting is idempotent (the groups keep their ids), so a crash is
-    restarted; exit 0 means every group was posted."""
+    restarted; exit 0 means every group was posted. `fill`: the sequences to post when
+    nothing else feeds the trainer (`--fill`: pass after pass over the groups)."""
     section = config.replay
     if section is None:
         return None
@@ -188,6 +191,10 @@ def replay_plan(config: LaunchConfig, shared: Shared, base: Path) -> ProcessPlan
         command += ["--rescored", str(found_dir(section.rescored, base, "replay.rescored"))]
     if section.steps is not None:
         command += ["--steps", section.steps]
+    if section.keep_uniform:
+        command += ["--keep-uniform"]
+    if fill:
+        command += ["--fill", str(fill)]
     return ProcessPlan(
         "replay",
         command,

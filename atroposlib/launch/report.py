@@ -276,6 +276,28 @@ def environment_line(entry: dict[str, Any]) -> str:
     )
 
 
+def replayed_only(plan: Plan) -> bool:
+    """Every group the trainer got was replayed (a `replay:` section, and no environment
+    that samples): its scores are the source run's, not this policy's."""
+    sampling = [s for s in plan.config.environments if not s.evaluate_only]
+    return plan.config.replay is not None and not sampling
+
+
+def replay_verdict(per_env: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The headline of a run trained only on replayed groups: what its evaluations say
+    (the trained scores cannot rise: they are the stored ones)."""
+    evaluated = [
+        f"{label}: {evaluation_change(entry)}"
+        for label, entry in per_env.items()
+        if entry.get("evaluate_only") and entry.get("last_evaluation")
+    ]
+    return {
+        "learned": None,
+        "verdict": "trained on replayed groups, whose scores are the source run's, not this "
+        "policy's; " + ("; ".join(evaluated) or "no evaluation says how the policy changed"),
+    }
+
+
 def forked_from(run_dir: Path) -> dict[str, Any] | None:
     """summary.json's `forked_from`: the parent run and step of a fork (None otherwise)."""
     parent = read_parent(run_dir)
@@ -349,6 +371,8 @@ def run_numbers(
     per_env = environment_numbers(reading.env_scores, reading.evals, only)
     if per_env:
         numbers["environments"] = per_env
+    if numbers["steps"] and replayed_only(plan):
+        numbers.update(replay_verdict(per_env))
     events = read_events(plan.events_path)
     numbers.update(event_counts(events))
     numbers["restarts"] = dict(restarts or {})

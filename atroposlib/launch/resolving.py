@@ -44,9 +44,12 @@ def pick_port(value: int | str, what: str, taken: set[int], count: int = 1) -> i
 def flags(values: dict[str, Any], prefix: str = "--", dashes: bool = True) -> list[str]:
     """{'batch_size': 8} -> ['--batch-size', '8']; booleans as true/false. A value that
     starts with a dash is joined to its flag (`--engine-args=--enforce-eager`): argparse
-    would read it as the next flag."""
+    would read it as the next flag. A null (YAML's, or `--set KEY=null`) leaves the flag
+    out, so the process keeps its own default (the string "None" would be a value)."""
     out = []
     for key, value in values.items():
+        if value is None:
+            continue
         name = key.replace("_", "-") if dashes else key
         if isinstance(value, bool):
             value = "true" if value else "false"

@@ -46,7 +46,35 @@ FILE_ONLY = ("item", MARK, "env_id")
 class ReplayOutcome:
     posted: int = 0
     sequences: int = 0
+    passes: int = 0
     refused: list[str] = field(default_factory=list)
+
+
+def informative(groups: list[StoredGroup]) -> tuple[list[StoredGroup], int]:
+    """The groups whose samples do not all score the same, and how many did: GRPO gets
+    no advantage from such a group, only a smaller step (its tokens still count in the
+    loss's normaliser), so it is left out, as `ensure_scores_are_not_same` does."""
+    kept = [g for g in groups if len(set(g.scores)) > 1]
+    return kept, len(groups) - len(kept)
+
+
+def passes(groups: list[StoredGroup], fill: int | None) -> list[tuple[int, StoredGroup]]:
+    """(pass, group) to post: the groups once, or pass after pass until `fill` sequences
+    (a run that samples nothing needs its steps x its batch)."""
+    if not fill:
+        return [(0, g) for g in groups]
+    if not any(g.scores for g in groups):
+        raise StoreError("the chosen groups hold no sequences")
+    chosen: list[tuple[int, StoredGroup]] = []
+    count, rank = 0, 0
+    while count < fill:
+        for group in groups:
+            if count >= fill:
+                break
+            chosen.append((rank, group))
+            count += len(group.scores)
+        rank += 1
+    return chosen
 
 
 def rescored_groups(store: RunStore, folder: Path) -> list[StoredGroup]:
@@ -76,24 +104,26 @@ def ordered(groups: list[StoredGroup], steps: tuple[int, int] | None) -> list[St
     return sorted(groups, key=lambda g: (g.step is None, g.step or 0))
 
 
-def body(group: StoredGroup, source: Path) -> dict[str, Any]:
-    """What is posted for `group`: its wire fields and where it came from."""
+def body(group: StoredGroup, source: Path, rank: int = 0) -> dict[str, Any]:
+    """What is posted for `group` in pass `rank`: its wire fields and where it came from."""
     data = {k: v for k, v in group.data.items() if k not in FILE_ONLY}
     original = group.group_id
     mark = group.data.get(MARK) or {}
-    data[GROUP_ID_FIELD] = "replay-" + _digest(str(source.resolve()), original or "", mark)[:24]
+    digest = _digest(str(source.resolve()), original or "", mark, *([rank] if rank else []))
+    data[GROUP_ID_FIELD] = "replay-" + digest[:24]
     data[REPLAYED_FROM] = {
         "run": str(source.resolve()),
         "env": group.env,
         "group_id": original,
         "step": group.step,
         "reward": mark.get("reward"),
+        **({"pass": rank} if rank else {}),
     }
     return data
 
 
 def replay(
-    groups: list[StoredGroup],
+    groups: list[tuple[int, StoredGroup]],
     source: Path,
     api_url: str,
     api_key: str | None,
@@ -102,7 +132,8 @@ def replay(
     client: httpx.Client | None = None,
     ledger: Path | None = None,
 ) -> ReplayOutcome:
-    """Post each group once; what was posted and refused (`client`: an API in-process).
+    """Post each (pass, group) once; what was posted and refused (`client`: an API
+    in-process).
     Each acknowledged group goes to `ledger` (a delivery ledger, as an environment's
     client writes), so a launched run's account counts the replayed groups too."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -113,8 +144,9 @@ def replay(
         else nullcontext(client)
     )
     with opened as http:
-        for index, group in enumerate(groups, start=1):
-            data = body(group, source)
+        for index, (rank, group) in enumerate(groups, start=1):
+            outcome.passes = max(outcome.passes, rank + 1)
+            data = body(group, source, rank)
             refusal = _post(http, data, timeout_s)
             if refusal:
                 outcome.refused.append(f"group {group.group_id}: {refusal}")

@@ -462,6 +462,8 @@ def test_a_flag_value_that_starts_with_a_dash_is_joined_to_its_flag():
         "--on",
         "true",
     ]
+    # a null (`--set environments.0.env.reward=null`) leaves the flag out: never "None"
+    assert flags({"reward": None, "steps": 3}, "--env.", dashes=False) == ["--env.steps", "3"]
     parser = argparse.ArgumentParser()
     for name in ("--engine-args", "--lr", "--steps", "--on"):
         parser.add_argument(name)

@@ -154,6 +154,7 @@ def test_a_run_of_replayed_groups_and_an_evaluate_only_environment_plans_and_che
     assert names == ["api", "trainer", "arith_env (after the trainer finishes)", "replay"]
     assert f"{ARITH_ENV} evaluate --env.rollout_server_url" in lines[2]
     assert f"-m {REPLAY_MODULE} replay {tmp_path / 'parent'} --into http://127.0.0.1:" in lines[3]
-    assert lines[3].endswith("--steps 1:4")
+    # nothing samples for training: the replay fills every step's batch (4 steps of 8)
+    assert lines[3].endswith("--steps 1:4 --fill 32")
     checked = next(line for line in lines if line.startswith("checked: "))
     assert "environment arith_env" in checked

@@ -19,3 +19,8 @@ def raises_on_fives(completions: list[str], **_: Any) -> list[float]:
 
 def not_a_number(completions: list[str], **_: Any) -> list[Any]:
     return ["high"]
+
+
+def all_ones(completions: list[str], **_: Any) -> list[float]:
+    """Every sample the same score: a group GRPO gets no advantage from."""
+    return [1.0]
