@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--rescored", help="a rescore folder: its groups and new scores")
     export.add_argument("--num-seqs-to-save", type=int, help="stop after this many records")
     export.add_argument("--tokenizer", help="decodes tokens (default: the run's model)")
+    export.add_argument(
+        "--save-messages",
+        choices=("true", "false"),
+        help="messages (TRL's conversational records) or decoded text; default: messages "
+        "when the groups carry them",
+    )
 
     replay = commands.add_parser("replay", help="post stored groups into a running API")
     replay.add_argument("run_dir", metavar="RUN_DIR")
@@ -186,6 +192,7 @@ def _export(args: argparse.Namespace) -> int:
         resolve_model,
         args.num_seqs_to_save,
         args.tokenizer,
+        None if args.save_messages is None else args.save_messages == "true",
     )
 
 

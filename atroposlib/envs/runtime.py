@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from atroposlib.envs.admission import offpolicy_window
 from atroposlib.envs.api_client import TrajectoryClient
 from atroposlib.envs.config import EvalHandlingEnum
+from atroposlib.envs.eval import EVAL_HISTORY
 from atroposlib.envs.rollout_failures import EvaluationFailures, NoRolloutFits, RolloutFailures
 from atroposlib.utils.logging import MESSAGE_WIDTH, short_path
 
@@ -142,7 +143,7 @@ class EnvRuntime:
         await env.get_server_info()
         if config.steps_per_eval > 0:
             self.last_eval_bucket = env.curr_step // config.steps_per_eval
-            if config.eval_at_start and env.curr_step == 0:
+            if config.eval_at_start and (env.curr_step == 0 or not evaluated_before(config)):
                 if config.total_steps >= config.steps_per_eval:  # the run evaluates at all
                     self.last_eval_bucket = -1  # a baseline first: the curve starts at 0
         if env.checkpoint_interval and env.checkpoint_interval > 0:
@@ -405,3 +406,11 @@ class EnvRuntime:
                 except Exception:
                     logger.info("could not tell the API this env disconnected")
             await client.close()
+
+
+def evaluated_before(config: Any) -> bool:
+    """The run already holds an evaluation of this environment: a run resumed after its
+    baseline needs none, and a fork (which starts at its parent's step, with a history of
+    its own) gets its baseline at that step."""
+    folder: str | None = getattr(config, "data_dir_to_save_evals", None)
+    return folder is not None and os.path.exists(os.path.join(folder, EVAL_HISTORY))

@@ -42,6 +42,7 @@ def export(
     resolve_model: Callable[[str], str],
     num_seqs_to_save: int | None = None,
     tokenizer: str | None = None,
+    save_messages: bool | None = None,
 ) -> int:
     """Write the dataset; the exit status (the data tools' lines on stderr)."""
     if form == "groups":
@@ -55,6 +56,8 @@ def export(
         given["num_seqs_to_save"] = num_seqs_to_save
     if tokenizer is not None:
         given["tokenizer"] = tokenizer
+    if save_messages is not None:
+        given["save_messages"] = save_messages
     if form == "sft":
         sft = SftGenSettings(**given)
         return run_finished("atropos-rollouts export", str(out), sft, sft_rules(sft), "seq", reader)

@@ -99,3 +99,16 @@ def test_saved_items_under_the_working_directory_are_named_from_it(caplog, tmp_p
         assert [r.getMessage() for r in caplog.records] == [
             "1 unfinished items saved to .atropos-env/gsm8k/backlog.json"
         ]
+
+
+def test_a_baseline_is_due_where_the_run_holds_no_evaluation_yet(tmp_path):
+    """eval_at_start's rule past step 0: a fork starts at its parent's step with a history
+    of its own, so it gets a baseline there; a run resumed after its baseline does not."""
+    from atroposlib.envs.eval import append_eval_history
+    from atroposlib.envs.runtime import evaluated_before
+
+    config = SimpleNamespace(data_dir_to_save_evals=str(tmp_path / "evals"))
+    assert not evaluated_before(config)
+    assert not evaluated_before(SimpleNamespace(data_dir_to_save_evals=None))
+    append_eval_history(config.data_dir_to_save_evals, 50, "task", {"eval/accuracy": 0.5})
+    assert evaluated_before(config)

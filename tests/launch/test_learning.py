@@ -129,7 +129,9 @@ def test_a_quickstart_runs_groups_are_listed_exported_and_replayed_into_a_fresh_
     ids = [gid for record in steps for gid in record.group_ids]
     assert len(steps) == 2 and len(ids) == 16 and all(i.startswith("replay-") for i in ids)
     assert not list((replayed / "rollouts").glob("*.jsonl"))  # nothing sampled for training
-    own = finished.numbers()["environments"]["mod_arithmetic"]
+    numbers = finished.numbers()  # its verdict is the evaluation's: it sampled nothing
+    assert numbers["verdict"].startswith("trained on replayed groups") and not numbers["learned"]
+    own = numbers["environments"]["mod_arithmetic"]
     assert own["evaluate_only"] is True
     assert (own["first_evaluation"]["step"], own["last_evaluation"]["step"]) == (0, 2)
     assert finished.leftovers == []

@@ -158,3 +158,20 @@ def test_a_run_of_replayed_groups_and_an_evaluate_only_environment_plans_and_che
     assert lines[3].endswith("--steps 1:4 --fill 32")
     checked = next(line for line in lines if line.startswith("checked: "))
     assert "environment arith_env" in checked
+
+
+def test_a_run_trained_only_on_replayed_groups_is_judged_by_its_evaluations():
+    """Its trained scores are the stored ones, so a rise of theirs would mean nothing."""
+    from atroposlib.launch.report import replay_verdict
+
+    entry = {
+        "evaluate_only": True,
+        "first_evaluation": {"step": 0, "eval/accuracy": 0.56},
+        "last_evaluation": {"step": 100, "eval/accuracy": 0.88},
+    }
+    verdict = replay_verdict({"mod_arithmetic": entry})
+    assert verdict["learned"] is None
+    assert verdict["verdict"].endswith(
+        "not this policy's; mod_arithmetic: eval/accuracy 0.560 at step 0 -> 0.880 at step 100"
+    )
+    assert replay_verdict({})["verdict"].endswith("no evaluation says how the policy changed")
