@@ -252,11 +252,16 @@ class ReplaySection(Section):
         3, ge=0, description="Restarts after a crash (posting again is idempotent)."
     )
 
-    @field_validator("steps")
+    @field_validator("steps", mode="before")
     @classmethod
-    def _a_step_range(cls, value: str | None) -> str | None:
+    def _a_step_range(cls, value: Any) -> str | None:
         if value is None:
             return None
+        if isinstance(value, int):  # YAML 1.1 reads an unquoted 1:20 in base 60 (80)
+            raise ValueError(
+                f"YAML read the steps as the number {value}: quote them, as "
+                'steps: "1:20" (or --set \'replay.steps="1:20"\')'
+            )
         found = STEP_RANGE.match(str(value).strip())
         if found is None or int(found[1]) > int(found[2]):
             raise ValueError(f"give steps as A:B with A <= B (e.g. 1:20), not {value!r}")

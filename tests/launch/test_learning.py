@@ -112,7 +112,7 @@ def test_a_quickstart_runs_groups_are_listed_exported_and_replayed_into_a_fresh_
         == 0
     )
     records = [json.loads(line) for line in sft.read_text().splitlines()]
-    assert records and all(r["messages"][-1]["role"] == "assistant" for r in records)
+    assert records and all(r["completion"][-1]["role"] == "assistant" for r in records)
     prepared = trl_sft_dataset(sft, tiny_model_path, tmp_path / "trl")
     assert len(prepared) == len(records)
 
@@ -121,7 +121,7 @@ def test_a_quickstart_runs_groups_are_listed_exported_and_replayed_into_a_fresh_
         None,
         str(REPO / "configs" / "replay_cpu.yaml"),
         *("--run-dir", str(replayed), "--set", f"replay.run={source}"),
-        *("--set", "replay.steps=1:2", "--set", "trainer.args.training_steps=2"),
+        *("--set", 'replay.steps="1:2"', "--set", "trainer.args.training_steps=2"),
     )
     finished = finish(run, replayed, steps=2)
     assert finished.code == 0, run.output()[-4000:]
