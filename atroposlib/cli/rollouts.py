@@ -168,7 +168,7 @@ def _chosen(args: argparse.Namespace, store: RunStore) -> list:
     from atroposlib.rollouts.replay import ordered, rescored_groups
 
     steps = parse_steps(args.steps) if args.steps else None
-    groups = rescored_groups(store, Path(args.rescored)) if args.rescored else store.groups
+    groups = rescored_groups(Path(args.rescored)) if args.rescored else store.groups
     if getattr(args, "env", None):
         store.select(args.env)
         groups = [g for g in groups if g.env == args.env]

@@ -32,7 +32,7 @@ import httpx
 from atroposlib.delivery_ledger import DELIVERED_LEDGER, record_delivered
 from atroposlib.protocol import GROUP_ID_FIELD
 from atroposlib.rollouts.rescore import FAILED_FILE, MARK
-from atroposlib.rollouts.store import RunStore, StoredGroup, StoreError
+from atroposlib.rollouts.store import StoredGroup, StoreError
 from atroposlib.utils.waiting import WaitTimeout, poll_until
 from atroposlib.viewer.jsonl2html import read_groups
 
@@ -77,7 +77,7 @@ def passes(groups: list[StoredGroup], fill: int | None) -> list[tuple[int, Store
     return chosen
 
 
-def rescored_groups(store: RunStore, folder: Path) -> list[StoredGroup]:
+def rescored_groups(folder: Path) -> list[StoredGroup]:
     """The groups `rescore` wrote to `folder`, each with the step that trained it."""
     files = sorted(p for p in folder.glob("*.jsonl") if p.name != FAILED_FILE)
     if not files:

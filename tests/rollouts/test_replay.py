@@ -55,7 +55,7 @@ def test_rescored_groups_go_with_their_new_scores_and_a_refusal_is_counted(tmp_p
     run_dir = write_stored_run(tmp_path / "run")
     store = read_store(run_dir)
     rescore(store, "mod_arithmetic", load_reward(f"{REWARDS}:right"), tmp_path / "right")
-    groups = ordered(rescored_groups(store, tmp_path / "right"), None)
+    groups = ordered(rescored_groups(tmp_path / "right"), None)
     assert [g.step for g in groups] == [1, 1, 2, 2, 3, 3, None]
     with inprocess_api(tmp_path / "state") as api:
         register(api, max_token_len=256, batch_size=8)
@@ -105,7 +105,7 @@ def test_uniform_groups_are_left_out_and_a_fill_posts_passes_with_ids_of_their_o
     run_dir = write_stored_run(tmp_path / "run")
     store = read_store(run_dir)
     rescore(store, "mod_arithmetic", load_reward(f"{REWARDS}:all_ones"), tmp_path / "ones")
-    uniform = rescored_groups(store, tmp_path / "ones")
+    uniform = rescored_groups(tmp_path / "ones")
     assert informative(uniform) == ([], 7)
     kept, left_out = informative(store.groups)
     assert left_out == 0 and len(kept) == 7
