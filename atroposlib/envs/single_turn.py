@@ -96,8 +96,10 @@ class SingleTurnEnv(BaseEnv):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.train_scores: list[list[float]] = []  # raw group scores since the last log
-        # loaded at start, so a reward that cannot load stops the env with its line
-        self.configured_reward = load_reward(self.config.reward) if self.config.reward else None
+        # the config's reward (checked with the config); an environment built on a plain
+        # BaseEnvConfig, as upstream's subclasses may be, has none
+        spec = getattr(self.config, "reward", None)
+        self.configured_reward = load_reward(spec) if spec else None
 
     # ------------------------------------------------------------------ the task
     @abstractmethod

@@ -488,7 +488,14 @@ def test_a_finished_runs_groups_feed_trls_sft_trainer(tmp_path, tiny_model_path,
         "skipped as unusable; 3 identical duplicate seqs dropped; 2 unreadable lines skipped",
     ):
         assert line in said, said
-    prepared = trl_sft_dataset(out, tiny_model_path, tmp_path / "trl")
+    # `atropos-rollouts export --format sft` writes the same records (its groups come
+    # through the same rules), and it is that file TRL prepares here
+    from atroposlib.cli.rollouts import main as rollouts
+
+    exported = tmp_path / "exported.jsonl"
+    assert rollouts(["export", str(run), "--format", "sft", "--out", str(exported)]) == 0
+    assert exported.read_text() == out.read_text()
+    prepared = trl_sft_dataset(exported, tiny_model_path, tmp_path / "trl")
     assert [first in tok.decode(row["input_ids"]) for row in prepared] == [True, False]
     for row in prepared:  # TRL's loss: on the answer, not the system prompt or question
         assert trained_text(tok, row).startswith("2<|im_end|>")

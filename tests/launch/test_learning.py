@@ -14,7 +14,6 @@ import re
 import pytest
 
 from atroposlib.trainer_contract import read_events, read_metrics, read_trained_groups
-from tests.support.datagen import trl_sft_dataset
 from tests.support.launch import (
     Finished,
     check_the_console,
@@ -90,10 +89,10 @@ def test_the_cpu_quickstart_learns(quickstart):
 
 
 def test_a_quickstart_runs_groups_are_listed_exported_and_replayed_into_a_fresh_run(
-    quickstart, launch, tmp_path, tiny_model_path, capsys
+    quickstart, launch, tmp_path, capsys
 ):
     """The rollout store on the quickstart's own run directory (docs/rollouts.md): `list
-    --json` counts what the trainer trained, `export --format sft` feeds TRL's SFTTrainer,
+    --json` counts what the trainer trained, `export --format sft` is sft-gen's data,
     and configs/replay_cpu.yaml as shipped trains a fresh policy on the groups of its
     first two steps, sampling nothing, evaluated at its start and its end."""
     from atroposlib.cli.rollouts import main
@@ -106,15 +105,16 @@ def test_a_quickstart_runs_groups_are_listed_exported_and_replayed_into_a_fresh_
     assert listed["trained_steps"] == 100 == len(trained)
     assert listed["trained_groups"] == sum(len(r.group_ids) for r in trained)
     assert [row["step"] for row in listed["rows"][:3]] == [1, 2, 3]
-    sft = tmp_path / "sft.jsonl"
-    assert (
-        main(["export", str(source), "--format", "sft", "--out", str(sft), "--steps", "91:100"])
-        == 0
-    )
-    records = [json.loads(line) for line in sft.read_text().splitlines()]
-    assert records and all(r["completion"][-1]["role"] == "assistant" for r in records)
-    prepared = trl_sft_dataset(sft, tiny_model_path, tmp_path / "trl")
-    assert len(prepared) == len(records)
+    # the export holds atropos-sft-gen --from-run's records (tests/datagen/
+    # test_sft_gen.py feeds such a file to TRL's SFTTrainer), in the order steps trained
+    from atroposlib.cli.sft import main as sft_gen
+
+    exported, generated = tmp_path / "exported.jsonl", tmp_path / "generated.jsonl"
+    assert main(["export", str(source), "--format", "sft", "--out", str(exported)]) == 0
+    assert sft_gen([str(generated), "--from-run", str(source)]) == 0
+    records = exported.read_text().splitlines()
+    assert records and sorted(records) == sorted(generated.read_text().splitlines())
+    assert all(json.loads(r)["completion"][-1]["role"] == "assistant" for r in records)
 
     replayed = tmp_path / "replay"
     run = launch(
