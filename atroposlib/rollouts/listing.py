@@ -55,9 +55,9 @@ def _row(step: int | None, env: str, groups: list[StoredGroup]) -> StepRow:
     )
 
 
-def rows_json(store: RunStore) -> dict[str, Any]:
+def rows_json(store: RunStore, rows: list[StepRow] | None = None) -> dict[str, Any]:
     """`list --json`: the rows, and the totals a script checks first."""
-    rows = step_rows(store)
+    rows = step_rows(store) if rows is None else rows
     return {
         "run_dir": str(store.run_dir),
         "environments": store.environments,
@@ -74,7 +74,8 @@ def rows_table(store: RunStore) -> str:
     header = f"{'step':>6}  {'environment':<20} {'groups':>6} {'seqs':>6} "
     header += f"{'score':>6} {'spread':>6} {'stale':>5} {'max':>4}"
     lines = [header]
-    for row in step_rows(store):
+    rows = step_rows(store)
+    for row in rows:
         stale = "-" if row.staleness_mean is None else f"{row.staleness_mean:.1f}"
         most = "-" if row.staleness_max is None else str(row.staleness_max)
         step = "-" if row.step is None else str(row.step)
@@ -82,7 +83,7 @@ def rows_table(store: RunStore) -> str:
             f"{step:>6}  {row.env[:20]:<20} {row.groups:>6} {row.sequences:>6} "
             f"{row.score_mean:>6.3f} {row.score_std:>6.3f} {stale:>5} {most:>4}"
         )
-    data = rows_json(store)
+    data = rows_json(store, rows)
     untrained = data["groups"] - data["trained_groups"]
     lines.append(
         f"{data['groups']} groups in {len(store.environments)} environment(s); "

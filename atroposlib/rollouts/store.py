@@ -24,10 +24,10 @@ from typing import Any
 
 from atroposlib.protocol import GROUP_ID_FIELD, WEIGHT_VERSIONS_FIELD
 from atroposlib.trainer_contract import GROUPS_FILE, read_trained_groups
-from atroposlib.viewer.jsonl2html import read_groups
+from atroposlib.viewer.recorded import ROLLOUTS, RecordedRunError, read_run
 from atroposlib.weight_sync.versions import version_number
 
-ROLLOUTS_DIR = "rollouts"
+ROLLOUTS_DIR = ROLLOUTS
 """The run directory's folder of per-environment jsonl files (atropos-launch's layout)."""
 CHECKPOINTS_DIR = "checkpoints"
 """The trainer's save path in a launched run: its trained_groups.jsonl is there."""
@@ -124,21 +124,17 @@ def read_store(run_dir: str | Path) -> RunStore:
             f"{root} holds no stored groups: no {ROLLOUTS_DIR}/*.jsonl (atropos-launch "
             "writes one per environment in a run directory)"
         )
+    try:
+        recorded = read_run(root)  # view-run's reader of the same files
+    except RecordedRunError as error:
+        raise StoreError(str(error)) from None
     trained = trained_steps_by_group(root)
-    store = RunStore(root, [])
-    for path in files:
-        try:
-            found, skipped = read_groups(path)
-        except OSError as error:
-            raise StoreError(f"cannot read {path}: {error.strerror or error}") from None
-        if skipped:
-            store.skipped[path.stem] = len(skipped)
+    store = RunStore(root, [], {env: len(lines) for env, lines in recorded.skipped.items()})
+    for env, found in recorded.groups.items():
         for data in found:
             gid = data.get(GROUP_ID_FIELD)
             step = trained.get(gid) if isinstance(gid, str) else None
-            store.groups.append(StoredGroup(path.stem, data, step))
-    if not store.groups:
-        raise StoreError(f"{root} holds no groups yet")
+            store.groups.append(StoredGroup(env, data, step))
     return store
 
 
